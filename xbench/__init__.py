@@ -1,0 +1,13 @@
+"""XBench: do chest X-ray vision-language models look where radiologists look?
+
+One door per concern: :func:`load_dataset`, :func:`create_model`, and the
+metric functions in :mod:`xbench.metrics`.
+"""
+from __future__ import annotations
+
+from .datasets import load_dataset
+from .models import create_model
+from .registry import add_config_path, list_datasets, list_models
+
+__all__ = ["load_dataset", "create_model", "add_config_path", "list_datasets", "list_models"]
+__version__ = "0.1.0"

@@ -1,0 +1,32 @@
+"""Dataset loaders: one class per source, one :class:`Sample` record for all."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import XBenchError
+from ..registry import dataset_manifest, import_target, list_datasets
+from .base import BaseDataset, Box, EncodedMask, Polygon, Region, Sample
+
+__all__ = ["BaseDataset", "Box", "EncodedMask", "Polygon", "Region", "Sample", "load_dataset", "list_datasets", "data_root"]
+
+
+def data_root(name: str, root: str | Path | None) -> Path:
+    """``root`` if given, else ``$XBENCH_DATA/<name>``; neither → a clear error."""
+    if root is not None:
+        return Path(root)
+    env = os.environ.get("XBENCH_DATA")
+    if env:
+        return Path(env) / name
+    raise XBenchError(f"No data root for dataset {name!r}: pass root=... or set XBENCH_DATA (folder holding <name>/).")
+
+
+def load_dataset(name: str, root: str | Path | None = None, split: str | None = None, **kwargs: Any) -> BaseDataset:
+    """Open a registered dataset from the user's local copy (``xbench.load_dataset("chestx_det10", root=...)``)."""
+    manifest = dataset_manifest(name)
+    cls = import_target(manifest["class"])
+    split = split or manifest.get("default_split", "test")
+    if manifest.get("generated"):  # procedural sources create their own files
+        return cls(root, split, manifest=manifest, **kwargs)
+    return cls(data_root(name, root), split, manifest=manifest, **kwargs)

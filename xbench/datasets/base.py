@@ -1,0 +1,171 @@
+"""The one sample record every source yields, and the base class of the loaders.
+
+torchxrayvision style: one loader class per source (``xbench/datasets/<name>.py``),
+all yielding :class:`Sample`. A dataset is a pandas table of cases
+(:attr:`BaseDataset.cases`, one row per image) plus lazy access to the image and
+the regions of each case.
+
+Coordinates are in pixels of the released image, origin top-left, x to the right,
+y down. Regions are kept in their published form (boxes, polygons, encoded masks)
+and rasterised on demand to any grid by :func:`xbench.datasets.regions.rasterize`.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import pandas as pd
+
+UNKNOWN = math.nan  #: label value for "not annotated" (1.0 = positive, 0.0 = negative)
+
+
+@dataclass(frozen=True)
+class Box:
+    """Axis-aligned box ``(x_min, y_min, x_max, y_max)`` in original pixels (max exclusive)."""
+
+    x_min: float
+    y_min: float
+    x_max: float
+    y_max: float
+
+
+@dataclass(frozen=True)
+class Polygon:
+    """Closed polygon; ``points`` is ``(P, 2)`` of ``(x, y)`` in original pixels."""
+
+    points: np.ndarray
+
+
+@dataclass(frozen=True)
+class EncodedMask:
+    """A mask decoded lazily: ``decode()`` returns a bool ``(height, width)`` array at original size."""
+
+    decode: Callable[[], np.ndarray]
+    description: str = ""
+
+
+Region = Union[Box, Polygon, EncodedMask]
+
+
+@dataclass
+class Sample:
+    """One case of any source.
+
+    Attributes
+    ----------
+    case_id : str
+        Identifier unique within the dataset (file stem, patientId, ImageId, ...).
+    dataset : str
+        Registry name of the source (``"chestx_det10"``).
+    image_path : Path
+        Where the image is read from (PNG, JPEG or DICOM).
+    size : (int, int)
+        ``(height, width)`` of the original image.
+    view : str or None
+        ``"PA"``, ``"AP"``, ... when the source says.
+    labels : dict[str, float]
+        Finding (the dataset's class name as listed in its manifest) → 1.0, 0.0 or NaN (unknown).
+    regions : dict[str, list[Region]]
+        Finding → its radiologist regions (empty list: none drawn).
+    """
+
+    case_id: str
+    dataset: str
+    image_path: Path
+    size: tuple[int, int]
+    view: str | None
+    labels: dict[str, float]
+    regions: dict[str, list[Region]] = field(default_factory=dict)
+    reader: Callable[[Path], np.ndarray] | None = None
+
+    def image(self) -> np.ndarray:
+        """The image as float32 in [0, 1], shape ``(height, width)`` at original size."""
+        from .images import read_image
+
+        return (self.reader or read_image)(self.image_path)
+
+    def mask(self, finding: str, grid: tuple[int, int] | None = None) -> np.ndarray:
+        """Union of ``finding``'s regions as a bool mask on ``grid`` (default: original size)."""
+        from .regions import rasterize
+
+        return rasterize(self.regions.get(finding, []), self.size, grid)
+
+
+class BaseDataset(Sequence[Sample], ABC):
+    """A table of cases plus lazy image/region access.
+
+    Subclasses implement :meth:`_read_index` (the case table) and
+    :meth:`_regions` (regions of one row). ``manifest`` is the parsed
+    ``data_manifests/<name>.yaml``; its ``classes`` list fixes :attr:`findings`
+    (class names as the dataset spells them) and :attr:`prompts` (class → prompt
+    name given to the models).
+
+    Parameters
+    ----------
+    root : path
+        Folder holding the user's local copy, laid out as the manifest's ``files`` says.
+    split : str, default="test"
+        Evaluation split named in the manifest.
+    manifest : dict
+        Parsed manifest (``xbench.load_dataset`` passes it).
+    on_error : {"raise", "skip"}, default="raise"
+        Malformed rows raise :class:`~xbench.errors.FormatError` naming file and line,
+        or are skipped and counted in :attr:`skipped`.
+    """
+
+    def __init__(self, root: str | Path, split: str = "test", *, manifest: dict[str, Any], on_error: str = "raise"):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.root = Path(root)
+        self.split = split
+        self.manifest = manifest
+        self.name: str = manifest["name"]
+        self.on_error = on_error
+        self.skipped: Counter[str] = Counter()
+        classes = manifest.get("classes", [])
+        self.findings: list[str] = [c["name"] for c in classes]
+        self.prompts: dict[str, str] = {c["name"]: c.get("prompt", c["name"].lower()) for c in classes}
+        self.cases: pd.DataFrame = self._read_index()
+
+    # -- to implement ---------------------------------------------------------------
+    @abstractmethod
+    def _read_index(self) -> pd.DataFrame:
+        """Case table: columns ``case_id, image_path, height, width, view`` and one
+        ``label:<finding>`` column per finding (1.0 / 0.0 / NaN)."""
+
+    @abstractmethod
+    def _regions(self, row: pd.Series) -> dict[str, list[Region]]:
+        """Regions of one case, keyed by finding."""
+
+    # -- shared -------------------------------------------------------------------
+    def skip(self, reason: str) -> None:
+        """Count one skipped record (only used when ``on_error="skip"``)."""
+        self.skipped[reason] += 1
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def __getitem__(self, index: int) -> Sample:  # type: ignore[override]
+        row = self.cases.iloc[index]
+        return Sample(
+            case_id=str(row["case_id"]),
+            dataset=self.name,
+            image_path=Path(row["image_path"]),
+            size=(int(row["height"]), int(row["width"])),
+            view=None if pd.isna(row.get("view")) else str(row.get("view")),
+            labels={f: float(row[f"label:{f}"]) for f in self.findings},
+            regions=self._regions(row),
+        )
+
+    def labels(self) -> np.ndarray:
+        """``(N, C)`` float label matrix (1/0/NaN) in :attr:`findings` order."""
+        return self.cases[[f"label:{f}" for f in self.findings]].to_numpy(dtype=float)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, split={self.split!r}, cases={len(self)}, findings={len(self.findings)})"

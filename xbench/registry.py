@@ -1,0 +1,91 @@
+"""Name → config registry (open_clip style): architectures and datasets are data.
+
+Model configs are ``xbench/configs/models/<name>.yaml``; dataset manifests are
+``data_manifests/<name>.yaml`` at the repository root (next to the package).
+Each file holds ``class: "module.path:ClassName"`` plus the entry's own keys.
+Users add folders with :func:`add_config_path`; a later folder overrides an
+earlier one for the same name.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import FormatError, UnknownNameError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+MODEL_CONFIG_DIRS: list[Path] = [PACKAGE_DIR / "configs" / "models"]
+MANIFEST_DIRS: list[Path] = [Path(os.environ.get("XBENCH_MANIFESTS", PACKAGE_DIR.parent / "data_manifests"))]
+
+
+def add_config_path(path: str | Path, kind: str = "models") -> None:
+    """Register a user folder of model configs (``kind="models"``) or dataset manifests (``"datasets"``)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"add_config_path: {folder} is not a folder")
+    {"models": MODEL_CONFIG_DIRS, "datasets": MANIFEST_DIRS}[kind].append(folder)
+
+
+def _scan(dirs: list[Path]) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder in dirs:
+        for file in sorted(folder.glob("*.yaml")):
+            found[file.stem] = file
+    return found
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; a malformed file raises :class:`FormatError` naming it."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise FormatError(path, f"invalid YAML: {exc}", line=mark.line + 1 if mark else None) from exc
+    if not isinstance(data, dict):
+        raise FormatError(path, f"expected a mapping at top level, got {type(data).__name__}")
+    return data
+
+
+def list_models() -> list[str]:
+    """Names of every registered model config."""
+    return sorted(_scan(MODEL_CONFIG_DIRS))
+
+
+def list_datasets() -> list[str]:
+    """Names of every registered dataset manifest."""
+    return sorted(_scan(MANIFEST_DIRS))
+
+
+def model_config(name: str) -> dict[str, Any]:
+    """The parsed config of model ``name`` (with ``name`` and ``config_path`` added)."""
+    return _entry(name, MODEL_CONFIG_DIRS, "model")
+
+
+def dataset_manifest(name: str) -> dict[str, Any]:
+    """The parsed manifest of dataset ``name`` (with ``name`` and ``config_path`` added)."""
+    return _entry(name, MANIFEST_DIRS, "dataset")
+
+
+def _entry(name: str, dirs: list[Path], kind: str) -> dict[str, Any]:
+    files = _scan(dirs)
+    if name not in files:
+        raise UnknownNameError(kind, name, files)
+    cfg = read_yaml(files[name])
+    if "class" not in cfg:
+        raise FormatError(files[name], "missing required key", field="class")
+    cfg.setdefault("name", name)
+    cfg["config_path"] = str(files[name])
+    return cfg
+
+
+def import_target(target: str) -> Any:
+    """Import ``"package.module:Attr"``."""
+    module, _, attr = target.partition(":")
+    if not attr:
+        raise ValueError(f"class target must look like 'module:Class', got {target!r}")
+    return getattr(importlib.import_module(module), attr)
