@@ -12,6 +12,7 @@ and rasterised on demand to any grid by :func:`xbench.datasets.regions.rasterize
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -21,6 +22,8 @@ from typing import Any, Union
 
 import numpy as np
 import pandas as pd
+
+from ..errors import FormatError, MissingFileError, XBenchWarning
 
 UNKNOWN = math.nan  #: label value for "not annotated" (1.0 = positive, 0.0 = negative)
 
@@ -132,6 +135,9 @@ class BaseDataset(Sequence[Sample], ABC):
         self.findings: list[str] = [c["name"] for c in classes]
         self.prompts: dict[str, str] = {c["name"]: c.get("prompt", c["name"].lower()) for c in classes}
         self.cases: pd.DataFrame = self._read_index()
+        if self.skipped:
+            warnings.warn(f"{self.name} ({split}): skipped {sum(self.skipped.values())} malformed records: "
+                          f"{dict(self.skipped)}", XBenchWarning, stacklevel=2)
 
     # -- to implement ---------------------------------------------------------------
     @abstractmethod
@@ -147,6 +153,27 @@ class BaseDataset(Sequence[Sample], ABC):
     def skip(self, reason: str) -> None:
         """Count one skipped record (only used when ``on_error="skip"``)."""
         self.skipped[reason] += 1
+
+    def fail(self, path: str | Path, message: str, *, line: int | None = None, field: str | None = None,
+             reason: str | None = None) -> None:
+        """One malformed record: raise :class:`~xbench.errors.FormatError` naming ``path``, ``line`` and
+        ``field`` when ``on_error="raise"``, else count it under ``reason`` (default: ``message``)."""
+        if self.on_error == "raise":
+            raise FormatError(path, message, line=line, field=field)
+        self.skip(reason or message)
+
+    def file(self, key: str) -> Path:
+        """Local path of the manifest's ``files[key]`` (``{split}`` in its path is filled in).
+
+        Raises :class:`~xbench.errors.MissingFileError` naming the path and the entry's
+        ``source`` (the publisher's page) when it does not exist.
+        """
+        entry = (self.manifest.get("files") or {})[key]
+        path = self.root / str(entry["path"]).format(split=self.split)
+        if not path.exists():
+            title = self.manifest.get("title", self.name)
+            raise MissingFileError(path, f"{title} file {key!r}", entry.get("source"))
+        return path
 
     def __len__(self) -> int:
         return len(self.cases)

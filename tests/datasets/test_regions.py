@@ -1,0 +1,178 @@
+"""Rasterisation conventions (box centre rule, area resampling at γ = 0.5) and mask decoders."""
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+from conftest import shared_path
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pycocotools import mask as mask_utils
+
+from xbench.datasets.base import Box, EncodedMask, Polygon
+from xbench.datasets.regions import (
+    area_resample,
+    decode_coco_rle,
+    decode_siim_rle,
+    polygon_mask,
+    rasterize,
+    validate_box,
+)
+
+
+def encoded(mask: np.ndarray) -> EncodedMask:
+    return EncodedMask(lambda: mask, "test mask")
+
+
+def bounds(mask: np.ndarray) -> tuple[int, int, int, int]:
+    rows, cols = np.nonzero(mask)
+    return int(rows.min()), int(rows.max()), int(cols.min()), int(cols.max())
+
+
+def test_box_at_original_size_is_half_open():
+    mask = rasterize([Box(10, 20, 30, 40)], (100, 100))
+    assert bounds(mask) == (20, 39, 10, 29) and mask.sum() == 400
+
+
+def test_box_centre_rule_on_a_coarser_grid():
+    # grid 50x50 of a 100x100 image: centre of cell c is 2c + 1; inside iff 10 <= 2c+1 < 30 → c = 5..14
+    mask = rasterize([Box(10, 20, 30, 40)], (100, 100), (50, 50))
+    assert bounds(mask) == (10, 19, 5, 14)
+    # a box edge through a centre: x_min = 11 → centre 11 (c=5) is inside; x_max = 11 → it is outside
+    assert rasterize([Box(11, 0, 13, 100)], (100, 100), (50, 50))[0].nonzero()[0].tolist() == [5]
+    assert rasterize([Box(9, 0, 11, 100)], (100, 100), (50, 50))[0].nonzero()[0].tolist() == [4]
+
+
+def test_box_smaller_than_a_cell_can_vanish():
+    assert not rasterize([Box(0.1, 0.1, 0.9, 0.9)], (10, 10), (5, 5)).any()  # centre of cell 0 is at (1, 1)
+
+
+def test_area_resampling_fractions_and_gamma():
+    fine = np.zeros((4, 4), dtype=bool)
+    fine[:2, :2] = True
+    np.testing.assert_allclose(area_resample(fine, (3, 3)), [[1, 0.5, 0], [0.5, 0.25, 0], [0, 0, 0]])
+    # γ = 0.5 keeps the half-covered cells, drops the quarter-covered one
+    assert rasterize([encoded(fine)], (4, 4), (3, 3)).tolist() == [[True, True, False], [True, False, False], [False] * 3]
+    assert rasterize([encoded(fine)], (4, 4), (2, 2)).tolist() == [[True, False], [False, False]]
+    # upsampling 2x: each fine pixel becomes a 2x2 block
+    assert rasterize([encoded(fine)], (4, 4), (8, 8)).sum() == 16
+
+
+def test_masks_are_united_before_resampling():
+    left, right = np.zeros((2, 2), dtype=bool), np.zeros((2, 2), dtype=bool)
+    left[:, 0], right[:, 1] = True, True  # each covers half of the single target pixel
+    assert rasterize([encoded(left)], (2, 2), (1, 1)).tolist() == [[True]]  # 0.5 ≥ γ
+    top = np.zeros((2, 2), dtype=bool)
+    top[0, 0] = True
+    assert rasterize([encoded(top)], (2, 2), (1, 1)).tolist() == [[False]]  # 0.25
+    assert rasterize([encoded(top), encoded(right)], (2, 2), (1, 1)).tolist() == [[True]]  # union covers 0.75
+
+
+def test_polygon_includes_outline_like_cheXlocalize():
+    mask = polygon_mask([[1, 1], [5, 1], [5, 5]], (8, 8))
+    expected = np.zeros((8, 8), dtype=bool)
+    for row in range(1, 6):  # right triangle, outline included: row r covers columns r..5
+        expected[row, row:6] = True
+    assert (mask == expected).all()
+    assert polygon_mask([], (3, 3)).sum() == 0
+    assert polygon_mask([[1, 1]], (3, 3)).sum() == 1
+
+
+def test_union_of_box_and_polygon_and_empty():
+    mask = rasterize([Box(0, 0, 2, 2), Polygon(np.array([[6, 6], [7, 6], [7, 7], [6, 7]]))], (8, 8))
+    assert mask.sum() == 4 + 4 and mask[0, 0] and mask[7, 7]
+    assert rasterize([], (8, 8), (4, 4)).shape == (4, 4) and not rasterize([], (8, 8), (4, 4)).any()
+
+
+def test_rasterize_rejects_wrong_mask_shape_and_types():
+    with pytest.raises(ValueError, match=r"shape \(3, 3\), expected image size \(4, 4\)"):
+        rasterize([encoded(np.zeros((3, 3), dtype=bool))], (4, 4))
+    with pytest.raises(ValueError, match="unknown region type"):
+        rasterize(["box"], (4, 4))  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="grid"):
+        rasterize([], (4, 4), (0, 4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 30), st.integers(1, 30), st.integers(1, 30), st.integers(0, 2**31 - 1))
+def test_area_resampling_preserves_covered_area(h, w, gh, gw, seed):
+    fine = np.random.default_rng(seed).random((h, w)) < 0.4
+    frac = area_resample(fine, (gh, gw))
+    assert frac.min() >= 0 and frac.max() <= 1
+    assert frac.mean() == pytest.approx(fine.mean(), abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(0, 60), st.floats(0, 60), st.floats(1, 40), st.floats(1, 40), st.integers(1, 40), st.integers(1, 40))
+def test_box_rule_matches_brute_force(x, y, bw, bh, gh, gw):
+    box, size = Box(x, y, x + bw, y + bh), (64, 64)
+    mask = rasterize([box], size, (gh, gw))
+    for r in range(gh):
+        for c in range(gw):
+            cx, cy = (c + 0.5) * 64 / gw, (r + 0.5) * 64 / gh
+            assert mask[r, c] == (x <= cx < x + bw and y <= cy < y + bh)
+
+
+def test_validate_box():
+    validate_box(Box(-1, -0.5, 1025, 1024), (1024, 1024))  # within the 1 px tolerance
+    with pytest.raises(ValueError, match="outside the 1024x1024"):
+        validate_box(Box(10, 10, 1026, 20), (1024, 1024))
+    with pytest.raises(ValueError, match="outside"):
+        validate_box(Box(-2, 10, 20, 20), (1024, 1024))
+    with pytest.raises(ValueError, match="empty or inverted"):
+        validate_box(Box(30, 10, 20, 20), (1024, 1024))
+    with pytest.raises(ValueError, match="non-finite"):
+        validate_box(Box(float("nan"), 10, 20, 20), (1024, 1024))
+
+
+def test_siim_rle_by_hand():
+    # 3 rows x 2 cols, column-major: run 1 = flat 1..2 → (1,0),(2,0); run 2 starts 1 after → flat 4 → (1,1)
+    assert decode_siim_rle("1 2 1 1", height=3, width=2).astype(int).tolist() == [[0, 0], [1, 1], [1, 0]]
+    assert not decode_siim_rle(" -1 ", 3, 2).any()
+    assert decode_siim_rle("0 6", 3, 2).all()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("1 2 3", "odd number"),
+    ("1 x", "non-integer"),
+    ("5 2", "past the end"),
+    ("-1 2", "negative offset"),
+    ("1 0", "non-positive run length"),
+    ("", "non-empty string"),
+])
+def test_siim_rle_malformed(bad, message):
+    with pytest.raises(ValueError, match=message):
+        decode_siim_rle(bad, 3, 2)
+
+
+def test_siim_first_positive_real_row_and_kaggle_reference():
+    path = shared_path("annotations", "siim_acr_pneumothorax", "siim-pneumothorax-train-rle.csv")
+    with open(path, newline="") as handle:
+        rows = [r for r in csv.reader(handle)][1:]
+    positives = [r[1] for r in rows if r[1].strip() != "-1"]
+    mask = decode_siim_rle(positives[0])
+    assert bounds(mask) == (125, 390, 544, 795)  # y 125–390, x 544–795 (issue)
+    assert mask.sum() == 30859
+    for rle in positives[:5]:  # Kaggle mask_functions.rle2mask, written as a plain loop
+        flat = np.zeros(1024 * 1024, dtype=bool)
+        values, pos = [int(v) for v in rle.split()], 0
+        for start, length in zip(values[0::2], values[1::2]):
+            pos += start
+            flat[pos:pos + length] = True
+            pos += length
+        assert (decode_siim_rle(rle) == flat.reshape(1024, 1024).T).all()
+
+
+def test_coco_rle_round_trip_and_errors():
+    mask = np.zeros((5, 7), dtype=np.uint8)
+    mask[1:4, 2:6] = 1
+    rle = mask_utils.encode(np.asfortranarray(mask))
+    obj = {"size": rle["size"], "counts": rle["counts"].decode("ascii")}  # as cheXlocalize stores it
+    assert (decode_coco_rle(obj) == mask.astype(bool)).all()
+    # uncompressed counts (column-major runs starting with zeros): 1 zero, 2 ones, 1 zero
+    assert decode_coco_rle({"size": [2, 2], "counts": [1, 2, 1]}).tolist() == [[False, True], [True, False]]
+    with pytest.raises(ValueError, match="'size' and 'counts'"):
+        decode_coco_rle({"counts": "abc"})
+    with pytest.raises(ValueError, match="size"):
+        decode_coco_rle({"size": [0, 3], "counts": "abc"})

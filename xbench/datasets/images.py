@@ -1,0 +1,226 @@
+"""Read chest X-ray images (PNG, JPEG, DICOM) as float32 grey arrays in [0, 1].
+
+Conventions
+-----------
+Every reader returns a ``float32`` array of shape ``(height, width)`` at the
+original size of the file (no resize, no crop), bright = dense (bone white).
+
+PNG / JPEG (Pillow)
+    * 8-bit grey (mode ``L``): ``value / 255``.
+    * 16-bit grey (modes ``I;16``, ``I;16B``, ``I;16L``, and ``I`` as Pillow
+      opens some 16-bit PNGs): ``value / 65535``; an ``I`` image with values
+      outside ``[0, 65535]`` is rejected.
+    * Everything else (``RGB``, ``RGBA``, ``LA``, ``P``, ``1``, ``CMYK``, ...):
+      Pillow's ``convert("L")``, i.e. ITU-R 601-2 luma
+      ``L = R*299/1000 + G*587/1000 + B*114/1000`` with alpha dropped, then
+      ``/ 255``.
+    * Floating-point images (mode ``F``) are rejected: their range is unknown.
+
+DICOM (pydicom)
+    1. ``pixel_array`` (single frame, one sample per pixel).
+    2. ``pydicom.pixels.apply_modality_lut`` (Rescale Slope/Intercept or
+       Modality LUT).
+    3. ``pydicom.pixels.apply_voi_lut`` (the first VOI LUT, preferring a VOI
+       LUT Sequence over Window Center/Width, as pydicom does).
+    4. Min-max scaling of the **VOI output range** to [0, 1]:
+       with a window, the range is the window's output range ``[y_min, y_max]``
+       as pydicom defines it (from Bits Stored, Pixel Representation and the
+       rescale), so values clipped by the window land on exactly 0 or 1;
+       with a VOI LUT Sequence, the range is ``[min, max]`` of the LUT data;
+       with neither, the range is the image's own ``[min, max]`` after the
+       modality LUT (a constant image gives all zeros).
+    5. ``MONOCHROME1`` (low values are bright) is inverted: ``1 - x``.
+
+A missing file raises :class:`~xbench.errors.MissingFileError`; a file that
+cannot be decoded raises :class:`~xbench.errors.FormatError` naming it.
+A file is read as DICOM when its suffix is ``.dcm`` / ``.dicom`` or it has the
+``DICM`` marker at byte 128; otherwise with Pillow.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FormatError, MissingFileError
+
+__all__ = ["read_image", "image_size", "is_dicom", "ImageFolder"]
+
+_DICOM_SUFFIXES = {".dcm", ".dicom"}
+_SIXTEEN_BIT_MODES = {"I;16", "I;16B", "I;16L", "I;16N", "I"}
+
+
+def is_dicom(path: str | Path) -> bool:
+    """True when ``path`` has a DICOM suffix or the ``DICM`` marker at byte 128."""
+    path = Path(path)
+    if path.suffix.lower() in _DICOM_SUFFIXES:
+        return True
+    with open(path, "rb") as handle:
+        head = handle.read(132)
+    return len(head) == 132 and head[128:132] == b"DICM"
+
+
+def _require(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(path, "image")
+    return path
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Read an image as float32 ``(height, width)`` in [0, 1] at original size.
+
+    Parameters
+    ----------
+    path : str or Path
+        PNG / JPEG (anything Pillow opens) or DICOM file.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float32``, shape ``(height, width)``, values in ``[0, 1]``; see the
+        module docstring for the exact scaling rule of each format.
+
+    Raises
+    ------
+    MissingFileError
+        The file does not exist.
+    FormatError
+        The file cannot be decoded, is multi-frame / colour DICOM, or has an
+        unsupported pixel mode.
+    """
+    path = _require(path)
+    if is_dicom(path):
+        return _read_dicom(path)
+    return _read_pillow(path)
+
+
+def image_size(path: str | Path) -> tuple[int, int]:
+    """``(height, width)`` of an image, reading only its header.
+
+    Pillow opens lazily (no pixel decoding); DICOM is read with
+    ``stop_before_pixels=True`` and the size is ``(Rows, Columns)``.
+    """
+    path = _require(path)
+    if is_dicom(path):
+        import pydicom
+
+        try:
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+            return int(ds.Rows), int(ds.Columns)
+        except Exception as exc:  # pydicom raises many types for broken headers
+            raise FormatError(path, f"cannot read DICOM header Rows/Columns: {exc}") from exc
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            width, height = img.size
+    except (UnidentifiedImageError, OSError) as exc:
+        raise FormatError(path, f"not a readable image: {exc}") from exc
+    return int(height), int(width)
+
+
+class ImageFolder:
+    """Find image files by file name under a folder: flat first, else a recursive index.
+
+    Sources ship images either flat (``images/<name>``) or in nested folders
+    (NIH's ``images_001/images/<name>``, SIIM's ``<study>/<series>/<name>``).
+    :meth:`locate` returns ``folder / name`` when it exists; otherwise it
+    walks ``folder`` once (on first need), indexes every file by name, and
+    looks the name up there. Nothing is read before an image is asked for.
+
+    Parameters
+    ----------
+    folder : path
+        Top folder of the images.
+    source : str, optional
+        Official download page, named in :class:`MissingFileError`.
+    """
+
+    def __init__(self, folder: str | Path, source: str | None = None):
+        self.folder = Path(folder)
+        self.source = source
+        self._index: dict[str, Path] | None = None
+
+    def locate(self, name: str) -> Path:
+        """Path of the image called ``name`` (a file name, no folders)."""
+        flat = self.folder / name
+        if flat.is_file():
+            return flat
+        if self._index is None:
+            self._index = {}
+            if self.folder.is_dir():
+                for path in sorted(self.folder.rglob("*")):
+                    if path.is_file():
+                        self._index.setdefault(path.name, path)
+        if name not in self._index:
+            raise MissingFileError(flat, f"image (searched {self.folder} and its subfolders)", self.source)
+        return self._index[name]
+
+    def read(self, path: str | Path) -> np.ndarray:
+        """:func:`read_image` of the file named like ``path`` (usable as ``Sample.reader``)."""
+        return read_image(self.locate(Path(path).name))
+
+
+def _read_pillow(path: Path) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            img.load()
+            mode = img.mode
+            if mode in _SIXTEEN_BIT_MODES:
+                arr = np.asarray(img).astype(np.float64)
+                if mode == "I" and arr.size and (arr.min() < 0 or arr.max() > 65535):
+                    raise FormatError(path, f"32-bit integer image with values outside [0, 65535] ({arr.min()}..{arr.max()})")
+                return (arr / 65535.0).astype(np.float32)
+            if mode == "F":
+                raise FormatError(path, "floating-point (mode 'F') images have no defined range; save as 8- or 16-bit")
+            grey = img if mode == "L" else img.convert("L")
+            return np.asarray(grey, dtype=np.float32) / np.float32(255.0)
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise FormatError(path, f"not a readable image: {exc}") from exc
+
+
+def _voi_range(arr: np.ndarray, ds) -> tuple[float, float]:
+    """Output range of the VOI step that ``apply_voi_lut`` applies (see module docstring)."""
+    from pydicom.pixels import apply_voi_lut
+
+    seq = ds.get("VOILUTSequence")
+    if seq and seq[0].get("LUTDescriptor") is not None and seq[0].get("LUTData") is not None:
+        entries, first_mapped = int(seq[0].LUTDescriptor[0]) or 2**16, int(seq[0].LUTDescriptor[1])
+        lut = apply_voi_lut(np.arange(first_mapped, first_mapped + entries), ds)  # every LUT entry once
+        return float(lut.min()), float(lut.max())
+    if ds.get("WindowCenter") is not None and ds.get("WindowWidth") is not None:
+        with np.errstate(over="ignore"):
+            ends = apply_voi_lut(np.array([-1e12, 1e12]), ds)
+        return float(ends.min()), float(ends.max())
+    return float(arr.min()), float(arr.max())
+
+
+def _read_dicom(path: Path) -> np.ndarray:
+    import pydicom
+    from pydicom.pixels import apply_modality_lut, apply_voi_lut
+
+    try:
+        ds = pydicom.dcmread(path)
+        samples = int(ds.get("SamplesPerPixel", 1))
+        frames = int(ds.get("NumberOfFrames", 1) or 1)
+        if samples != 1 or frames != 1:
+            raise FormatError(path, f"expected a single-frame monochrome image, got SamplesPerPixel={samples}, NumberOfFrames={frames}")
+        raw = ds.pixel_array
+        modality = apply_modality_lut(raw, ds)
+        voi = apply_voi_lut(modality, ds)
+        low, high = _voi_range(modality, ds)
+    except FormatError:
+        raise
+    except Exception as exc:  # InvalidDicomError, truncated pixel data, missing decoder, bad VR ...
+        raise FormatError(path, f"cannot decode DICOM pixels: {type(exc).__name__}: {exc}") from exc
+    voi = np.asarray(voi, dtype=np.float64)
+    if high > low:
+        out = np.clip((voi - low) / (high - low), 0.0, 1.0)
+    else:
+        out = np.zeros_like(voi)
+    if str(ds.get("PhotometricInterpretation", "")).strip() == "MONOCHROME1":
+        out = 1.0 - out
+    return out.astype(np.float32)

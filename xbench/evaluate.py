@@ -1,0 +1,152 @@
+"""Metric tables of a run, computed from the results store alone (no inference).
+
+For every (dataset, model) of a run config:
+
+* ground truth of each positive (case, finding) pair is rasterised at the
+  evaluation grid (``grid``, default 224×224) once per dataset; positives without
+  a drawn region (e.g. CheXlocalize classes that are recognition-only) and
+  negatives take no part in grounding; cases the runner skipped (missing image)
+  are left out of every metric and counted;
+* stored native-grid maps go through :func:`xbench.metrics.grounding_scores`
+  (bilinear upsampling, per-map min–max, pointing, Dice/IoU at the fixed τ and
+  over the τ grid) and :func:`xbench.metrics.score_table` (class / dataset /
+  pooled values, best τ per class, paired bootstrap CIs);
+* recognition uses the stored probabilities against the dataset labels.
+
+Written under ``<output_dir>/tables/``: ``metrics.{csv,parquet}`` (tidy: one row
+per model × dataset × finding × metric), ``pairs.parquet`` (one row per model ×
+positive pair, with GT area and Dice at the class's best τ), ``curves.csv`` (mean
+Dice / IoU per τ per class), ``models.csv`` (model metadata) and
+``evaluation_log.json`` (counts of pairs evaluated and excluded, and why).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .config import RunConfig
+from .datasets import BaseDataset
+from .errors import XBenchError
+from .metrics import BEST_TAU, grounding_scores, score_table
+from .results import ResultStore, _atomic_write_bytes, write_table
+from .runner import open_dataset
+
+
+def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Finding → (row indices, bool masks ``(n, *grid)``) of the positive cases with a non-empty region."""
+    labels = dataset.labels()
+    localized = {c["name"]: c.get("localized", True) for c in dataset.manifest.get("classes", [])}
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    rows = np.flatnonzero((labels == 1).any(axis=1))
+    found: dict[str, tuple[list[int], list[np.ndarray]]] = {f: ([], []) for f in dataset.findings if localized.get(f, True)}
+    for r in tqdm(rows, desc=f"ground truth {dataset.name}", unit="case", disable=not progress):
+        sample = dataset[int(r)]
+        for f, (idx, masks) in found.items():
+            if sample.labels.get(f) == 1 and sample.regions.get(f):
+                mask = sample.mask(f, grid)
+                if mask.any():
+                    idx.append(int(r))
+                    masks.append(mask)
+    for f, (idx, masks) in found.items():
+        out[f] = (np.asarray(idx, int), np.stack(masks) if masks else np.zeros((0, *grid), bool))
+    return out
+
+
+def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str, tuple[np.ndarray, np.ndarray]],
+                  store: ResultStore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """Tidy metrics, per-pair rows, τ curves and counts of one (dataset, model)."""
+    preds = store.read(dataset.name, model, expected_chunks=math.ceil(len(dataset) / cfg.chunk_size))
+    if preds.meta["findings"] != dataset.findings:
+        raise XBenchError(f"store for {dataset.name} × {model} was made with findings {preds.meta['findings']}, "
+                          f"the dataset now has {dataset.findings}; re-run with --overwrite")
+    case_ids = dataset.cases["case_id"].astype(str).to_numpy()
+    position = {cid: i for i, cid in enumerate(preds.case_ids.tolist())}
+    counts: dict[str, Any] = {"dataset": dataset.name, "model": model, "cases": len(dataset),
+                              "cases_skipped_at_inference": len(preds.skipped), "pairs": {}}
+
+    frames = []
+    for c, finding in enumerate(dataset.findings):
+        if finding not in gt:
+            continue
+        rows, masks = gt[finding]
+        keep = np.array([case_ids[r] in position for r in rows], bool)
+        if not keep.any():
+            counts["pairs"][finding] = {"evaluated": 0, "missing_prediction": int((~keep).sum())}
+            continue
+        ids = case_ids[rows[keep]]
+        maps = preds.maps[[position[i] for i in ids], c].astype(np.float32)
+        scores = grounding_scores(maps, masks[keep], grid=cfg.grid, threshold=cfg.fixed_threshold,
+                                  ties=cfg.pointing_ties, case_ids=list(ids), findings=[finding] * len(ids))
+        frame = scores.to_frame(list(ids), finding)
+        frame["area_fraction"] = frame["gt_area"] / float(cfg.grid[0] * cfg.grid[1])
+        frames.append(frame)
+        counts["pairs"][finding] = {"evaluated": int(len(ids)), "missing_prediction": int((~keep).sum())}
+    pairs = pd.concat(frames, ignore_index=True) if frames else None
+
+    inferred = np.array([cid in position for cid in case_ids], bool)
+    labels = pd.DataFrame(dataset.labels()[inferred], index=case_ids[inferred], columns=dataset.findings)
+    probs = pd.DataFrame(preds.probs[[position[i] for i in case_ids[inferred]]], index=labels.index, columns=dataset.findings)
+    tidy = score_table(pairs, model=model, dataset=dataset.name, labels=labels, scores=probs, findings=dataset.findings,
+                       threshold=cfg.fixed_threshold, n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+
+    curves, pair_rows = [], pd.DataFrame()
+    if pairs is not None:
+        taus = tidy[(tidy["metric"] == BEST_TAU)].set_index("finding")["value"]
+        thresholds = np.round(np.linspace(0, 1, 101), 2)
+        for finding, sub in pairs.groupby("finding", sort=False):
+            dc, ic = np.stack(sub["dice_curve"].to_numpy()), np.stack(sub["iou_curve"].to_numpy())
+            curves.append(pd.DataFrame({"model": model, "dataset": dataset.name, "finding": finding, "tau": thresholds,
+                                        "mean_dice": np.nanmean(dc, axis=0), "mean_iou": np.nanmean(ic, axis=0),
+                                        "n": len(sub)}))
+        best_idx = pairs["finding"].map(lambda f: int(np.argmin(np.abs(thresholds - taus.get(f, np.nan))))
+                                        if np.isfinite(taus.get(f, np.nan)) else -1)
+        pair_rows = pairs.drop(columns=["dice_curve", "iou_curve"]).rename(columns={"dice_fixed": f"dice@{cfg.fixed_threshold:g}",
+                                                                                   "iou_fixed": f"iou@{cfg.fixed_threshold:g}"})
+        pair_rows["dice@best"] = [d[i] if i >= 0 else np.nan for d, i in zip(pairs["dice_curve"], best_idx)]
+        pair_rows.insert(0, "model", model)
+        pair_rows.insert(1, "dataset", dataset.name)
+    return tidy, pair_rows, (pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()), counts
+
+
+def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
+    """Compute and write every table of a run (see the module docstring); returns the tidy table."""
+    out = Path(cfg.output_dir) / "tables"
+    store = ResultStore(cfg.output_dir)
+    tidy, pairs, curves, log, models = [], [], [], [], {}
+    for dspec in cfg.datasets:
+        dataset = open_dataset(dspec)
+        gt = ground_truth(dataset, cfg.grid, progress=progress)
+        for mspec in cfg.models:
+            t, p, c, counts = evaluate_pair(cfg, dataset, mspec.name, gt, store)
+            tidy.append(t)
+            pairs.append(p)
+            curves.append(c)
+            log.append(counts)
+            models.setdefault(mspec.name, store.meta(dspec.name, mspec.name)["model_info"])
+    table = pd.concat(tidy, ignore_index=True)
+    write_table(table, out / "metrics")
+    pair_table = pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs) else pd.DataFrame()
+    pair_table.to_parquet(out / "pairs.parquet", index=False)
+    pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True).to_csv(out / "curves.csv", index=False)
+    pd.DataFrame(list(models.values())).to_csv(out / "models.csv", index=False)
+    _atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
+    return table
+
+
+def load_tables(output_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The tables of an evaluated run: ``metrics``, ``pairs``, ``curves``, ``models``."""
+    folder = Path(output_dir) / "tables"
+    if not (folder / "metrics.parquet").exists():
+        raise XBenchError(f"{folder} has no metrics table: run `xbench run` (or `xbench evaluate`) first")
+    return {
+        "metrics": pd.read_parquet(folder / "metrics.parquet"),
+        "pairs": pd.read_parquet(folder / "pairs.parquet"),
+        "curves": pd.read_csv(folder / "curves.csv"),
+        "models": pd.read_csv(folder / "models.csv"),
+    }

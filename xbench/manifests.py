@@ -1,0 +1,323 @@
+"""Dataset manifests (``data_manifests/<name>.yaml``): schema, validation, check and build.
+
+A manifest describes one source: which loader reads it, where the user's
+local copy is officially published, which files must be where under the
+user's root, the evaluation splits with their expected counts, and the
+classes. XBench never downloads; :func:`check` tells the user what is missing.
+
+Schema
+------
+.. code-block:: yaml
+
+    class: xbench.datasets.chestx_det:ChestXDet10   # loader, "module:Class" (required)
+    title: ChestX-Det10                             # human name (required)
+    homepage: https://github.com/Deepwise-AILab/ChestX-Det10-Dataset  # official download page (required)
+    citation: "Liu et al., ChestX-Det10 ..., arXiv:2006.10550"        # (required)
+    license: "..."                                  # terms as the publisher states them (required)
+    image_size: [1024, 1024]                        # optional (height, width) when the format fixes it;
+                                                    # otherwise loaders read image headers
+    files:                                          # relative to the user's root (required)
+      annotations: {path: "{split}.json", sha256: <hex or null>, source: <url>}
+      images: {path: "{split}_data/", source: <url>}   # trailing "/" = a folder
+      split_list: {path: lovt_split/test.csv, source: <url>, splits: [test]}  # only needed by these splits
+    default_split: test                             # (required, must be a key of splits)
+    splits:                                         # (required)
+      test:
+        description: "..."
+        expected: {cases: 542, positive_cases: 459, regions: 1476,
+                   positives: {Effusion: 252}, region_counts: {Effusion: 372}}  # all keys optional
+    classes:                                        # (required, non-empty)
+      - {name: Effusion, finding: pleural_effusion, prompt: pleural effusion,
+         display: Effusion, localized: true, aliases: [Pleural Effusion]}
+
+Keys of a file entry: ``path`` (required; ``{split}`` is replaced by the split
+name), ``sha256`` (hex of the file as published, or null: not compared),
+``source`` (where to get it), ``splits`` (optional list; default: every split).
+
+Keys of a class: ``name`` (the dataset's own spelling: labels, regions and
+per-dataset results use it), ``finding`` (canonical id from
+:data:`xbench.findings.CANONICAL`: synonyms across datasets share it),
+``prompt`` (the text given to the models), ``display`` (the paper's display
+name), ``localized`` (false: image labels only, no regions), and optional
+``aliases`` (other spellings of the class in the dataset's own files, e.g.
+NIH's ``Infiltration`` in ``Data_Entry`` for ``Infiltrate`` in the box file).
+
+Expected counts: ``cases`` (rows of the case table), ``positive_cases``
+(cases with at least one label equal to 1), ``negative_cases``, ``regions``
+(regions over all cases and classes: one per box, polygon or encoded-mask
+row), and per class ``positives`` / ``region_counts``.
+Loaders may read extra top-level keys they document (e.g. ``generated``).
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import FormatError, UnknownNameError
+from .findings import CANONICAL
+from .registry import dataset_manifest
+
+if TYPE_CHECKING:
+    from .datasets.base import BaseDataset
+
+__all__ = ["validate", "class_lookup", "file_entries", "sha256", "counts", "case_table", "check", "build", "CheckReport", "FileStatus"]
+
+REQUIRED_KEYS = ("class", "title", "homepage", "citation", "license", "files", "default_split", "splits", "classes")
+CLASS_KEYS = ("name", "finding", "prompt", "display", "localized")
+COUNT_KEYS = ("cases", "positive_cases", "negative_cases", "regions")
+
+
+def validate(manifest: Mapping[str, Any]) -> None:
+    """Raise :class:`~xbench.errors.FormatError` (naming the manifest file and field) unless it follows the schema."""
+    where = manifest.get("config_path", manifest.get("name", "<manifest>"))
+    if manifest.get("generated"):
+        required: tuple[str, ...] = ("class", "title", "default_split", "splits", "classes")
+    else:
+        required = REQUIRED_KEYS
+    for key in required:
+        if key not in manifest:
+            raise FormatError(where, "missing required key", field=key)
+    for key, entry in (manifest.get("files") or {}).items():
+        if not isinstance(entry, Mapping) or "path" not in entry:
+            raise FormatError(where, "a file entry must be a mapping with 'path'", field=f"files.{key}")
+        digest = entry.get("sha256")
+        if digest is not None and (len(str(digest)) != 64 or any(ch not in "0123456789abcdef" for ch in str(digest))):
+            raise FormatError(where, f"sha256 must be 64 lower-case hex digits or null, got {digest!r}", field=f"files.{key}.sha256")
+    splits = manifest["splits"]
+    if not isinstance(splits, Mapping) or not splits:
+        raise FormatError(where, "must be a non-empty mapping of split name → {description, expected}", field="splits")
+    if manifest["default_split"] not in splits:
+        raise FormatError(where, f"{manifest['default_split']!r} is not one of the splits {sorted(splits)}", field="default_split")
+    for split, spec in splits.items():
+        unknown = set(((spec or {}).get("expected") or {})) - set(COUNT_KEYS) - {"positives", "region_counts"}
+        if unknown:
+            raise FormatError(where, f"unknown expected-count keys {sorted(unknown)}", field=f"splits.{split}.expected")
+    classes = manifest["classes"]
+    if not isinstance(classes, list) or not classes:
+        raise FormatError(where, "must be a non-empty list", field="classes")
+    names = set()
+    for index, cls in enumerate(classes):
+        for key in CLASS_KEYS:
+            if not isinstance(cls, Mapping) or key not in cls:
+                raise FormatError(where, "missing required key", field=f"classes[{index}].{key}")
+        if cls["finding"] not in CANONICAL:
+            raise FormatError(where, f"{cls['finding']!r} is not a canonical finding id (xbench.findings.CANONICAL)",
+                              field=f"classes[{index}].finding")
+        if cls["name"] in names:
+            raise FormatError(where, f"duplicate class name {cls['name']!r}", field=f"classes[{index}].name")
+        names.add(cls["name"])
+
+
+def class_lookup(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """Every spelling a dataset's files use for a class (``name`` and ``aliases``) → the class ``name``."""
+    out: dict[str, str] = {}
+    for cls in manifest.get("classes") or []:
+        for spelling in [cls["name"], *(cls.get("aliases") or [])]:
+            out[str(spelling)] = str(cls["name"])
+    return out
+
+
+def file_entries(manifest: Mapping[str, Any], split: str) -> dict[str, dict[str, Any]]:
+    """The ``files`` entries that ``split`` needs, with ``{split}`` filled in their paths and sources."""
+    out = {}
+    for key, entry in (manifest.get("files") or {}).items():
+        if entry.get("splits") is not None and split not in entry["splits"]:
+            continue
+        out[key] = {**entry, "path": str(entry["path"]).format(split=split)}
+        if entry.get("source") is not None:
+            out[key]["source"] = str(entry["source"]).format(split=split)
+    return out
+
+
+def sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _region_table(ds: BaseDataset) -> pd.DataFrame:
+    """Cases × findings table of region counts (reads annotations only, never images)."""
+    rows = [[len(regions.get(f, [])) for f in ds.findings] for regions in (ds._regions(row) for _, row in ds.cases.iterrows())]
+    return pd.DataFrame(np.array(rows, dtype=np.int64).reshape(len(ds.cases), len(ds.findings)), columns=ds.findings, index=ds.cases.index)
+
+
+def counts(ds: BaseDataset) -> dict[str, Any]:
+    """Measured counts of a loaded dataset, with the keys of a manifest's ``expected``.
+
+    ``positive_cases`` counts cases with at least one label equal to 1
+    (NaN labels count as not positive).
+    """
+    labels = ds.labels()
+    regions = _region_table(ds)
+    positive = (labels == 1).any(axis=1) if labels.size else np.zeros(len(ds), dtype=bool)
+    return {
+        "cases": len(ds),
+        "positive_cases": int(positive.sum()),
+        "negative_cases": int(len(ds) - positive.sum()),
+        "regions": int(regions.to_numpy().sum()),
+        "positives": {f: int((labels[:, i] == 1).sum()) for i, f in enumerate(ds.findings)},
+        "region_counts": {f: int(regions[f].sum()) for f in ds.findings},
+    }
+
+
+def case_table(ds: BaseDataset) -> pd.DataFrame:
+    """Normalised case table: ``case_id, image_path, height, width, view``,
+    ``label:<class>`` (1/0/NaN) and ``regions:<class>`` (number of regions) per class."""
+    table = ds.cases[["case_id", "image_path", "height", "width", "view"] + [f"label:{f}" for f in ds.findings]].copy()
+    table["image_path"] = table["image_path"].astype(str)
+    regions = _region_table(ds)
+    for f in ds.findings:
+        table[f"regions:{f}"] = regions[f].to_numpy()
+    return table.reset_index(drop=True)
+
+
+@dataclass
+class FileStatus:
+    """One ``files`` entry of a manifest, as found under the user's root."""
+
+    key: str
+    path: Path
+    exists: bool
+    source: str | None
+    sha256_expected: str | None = None
+    sha256_actual: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exists and (self.sha256_expected is None or self.sha256_expected == self.sha256_actual)
+
+
+@dataclass
+class CheckReport:
+    """What :func:`check` found: files, whether the loader opened, counts and mismatches."""
+
+    name: str
+    root: Path
+    split: str
+    files: list[FileStatus] = field(default_factory=list)
+    opened: bool = False
+    error: str | None = None
+    counts: dict[str, Any] = field(default_factory=dict)
+    expected: dict[str, Any] = field(default_factory=dict)
+    mismatches: list[str] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """All files present with matching hashes, loader opened, no count mismatch."""
+        return self.opened and not self.mismatches and all(f.ok for f in self.files)
+
+    def format(self) -> str:
+        """Plain-text report for the CLI."""
+        lines = [f"{self.name} [{self.split}] at {self.root}: {'OK' if self.ok else 'PROBLEMS'}"]
+        for f in self.files:
+            if not f.exists:
+                state = f"MISSING (get it from {f.source})" if f.source else "MISSING"
+            elif f.sha256_expected is None:
+                state = "present"
+            elif f.sha256_expected == f.sha256_actual:
+                state = "present, sha256 ok"
+            else:
+                state = f"present, sha256 differs (expected {f.sha256_expected[:12]}…, got {(f.sha256_actual or '')[:12]}…)"
+            lines.append(f"  file {f.key}: {f.path}: {state}")
+        lines.append(f"  loader: {'opened' if self.opened else 'failed: ' + str(self.error)}")
+        if self.skipped:
+            lines.append(f"  skipped records: {self.skipped}")
+        for key in COUNT_KEYS:
+            if key in self.counts:
+                want = self.expected.get(key)
+                lines.append(f"  {key}: {self.counts[key]}" + (f" (expected {want})" if want is not None else ""))
+        lines.extend(f"  MISMATCH {m}" for m in self.mismatches)
+        return "\n".join(lines)
+
+
+def _compare(found: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]:
+    out = []
+    for key, want in expected.items():
+        if isinstance(want, Mapping):
+            for cls, value in want.items():
+                got = (found.get(key) or {}).get(cls)
+                if got != value:
+                    out.append(f"{key}[{cls}]: found {got}, expected {value}")
+        elif found.get(key) != want:
+            out.append(f"{key}: found {found.get(key)}, expected {want}")
+    return out
+
+
+def check(name: str, root: str | Path | None, split: str | None = None, *, hashes: bool = True) -> CheckReport:
+    """Check a user's local copy of dataset ``name`` against its manifest.
+
+    Parameters
+    ----------
+    name : str
+        Registered dataset name.
+    root : path or None
+        The user's folder (None: ``$XBENCH_DATA/<name>``).
+    split : str, optional
+        Split to check (default: the manifest's ``default_split``).
+    hashes : bool, default=True
+        Compare SHA-256 of files whose manifest entry gives one (folders never).
+
+    Returns
+    -------
+    CheckReport
+        Files present / missing with their publisher, hash comparison, whether
+        the loader opened (the error text if not), measured counts and the
+        differences from the manifest's ``expected`` counts. Nothing is printed;
+        use :meth:`CheckReport.format`.
+    """
+    from .datasets import data_root, load_dataset
+
+    manifest = dataset_manifest(name)
+    split = split or manifest.get("default_split", "test")
+    if split not in (manifest.get("splits") or {}):
+        raise UnknownNameError(f"split of dataset {name!r}", split, manifest.get("splits") or {})
+    base = Path(root) if root is not None or manifest.get("generated") else data_root(name, root)
+    report = CheckReport(name=name, root=base, split=split)
+    for key, entry in file_entries(manifest, split).items():
+        path = base / entry["path"]
+        status = FileStatus(key=key, path=path, exists=path.exists(), source=entry.get("source"), sha256_expected=entry.get("sha256"))
+        if status.exists and hashes and status.sha256_expected and path.is_file():
+            status.sha256_actual = sha256(path)
+        report.files.append(status)
+    report.expected = dict(((manifest["splits"][split] or {}).get("expected") or {}))
+    try:
+        ds = load_dataset(name, root=root, split=split, on_error="skip")
+    except Exception as exc:  # reported, not raised: the report is the point
+        report.error = f"{type(exc).__name__}: {exc}"
+        return report
+    report.opened = True
+    report.skipped = dict(ds.skipped)
+    report.counts = counts(ds)
+    report.mismatches = _compare(report.counts, report.expected)
+    return report
+
+
+def build(name: str, root: str | Path | None, out_path: str | Path, split: str | None = None, *, on_error: str = "raise") -> pd.DataFrame:
+    """Write the normalised case table of a dataset split and return it.
+
+    The table has ``case_id, image_path, height, width, view``, then
+    ``label:<class>`` and ``regions:<class>`` per class (see :func:`case_table`).
+    ``out_path`` ending in ``.parquet`` is written as Parquet, anything else as
+    CSV. Parent folders are created.
+    """
+    from .datasets import load_dataset
+
+    ds = load_dataset(name, root=root, split=split, on_error=on_error)
+    table = case_table(ds)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".parquet":
+        table.to_parquet(out, index=False)
+    else:
+        table.to_csv(out, index=False)
+    return table

@@ -1,0 +1,285 @@
+"""Chunked engine behind the grounding metrics: upsample, normalise, count.
+
+One pass over each (map, mask) pair gives every count the public functions in
+:mod:`xbench.metrics.grounding` need: the pointing-game hit, ``|B(τ) ∩ G|`` and
+``|B(τ)|`` for a whole threshold grid, and ``|G|``. Pairs are processed
+``chunk_size`` at a time, so memory stays bounded whatever ``N`` is, and the
+chunk buffers stay in cache.
+
+Threshold sweep without 101 passes
+----------------------------------
+``B(τ) = {u : v_u ≥ τ}`` where ``v`` is the float32 normalised map and ``τ`` a
+float64 threshold, compared exactly (as ``v >= τ`` does in NumPy for a float32
+array and a float64 scalar). For a strictly increasing grid ``t_0 < … < t_{T-1}``
+let ``k(v) = #{i : t_i ≤ v}``; then ``v ≥ t_i ⟺ i < k(v)``, so a histogram of
+``k`` per pair (inside and outside the mask) and a suffix sum give
+``|B(t_i) ∩ G|`` and ``|B(t_i)|`` for all ``i`` at once.
+
+* Default grid ``t_i = fl64(i / 100)``: ``k(v) = ⌊100 · v⌋ + 1`` exactly, with
+  the product taken in float64. A float32 ``v`` has a 24-bit significand and 100
+  a 7-bit one, so ``100 · v`` is exact in float64; ``100 · t_i`` differs from
+  the integer ``i`` by at most ~1e-14, far less than the spacing of the values
+  ``100 · v`` near ``i`` (≥ 2**-31), and ``100 · v`` can equal an integer ``i``
+  only when ``i / 100`` is dyadic (i ∈ {0, 25, 50, 75, 100}), where
+  ``t_i = i / 100`` exactly. So ``⌊100 v⌋ ≥ i ⟺ v ≥ t_i`` for every float32
+  ``v`` in [0, 1] (also checked exhaustively over all float32 in [0, 1]).
+* Any other grid: ``k = searchsorted(c, v, side="right")`` where ``c_i`` is the
+  smallest float32 ≥ ``t_i``; for float32 ``v``, ``v ≥ t_i ⟺ v ≥ c_i``.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import XBenchWarning
+
+#: Pairs per chunk: small enough that a chunk's buffers (~0.4 MB per 224×224 map) stay in cache.
+CHUNK_SIZE = 16
+
+_DEFAULT_GRID_VALUES = np.round(np.linspace(0.0, 1.0, 101), 2)
+_MASK_BIT = np.uint8(128)  # key = bin | 128·[in mask]; default-grid bins are 0…100 < 128
+
+
+def as_numpy(x, name: str) -> np.ndarray:
+    """``np.ndarray`` view of an array-like or a (CPU or GPU) torch tensor."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise ValueError(f"{name} must be array-like; got {type(x).__name__}: {exc}") from exc
+
+
+def pair_name(i: int, case_ids: Sequence | None, findings: Sequence | None) -> str:
+    """``"pair 3 (case 'a.png', finding 'Nodule')"`` for error and warning messages."""
+    parts = []
+    if case_ids is not None:
+        parts.append(f"case {case_ids[i]!r}")
+    if findings is not None:
+        parts.append(f"finding {findings[i]!r}")
+    return f"pair {i}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def check_names(n: int, case_ids: Sequence | None, findings: Sequence | None) -> None:
+    for label, seq in (("case_ids", case_ids), ("findings", findings)):
+        if seq is not None and len(seq) != n:
+            raise ValueError(f"{label} has {len(seq)} entries but there are {n} maps")
+
+
+def as_maps(maps, name: str = "maps") -> np.ndarray:
+    """Maps as C-contiguous float32 ``(N, h, w)``; a single ``(h, w)`` map is not accepted."""
+    arr = as_numpy(maps, name)
+    if arr.ndim != 3:
+        raise ValueError(f"{name} must have shape (N, h, w); got shape {arr.shape}")
+    if arr.dtype.kind not in "fiub":
+        raise ValueError(f"{name} must be numeric; got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def as_masks(masks, n: int) -> np.ndarray:
+    """Masks as C-contiguous bool ``(N, H, W)``; integer masks must hold only 0 and 1."""
+    arr = as_numpy(masks, "masks")
+    if arr.ndim != 3:
+        raise ValueError(f"masks must have shape (N, H, W); got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValueError(f"maps and masks must pair up: {n} maps but {arr.shape[0]} masks (shape {arr.shape})")
+    if arr.dtype != np.bool_:
+        if arr.dtype.kind not in "fiu" or not np.isin(arr, (0, 1)).all():
+            raise ValueError(f"masks must be boolean or hold only 0/1; got dtype {arr.dtype} with other values")
+        arr = arr.astype(bool)
+    return np.ascontiguousarray(arr)
+
+
+def as_thresholds(thresholds) -> np.ndarray:
+    """Thresholds as a strictly increasing, finite float64 ``(T,)`` array."""
+    t = np.asarray(as_numpy(thresholds, "thresholds"), dtype=np.float64)
+    if t.ndim != 1 or t.size == 0:
+        raise ValueError(f"thresholds must be a non-empty 1-D sequence; got shape {t.shape}")
+    if not np.isfinite(t).all():
+        raise ValueError("thresholds must be finite")
+    if t.size > 1 and not (np.diff(t) > 0).all():
+        raise ValueError("thresholds must be strictly increasing")
+    return t
+
+
+def float32_ceil(t: np.ndarray) -> np.ndarray:
+    """Smallest float32 ``c_i ≥ t_i``: for float32 ``v``, ``v ≥ t_i ⟺ v ≥ c_i``."""
+    with np.errstate(over="ignore"):
+        c = np.asarray(t, dtype=np.float64).astype(np.float32)
+    low = c.astype(np.float64) < t
+    c[low] = np.nextafter(c[low], np.float32(np.inf))
+    return c
+
+
+def upsample_chunk(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Bilinear (``align_corners=False``) resize of float32 ``(k, h, w)`` to ``(k, H, W)``.
+
+    Identity when the size already matches. A map constant on its native grid is
+    returned exactly constant (bilinear weights summing to one in float32 could
+    otherwise leave ulp-level ripples that min–max normalisation would blow up).
+    """
+    if x.shape[1:] == tuple(size):
+        return x.copy()
+    t = torch.from_numpy(x)
+    out = F.interpolate(t[None], size=tuple(size), mode="bilinear", align_corners=False)[0].numpy()
+    flat = x.reshape(len(x), -1)
+    const = flat.min(axis=1) == flat.max(axis=1)
+    if const.any():
+        out[const] = flat[const, :1, None]
+    return out
+
+
+@dataclass
+class Counts:
+    """What one pass over the pairs yields (``NaN``/``-1`` rows for skipped pairs)."""
+
+    gt_area: np.ndarray  # (N,) int64, |G|
+    valid: np.ndarray  # (N,) bool, False for pairs skipped because of a non-finite map
+    hit: np.ndarray | None = None  # (N,) float64 pointing hit (NaN: empty G or skipped)
+    fixed_inter: np.ndarray | None = None  # (N,) int64 |B(τ) ∩ G|
+    fixed_pred: np.ndarray | None = None  # (N,) int64 |B(τ)|
+    inter: np.ndarray | None = None  # (N, T) int64 |B(t_i) ∩ G|
+    pred: np.ndarray | None = None  # (N, T) int64 |B(t_i)|
+
+    @property
+    def n_skipped(self) -> int:
+        return int((~self.valid).sum())
+
+
+def _nonfinite(i: int, why: str, policy: str, case_ids, findings) -> None:
+    if policy == "raise":
+        raise ValueError(
+            f"{pair_name(i, case_ids, findings)}: {why}; pass nonfinite='skip' to score such pairs as NaN"
+        )
+
+
+def count_pairs(
+    maps,
+    masks,
+    *,
+    thresholds: np.ndarray | None = None,
+    fixed: float | None = None,
+    ties: str | None = None,
+    nonfinite: str = "raise",
+    case_ids: Sequence | None = None,
+    findings: Sequence | None = None,
+    chunk_size: int = CHUNK_SIZE,
+) -> Counts:
+    """Upsample + normalise each map and count, chunk by chunk (see the module docstring).
+
+    ``ties`` (``"first"``/``"any"``) requests pointing hits, ``fixed`` the counts at
+    one threshold, ``thresholds`` the counts for a grid. Emits one
+    :class:`~xbench.errors.XBenchWarning` with the number of skipped pairs.
+    """
+    if nonfinite not in ("raise", "skip"):
+        raise ValueError(f"nonfinite must be 'raise' or 'skip'; got {nonfinite!r}")
+    if ties not in (None, "first", "any"):
+        raise ValueError(f"ties must be 'first' or 'any'; got {ties!r}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be ≥ 1; got {chunk_size}")
+    maps = as_maps(maps)
+    n = len(maps)
+    masks = as_masks(masks, n)
+    check_names(n, case_ids, findings)
+    size = masks.shape[1:]
+    n_pix = size[0] * size[1]
+
+    valid = np.isfinite(maps).all(axis=(1, 2))
+    if nonfinite == "raise" and not valid.all():
+        _nonfinite(int(np.flatnonzero(~valid)[0]), "map contains NaN or inf", "raise", case_ids, findings)
+    flat_masks = masks.reshape(n, n_pix)
+    gt_area = np.count_nonzero(flat_masks, axis=1).astype(np.int64)
+    out = Counts(gt_area=gt_area, valid=valid)
+    if ties is not None:
+        out.hit = np.full(n, np.nan)
+    if fixed is not None:
+        fixed_c = float32_ceil(np.array([fixed], dtype=np.float64))[0]
+        out.fixed_inter = np.zeros(n, np.int64)
+        out.fixed_pred = np.zeros(n, np.int64)
+    if thresholds is not None:
+        t = as_thresholds(thresholds)
+        default_grid = t.shape == _DEFAULT_GRID_VALUES.shape and np.array_equal(t, _DEFAULT_GRID_VALUES)
+        n_bins = t.size + 1  # k ∈ 0…T
+        ceil = float32_ceil(t)
+        hist = np.zeros((n, 2, n_bins), np.int64)  # [:, 0] outside G, [:, 1] inside G
+        k = min(chunk_size, n)
+        b64 = np.empty((k, n_pix), np.float64)
+        key8 = np.empty((k, n_pix), np.uint8)
+        m8 = np.empty((k, n_pix), np.uint8)
+
+    for s in range(0, n, chunk_size):
+        e = min(n, s + chunk_size)
+        x = maps[s:e]
+        ok = valid[s:e]
+        if not ok.all():
+            x = x.copy()
+            x[~ok] = 0.0
+        up = upsample_chunk(x, size).reshape(e - s, n_pix)
+        g = flat_masks[s:e]
+
+        lo = up.min(axis=1)
+        hi = up.max(axis=1)
+        if ties == "first":
+            first = np.argmax(up, axis=1)
+            out.hit[s:e] = g[np.arange(e - s), first]
+        elif ties == "any":
+            out.hit[s:e] = ((up == hi[:, None]) & g).any(axis=1)
+
+        # per-map min–max in float32: v = (x - min) / (max - min); a constant map → 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            span = hi - lo
+        overflow = ok & ~np.isfinite(span)
+        if overflow.any():
+            i = s + int(np.flatnonzero(overflow)[0])
+            _nonfinite(i, "map range max - min overflows float32", nonfinite, case_ids, findings)
+            valid[s:e] &= ~overflow
+            ok = valid[s:e]
+            up[overflow] = 0.0
+            lo[overflow] = 0.0
+            span[overflow] = 0.0
+        span[span == 0] = 1.0
+        np.subtract(up, lo[:, None], out=up)
+        np.divide(up, span[:, None], out=up)
+
+        if fixed is not None:
+            sel = up >= fixed_c
+            out.fixed_pred[s:e] = np.count_nonzero(sel, axis=1)
+            out.fixed_inter[s:e] = np.count_nonzero(sel & g, axis=1)
+
+        if thresholds is not None:
+            rows = e - s
+            if default_grid:  # k - 1 = floor(100 v), exact in float64 (module docstring)
+                np.multiply(up, 100.0, dtype=np.float64, out=b64[:rows])
+                np.copyto(key8[:rows], b64[:rows], casting="unsafe")  # truncation = floor for v ≥ 0
+                np.multiply(g.view(np.uint8), _MASK_BIT, out=m8[:rows])
+                np.bitwise_or(key8[:rows], m8[:rows], out=key8[:rows])
+                keys = torch.from_numpy(key8)
+                for r in range(rows):
+                    h = torch.bincount(keys[r], minlength=256).numpy()
+                    hist[s + r, 0, 1:] = h[:101]
+                    hist[s + r, 1, 1:] = h[128:229]
+            else:
+                kk = np.searchsorted(ceil, up, side="right")
+                kk += g * n_bins
+                kk += (np.arange(rows) * (2 * n_bins))[:, None]
+                hist[s:e] = np.bincount(kk.ravel(), minlength=rows * 2 * n_bins).reshape(rows, 2, n_bins)
+
+    if out.hit is not None:
+        out.hit[(gt_area == 0) | ~valid] = np.nan
+    if thresholds is not None:
+        # |B(t_i) ∩ G| = #{k > i} inside G; |B(t_i)| = #{k > i} anywhere
+        suffix = np.cumsum(hist[:, :, ::-1], axis=2)[:, :, ::-1]
+        out.inter = suffix[:, 1, 1:]
+        out.pred = suffix[:, 0, 1:] + out.inter
+    if out.n_skipped:
+        warnings.warn(
+            f"{out.n_skipped} of {n} pairs have a non-finite map and were scored NaN (nonfinite='skip')",
+            XBenchWarning,
+            stacklevel=3,
+        )
+    return out

@@ -1,0 +1,825 @@
+"""CARZero: Cross-Attention Alignment for Radiology Zero-Shot Classification.
+
+Citation
+    Lai, Yao, Jiang, Wang, He, Tao, Zhou. "CARZero: Cross-Attention Alignment for Radiology
+    Zero-Shot Classification". CVPR 2024 (arXiv 2402.17417).
+Official code
+    https://github.com/laihaoran/CARZero (read at fa4e09cd): ``CARZero/CARZero.py``
+    (``get_dqn_similarities``, ``get_grounding_map``, ``conve_attention_map``),
+    ``CARZero/models/CARZero_model_dqn_wo_self_atten_gl_mlp.py`` (``process_img``, ``_resize_img``,
+    ``process_text``), ``models/dqn_wo_self_atten_mlp.py``, ``models/transformer_decoder.py``,
+    ``models/text_model.py``, ``models/transformer_backbones.py``. Nothing is copied; the modules
+    below are re-written from the facts in those files.
+Weights
+    ``CARZero_best_model.ckpt`` (PyTorch-Lightning file) from the authors' Google Drive
+    (https://drive.google.com/file/d/1kYF-k5otW5DHwz1En5d_ScV3zu2E27Ch) and the tokenizer files of
+    ``Laihaoran/BioClinicalMPBERT`` (``vocab.txt``, ``tokenizer_config.json``, optional
+    ``config.json``; https://huggingface.co/Laihaoran/BioClinicalMPBERT) in one local folder. The BERT
+    weights themselves are inside the checkpoint (``CARZero.text_encoder.model.*``); the M3AE ViT init
+    file read by the official constructor is fully overwritten by the checkpoint and is not needed.
+
+Architecture
+    * Image: MAE/M3AE ViT-B/16 (``patch_embed`` conv 16x16, ``cls_token``, learned ``pos_embed``
+      added to every token, 12 pre-norm blocks with 12 heads and exact-erf GELU MLP, LayerNorm eps
+      1e-6, final ``norm``). Tokens after the final norm: ``[CLS; 196 patches]`` ``(B, 197, 768)``,
+      patches row-major over the 14x14 grid. Global embedding = CLS.
+    * Text: ``BertModel`` (BioClinicalMPBERT, bert-base). Hidden states of the last 4 layers; word
+      pieces are merged into words (:func:`aggregate_word_pieces`); words = sum over the 4 layers
+      ``(n, 768, L)`` with ``L = 97`` slots (zero-padded after ``[SEP]``); sentence = mean over all
+      ``L`` slots **including the zero padding**, then summed over the 4 layers ``(n, 768)``.
+    * Fusion (``TQN_Model``): ``fusion(memory (N, T, 768), queries (q, 768))`` applies one LayerNorm
+      ``decoder_norm`` to memory and queries, 4 pre-norm decoder layers **without self-attention**
+      (``x += CrossAttn(norm2(x), M, M)``, ``x += FFN(norm3(x))``, FFN 768->1024->768 ReLU, 4 heads;
+      ``self_attn`` / ``norm1`` exist in the checkpoint but are unused), the same ``decoder_norm`` as
+      final norm (``decoder.norm``), ``mlp_head`` 768->1024->512->256->1 with ReLU -> ``(N, q, 1)``.
+
+Score (``get_dqn_similarities``)
+    ``i2t = fusion(M=[img CLS; 196 patches], Q=text sentence embeddings)`` and
+    ``t2i = fusion(M=[text sentence; 97 word slots], Q=img CLS)``; ``score = (i2t + t2i) / 2``, a
+    **raw logit** (``score_rule = "logit"``). :meth:`Adapter.to_probability` applies a sigmoid, so
+    F1 / accuracy at ``sigmoid(logit) >= 0.5`` are the same as thresholding the logit at 0 (the model
+    was trained with an in-batch cross-entropy over this matrix; the sigmoid is not calibrated).
+    The queries of one fusion call never interact (no self-attention), so the official per-image
+    loop and this batched forward agree up to float32 reduction-order noise.
+Map (``get_grounding_map`` + ``conve_attention_map``)
+    i2t cross-attention of all 4 decoder layers (head-averaged, softmax over the 197 keys); the
+    image-CLS key is dropped **without renormalising**; mean of the 4 layers; row-major view to
+    ``(B, n, 14, 14)``. :meth:`CARZeroAdapter.predict` returns this raw native-grid map (the official
+    code then repeats each cell 16x to 224x224; the metrics upsample instead).
+Text input
+    ``"There is {name}"`` (official template); names that the official ChestX-ray14 prompt list
+    spells differently are mapped to its spelling (:data:`OFFICIAL_NAMES`, e.g. ``"mass"`` ->
+    ``"Pulmonary Mass"``). Unseen classes: the template with the name as given (CARZero is
+    open-vocabulary; the authors prompt unseen findings the same way). The text is cleaned by
+    :func:`clean_text` (official ``process_text``) and tokenised with ``padding="max_length",
+    max_length=97, truncation=True``.
+Preprocessing (``process_img``)
+    8-bit image (``np.round(image * 255)``) -> longest side to 256 with OpenCV ``INTER_AREA`` (other
+    side ``int(side * 256 / longest)``), zero-pad the short side to 256 (floor half before, ceil half
+    after) -> grey to RGB -> ``CenterCrop(224)`` -> ``ToTensor`` -> ``Normalize(0.4978, 0.2449)``.
+    ``INTER_AREA`` is re-implemented without OpenCV (:func:`resize_area`), bit-exact to OpenCV's
+    algorithm for downscaling; ground-truth regions must go through the same resize, pad and crop.
+Deviations
+    None on the computation. Images whose longest side is below 256 px (OpenCV would upsample with
+    its area-weighted bilinear variant) raise ``ValueError``. The Lightning file's
+    ``hyper_parameters`` (an OmegaConf object) is never executed (see
+    :func:`load_carzero_checkpoint`); the architecture is fixed to the released configuration.
+"""
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig, BertModel, BertTokenizer
+
+from ..errors import CheckpointError, MissingFileError
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+
+__all__ = [
+    "CARZeroAdapter",
+    "CARZeroModel",
+    "aggregate_word_pieces",
+    "attention_maps",
+    "clean_text",
+    "load_carzero_checkpoint",
+    "load_official_checkpoint",
+    "preprocess_stages",
+    "prompt_text",
+    "read_vocab",
+    "resize_and_pad",
+    "resize_area",
+]
+
+RESIZE = 256  # cfg.data.image.imsize
+CROP = 224  # cfg.transforms.random_crop.crop_size (CenterCrop at test time)
+MEAN, STD = 0.4978, 0.2449  # cfg.transforms.norm == "CXR_MAE" (builder.build_transformation)
+MAX_WORDS = 97  # cfg.data.text.word_num
+EMBED_DIM = 768
+LAST_LAYERS = 4  # cfg.model.text.last_n_layers
+TEMPLATE = "There is {}"
+
+# ChestX-ray14 prompt spellings of the official prompt file (``Dataset/ChestXray14/*_text.json``)
+# for the label names that differ from it; every other name is used as given.
+OFFICIAL_NAMES = {
+    "effusion": "Pleural Effusion",
+    "infiltration": "Pulmonary Infiltration",
+    "mass": "Pulmonary Mass",
+    "nodule": "Lung Nodule",
+    "consolidation": "Pulmonary Consolidation",
+    "edema": "Pulmonary Edema",
+    "emphysema": "Pulmonary Emphysema",
+}
+
+
+# -- preprocessing -------------------------------------------------------------------------------
+def _area_table(src: int, dst: int, scale: float) -> list[list[tuple[int, np.float32]]]:
+    """Per output index, the ``(source index, float32 weight)`` pairs of OpenCV's area resampling.
+
+    Same rule and float32 rounding as OpenCV's ``computeResizeAreaTab`` (``imgproc/resize.cpp``):
+    a partial first cell, whole cells of weight ``1/cell``, a partial last cell, with 1e-3 slack.
+    """
+    table = []
+    for d in range(dst):
+        start = d * scale
+        stop = start + scale
+        cell = min(scale, src - start)
+        first = math.ceil(start)
+        last = min(math.floor(stop), src - 1)
+        first = min(first, last)
+        row = []
+        if first - start > 1e-3:
+            row.append((first - 1, np.float32((first - start) / cell)))
+        row.extend((s, np.float32(1.0 / cell)) for s in range(first, last))
+        if stop - last > 1e-3:
+            row.append((last, np.float32(min(min(stop - last, 1.0), cell) / cell)))
+        table.append(row)
+    return table
+
+
+def _table_passes(table: list[list[tuple[int, np.float32]]]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Regroup an area table into passes: pass ``j`` holds the ``j``-th term of every output index.
+
+    Accumulating pass by pass adds each output's terms in OpenCV's order, vectorised over outputs.
+    """
+    passes = []
+    for j in range(max(len(row) for row in table)):
+        outs = np.array([d for d, row in enumerate(table) if len(row) > j], dtype=np.int64)
+        srcs = np.array([table[d][j][0] for d in outs], dtype=np.int64)
+        weights = np.array([table[d][j][1] for d in outs], dtype=np.float32)
+        passes.append((outs, srcs, weights))
+    return passes
+
+
+def resize_area(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Downscale a uint8 grey image like ``cv2.resize(image, (width, height), interpolation=cv2.INTER_AREA)``.
+
+    Parameters
+    ----------
+    image : numpy.ndarray
+        ``(H, W)`` uint8.
+    height, width : int
+        Output size, each ``<=`` the input size (downscaling only).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(height, width)`` uint8, bit-exact to OpenCV's ``INTER_AREA`` (checked against
+        opencv-python-headless 5.0 on square, portrait, landscape, integer and fractional scales).
+
+    Notes
+    -----
+    OpenCV's algorithm (``imgproc/resize.cpp``), written with numpy:
+
+    * same size: a copy;
+    * integer factors ``kx, ky`` (``|scale - round(scale)| < DBL_EPSILON``): block sums; 2x2 blocks
+      round half up, ``(sum + 2) >> 2`` (OpenCV's vectorised and scalar 2x2 paths); other factors
+      ``rint(float32(sum) * float32(1 / (kx * ky)))`` (round half to even);
+    * otherwise: float32 area weights; each source row is accumulated horizontally, then rows are
+      accumulated vertically in source order; ``rint`` (half to even) and clip to [0, 255].
+
+    Raises
+    ------
+    ValueError
+        For a non-2-D / non-uint8 input or an output larger than the input (OpenCV would switch to
+        its bilinear-like area upsampling, which CARZero never needs for radiographs >= 256 px).
+    """
+    if image.ndim != 2 or image.dtype != np.uint8:
+        raise ValueError(f"resize_area expects a 2-D uint8 image, got shape {image.shape} dtype {image.dtype}")
+    in_h, in_w = image.shape
+    if height < 1 or width < 1 or height > in_h or width > in_w:
+        raise ValueError(f"resize_area only downscales: input {in_h}x{in_w}, requested {height}x{width}")
+    if (height, width) == (in_h, in_w):
+        return image.copy()
+    scale_x, scale_y = 1.0 / (width / in_w), 1.0 / (height / in_h)  # as OpenCV: 1 / inv_scale
+    kx, ky = round(scale_x), round(scale_y)
+    eps = np.finfo(np.float64).eps
+    if abs(scale_x - kx) < eps and abs(scale_y - ky) < eps:
+        sums = image[: height * ky, : width * kx].astype(np.int64).reshape(height, ky, width, kx).sum(axis=(1, 3))
+        if kx == 2 and ky == 2:
+            return ((sums + 2) >> 2).astype(np.uint8)
+        values = sums.astype(np.float32) * np.float32(1.0 / (kx * ky))
+        return np.clip(np.rint(values), 0, 255).astype(np.uint8)
+    source = image.astype(np.float32)
+    rows = np.zeros((in_h, width), np.float32)
+    for outs, srcs, weights in _table_passes(_area_table(in_w, width, scale_x)):
+        rows[:, outs] += source[:, srcs] * weights
+    out = np.zeros((height, width), np.float32)
+    for j, (outs, srcs, weights) in enumerate(_table_passes(_area_table(in_h, height, scale_y))):
+        term = rows[srcs] * weights[:, None]
+        if j == 0:
+            out[outs] = term
+        else:
+            out[outs] += term
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def resize_and_pad(image: np.ndarray, size: int = RESIZE) -> np.ndarray:
+    """Official ``_resize_img``: longest side to ``size`` (INTER_AREA), zero-pad the other side to ``size``.
+
+    The short side becomes ``int(short * (size / longest))`` (float64 as in the official code; a
+    square image counts as "taller"); padding puts ``floor(pad / 2)`` zero rows/columns before and
+    ``ceil(pad / 2)`` after. Input and output are uint8; output is ``(size, size)``.
+    """
+    h, w = image.shape
+    if h >= w:
+        new_h, new_w = size, int(float(w) * float(size / float(h)))
+    else:
+        new_h, new_w = int(float(h) * float(size / float(w))), size
+    resized = resize_area(image, new_h, new_w)
+    pad_h, pad_w = size - new_h, size - new_w
+    return np.pad(resized, [(pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2)], constant_values=0)
+
+
+def preprocess_stages(image: np.ndarray) -> dict[str, Any]:
+    """All stages of the official ``process_img`` for one XBench image.
+
+    Parameters
+    ----------
+    image : numpy.ndarray
+        ``(H, W)`` float32 in [0, 1] at original size; converted with ``np.round(image * 255)`` to
+        the 8-bit image the official ``cv2.imread(path, 0)`` reads (exact for 8-bit sources).
+
+    Returns
+    -------
+    dict
+        ``resized_padded`` ``(256, 256)`` uint8, ``cropped`` ``(224, 224)`` uint8 (``CenterCrop(224)``:
+        offset ``round((256 - 224) / 2) = 16``), and ``pixel_values`` ``(3, 224, 224)`` float32 =
+        ``(u8 / 255 - 0.4978) / 0.2449`` in float32 as torchvision computes it, grey copied to 3 channels.
+    """
+    image = np.asarray(image)
+    if image.ndim != 2:
+        raise ValueError(f"expected a grey image of shape (H, W), got shape {image.shape}")
+    u8 = np.clip(np.round(image.astype(np.float64) * 255.0), 0, 255).astype(np.uint8)
+    padded = resize_and_pad(u8, RESIZE)
+    top = int(round((RESIZE - CROP) / 2.0))
+    cropped = padded[top: top + CROP, top: top + CROP]
+    x = torch.from_numpy(np.ascontiguousarray(cropped)).to(torch.float32).div(255)
+    x = x.unsqueeze(0).repeat(3, 1, 1)
+    x = x.sub(torch.tensor(MEAN, dtype=torch.float32)).div(torch.tensor(STD, dtype=torch.float32))
+    return {"resized_padded": padded, "cropped": cropped, "pixel_values": x}
+
+
+# -- text ----------------------------------------------------------------------------------------
+def prompt_text(name: str) -> str:
+    """Prompt sentence for class ``name``: ``"There is {name}"`` with the official ChestX-ray14 spelling."""
+    name = name.strip()
+    return TEMPLATE.format(OFFICIAL_NAMES.get(name.lower(), name))
+
+
+def clean_text(text: str) -> str:
+    """The official ``process_text`` cleaning, before tokenisation.
+
+    Newlines become spaces; the text is split on numbered bullets (regex ``[0-9]+\\.``) and on
+    ``"."``; each piece is lower-cased and split into ``\\w+`` tokens (nltk ``RegexpTokenizer``);
+    pieces with at most one token are dropped; non-ASCII characters are removed from the tokens;
+    tokens and pieces are joined with single spaces. ``"There is Pleural Effusion"`` ->
+    ``"there is pleural effusion"``.
+    """
+    text = text.replace("\n", " ")
+    pieces = [part for bullet in re.split(r"[0-9]+\.", text) for part in bullet.split(".")]
+    sentences = []
+    for piece in pieces:
+        tokens = re.findall(r"\w+", piece.replace("\ufffd\ufffd", " ").lower())
+        if len(tokens) <= 1:
+            continue
+        ascii_tokens = [t.encode("ascii", "ignore").decode("ascii") for t in tokens]
+        sentences.append(" ".join(t for t in ascii_tokens if t))
+    return " ".join(sentences)
+
+
+def read_vocab(path: str | Path) -> list[str]:
+    """Token strings of a BERT ``vocab.txt`` (line ``i`` = token of id ``i``)."""
+    with open(path, encoding="utf-8") as handle:
+        return [line.rstrip("\n") for line in handle]
+
+
+def synthetic_vocab(size: int) -> list[str]:
+    """Id -> token strings for random-init models: ``[PAD]``, ``[unused1..99]``, ``[UNK]``, ``[CLS]``, ``[SEP]``, ``[MASK]``, ``tok<i>``."""
+    head = ["[PAD]", *(f"[unused{i}]" for i in range(1, 100)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    return head + [f"tok{i}" for i in range(len(head), size)]
+
+
+class HashWordTokenizer:
+    """Deterministic stand-in tokenizer for random-init models without the BioClinicalMPBERT vocabulary.
+
+    Whitespace words get id ``1000 + crc32(word) % 27000`` (whole words, never ``##`` pieces) between
+    ``[CLS]`` (101) and ``[SEP]`` (102), zero-padded to ``max_length``. No linguistic meaning; never
+    used with official weights.
+    """
+
+    def __call__(self, texts: Sequence[str], max_length: int = MAX_WORDS, **_: Any) -> dict[str, list[list[int]]]:
+        ids = []
+        for text in texts:
+            words = [1000 + zlib.crc32(w.encode("utf-8")) % 27000 for w in text.split()]
+            seq = [101, *words[: max_length - 2], 102]
+            ids.append(seq + [0] * (max_length - len(seq)))
+        return {"input_ids": ids, "attention_mask": [[int(i != 0) for i in row] for row in ids],
+                "token_type_ids": [[0] * max_length for _ in ids]}
+
+
+def aggregate_word_pieces(hidden: torch.Tensor, input_ids: torch.Tensor, vocab: Sequence[str]) -> torch.Tensor:
+    """Merge word pieces into words, per layer (official ``BertEncoder.aggregate_tokens``).
+
+    Parameters
+    ----------
+    hidden : torch.Tensor
+        ``(n, layers, L, D)`` hidden states.
+    input_ids : torch.Tensor
+        ``(n, L)`` token ids.
+    vocab : sequence of str
+        Id -> token string (``vocab.txt`` order).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(n, layers, L, D)``: per sentence, tokens are walked in order; a token starting with
+        ``##`` is summed into the current word, any other token starts a new word (``[CLS]`` is the
+        first word); at ``[SEP]`` the current word is flushed, the ``[SEP]`` vector itself is
+        appended and the walk stops. Remaining slots are zeros. (Without ``[SEP]`` the last open word
+        is not flushed, as in the official loop.)
+    """
+    n, layers, length, dim = hidden.shape
+    per_token = hidden.permute(0, 2, 1, 3)  # (n, L, layers, D)
+    sentences = []
+    for embs, ids in zip(per_token, input_ids.tolist()):
+        words: list[torch.Tensor] = []
+        bank: list[torch.Tensor] = []
+        for emb, token_id in zip(embs, ids):
+            token = vocab[token_id]
+            if token == "[SEP]":
+                words.append(torch.stack(bank).sum(dim=0))
+                words.append(emb)
+                break
+            if token.startswith("##"):
+                bank.append(emb)
+            else:
+                if bank:
+                    words.append(torch.stack(bank).sum(dim=0))
+                bank = [emb]
+        agg = torch.stack(words)
+        pad = torch.zeros(length - len(agg), layers, dim, dtype=agg.dtype, device=agg.device)
+        sentences.append(torch.cat([agg, pad]))
+    return torch.stack(sentences).permute(0, 2, 1, 3)
+
+
+# -- networks ------------------------------------------------------------------------------------
+class _ViTAttention(nn.Module):
+    """timm ``Attention``: fused ``qkv`` projection (with bias), scaled dot-product attention, ``proj``."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        x = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(x.transpose(1, 2).reshape(b, n, c))
+
+
+class _ViTMlp(nn.Module):
+    """timm ``Mlp``: ``fc1`` -> exact-erf GELU -> ``fc2``."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class _ViTBlock(nn.Module):
+    """timm ``Block`` (pre-norm): ``x + attn(norm1(x))``, then ``x + mlp(norm2(x))``; LayerNorm eps 1e-6."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int = 4):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = _ViTAttention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = _ViTMlp(dim, dim * mlp_ratio)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class _PatchEmbed(nn.Module):
+    """timm ``PatchEmbed``: 16x16 stride-16 convolution, tokens flattened row-major."""
+
+    def __init__(self, patch: int, dim: int):
+        super().__init__()
+        self.proj = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class VisionTransformer(nn.Module):
+    """The MAE/M3AE ViT-B/16 of CARZero (``MRM.image_encoder``), keys as in ``img_encoder.model.*``.
+
+    ``forward(pixels (B, 3, 224, 224)) -> tokens (B, 197, 768)`` after the final norm: CLS first,
+    then the 196 patches row-major. ``pos_embed`` is added to the patches and to the CLS token.
+    """
+
+    def __init__(self, image_size: int = CROP, patch: int = 16, dim: int = EMBED_DIM, depth: int = 12, heads: int = 12):
+        super().__init__()
+        tokens = (image_size // patch) ** 2
+        self.patch_embed = _PatchEmbed(patch, dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, tokens + 1, dim), requires_grad=False)
+        self.blocks = nn.ModuleList(_ViTBlock(dim, heads) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        nn.init.normal_(self.cls_token, std=0.02)  # random-init only; checkpoints overwrite both
+        nn.init.normal_(self.pos_embed, std=0.02)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(pixels) + self.pos_embed[:, 1:, :]
+        cls = (self.cls_token + self.pos_embed[:, :1, :]).expand(x.shape[0], -1, -1)
+        x = torch.cat([cls, x], dim=1)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+
+class CARZeroImageEncoder(nn.Module):
+    """Holds the ViT as ``model`` (checkpoint prefix ``img_encoder.model.``); global/local embedders are identities."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = VisionTransformer()
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.model(pixels)
+
+
+class CARZeroTextEncoder(nn.Module):
+    """Holds the ``BertModel`` as ``model`` (checkpoint prefix ``text_encoder.model.``).
+
+    ``forward(input_ids, attention_mask, token_type_ids, vocab) -> (words (n, 768, L), sentence (n, 768))``
+    (module docstring, "Text").
+    """
+
+    def __init__(self, bert_config: BertConfig | None = None):
+        super().__init__()
+        self.model = BertModel(bert_config or BertConfig(vocab_size=28996), add_pooling_layer=True)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
+                vocab: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                         output_hidden_states=True)
+        hidden = torch.stack(out.hidden_states[-LAST_LAYERS:]).permute(1, 0, 2, 3)  # (n, 4, L, D)
+        agg = aggregate_word_pieces(hidden, input_ids, vocab)
+        sentence = agg.mean(dim=2).sum(dim=1)  # zero padding included in the mean (official)
+        words = agg.sum(dim=1).permute(0, 2, 1)
+        return words, sentence
+
+
+class FusionLayer(nn.Module):
+    """``TransformerDecoderWoSelfAttenLayer`` (pre-norm, inference): cross-attention and FFN, no self-attention.
+
+    ``self_attn`` and ``norm1`` are kept only because the checkpoint stores them. Dropout is omitted
+    (identity at inference).
+    """
+
+    def __init__(self, dim: int = EMBED_DIM, heads: int = 4, ffn: int = 1024):
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(dim, heads)
+        self.multihead_attn = nn.MultiheadAttention(dim, heads)
+        self.linear1 = nn.Linear(dim, ffn)
+        self.linear2 = nn.Linear(ffn, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.norm3 = nn.LayerNorm(dim)
+
+    def forward(self, queries: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``queries (q, N, D)``, ``memory (T, N, D)`` -> new queries and head-averaged attention ``(N, q, T)``."""
+        attended, weights = self.multihead_attn(self.norm2(queries), memory, memory, need_weights=True)
+        x = queries + attended
+        return x + self.linear2(F.relu(self.linear1(self.norm3(x)))), weights
+
+
+class FusionDecoder(nn.Module):
+    """``TransformerDecoder``: the layers and the final ``norm`` (the same module as ``decoder_norm``)."""
+
+    def __init__(self, layers: int, norm: nn.LayerNorm):
+        super().__init__()
+        self.layers = nn.ModuleList(FusionLayer() for _ in range(layers))
+        self.norm = norm
+
+
+class FusionModule(nn.Module):
+    """``TQN_Model`` of CARZero: ``forward(memory (N, T, D), queries (q, D)) -> (logits (N, q, 1), attention)``.
+
+    ``attention`` is the list of the 4 layers' head-averaged cross-attention, each ``(N, q, T)``.
+    ``logit_scale`` is stored in the checkpoint but unused at inference.
+    """
+
+    def __init__(self, layers: int = 4, dim: int = EMBED_DIM):
+        super().__init__()
+        self.logit_scale = nn.Parameter(torch.ones([]) * math.log(1 / 0.07))
+        self.decoder_norm = nn.LayerNorm(dim)
+        self.decoder = FusionDecoder(layers, self.decoder_norm)
+        self.mlp_head = nn.Sequential(  # Linear layers at indices 0, 3, 6, 9 as in the checkpoint
+            nn.Linear(dim, 1024), nn.ReLU(), nn.Dropout(0.1),
+            nn.Linear(1024, 512), nn.ReLU(), nn.Dropout(0.1),
+            nn.Linear(512, 256), nn.ReLU(), nn.Dropout(0.1),
+            nn.Linear(256, 1),
+        )
+
+    def forward(self, memory: torch.Tensor, queries: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        batch = memory.shape[0]
+        memory = self.decoder_norm(memory.transpose(0, 1))
+        x = self.decoder_norm(queries.unsqueeze(1).repeat(1, batch, 1))
+        attention = []
+        for layer in self.decoder.layers:
+            x, weights = layer(x, memory)
+            attention.append(weights)
+        x = self.decoder.norm(x)
+        return self.mlp_head(x.transpose(0, 1)), attention
+
+
+class CARZeroModel(nn.Module):
+    """The CARZero network with the official attribute names (checkpoint keys minus ``CARZero.``)."""
+
+    def __init__(self, bert_config: BertConfig | None = None):
+        super().__init__()
+        self.text_encoder = CARZeroTextEncoder(bert_config)
+        self.img_encoder = CARZeroImageEncoder()
+        self.fusion_module = FusionModule()
+
+
+# -- checkpoint ----------------------------------------------------------------------------------
+class _Inert:
+    """Stand-in for a non-tensor class named in a checkpoint (OmegaConf, Lightning, ...).
+
+    It records the pickled arguments and state and runs no code of the named package, which need
+    not be installed.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _Inert:
+        obj = super().__new__(cls)
+        obj.__dict__["pickled_args"] = args
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.__dict__["pickled_state"] = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.__dict__.setdefault("pickled_items", {})[key] = value
+
+    def append(self, value: Any) -> None:
+        self.__dict__.setdefault("pickled_list", []).append(value)
+
+    def extend(self, values: Any) -> None:
+        self.__dict__.setdefault("pickled_list", []).extend(values)
+
+
+def _inert_class(qualified: str) -> type:
+    module, _, name = qualified.rpartition(".")
+    return type(name or qualified, (_Inert,), {"__module__": module or "builtins"})
+
+
+def load_carzero_checkpoint(path: str | Path) -> Any:
+    """Read ``CARZero_best_model.ckpt`` safely (no pickled code runs).
+
+    First ``torch.load(weights_only=True)`` (:func:`~xbench.models.base.load_checkpoint`). The real
+    Lightning file also pickles its OmegaConf training config (``hyper_parameters``) and Lightning
+    bookkeeping, which the weights-only unpickler refuses; then every non-allowlisted global that
+    the file names (``torch.serialization.get_unsafe_globals_in_checkpoint``) is mapped to an inert
+    placeholder class and the file is read again with ``weights_only=True`` under
+    ``torch.serialization.safe_globals``. The tensors of ``state_dict`` are read exactly; the
+    placeholders only hold raw pickled state (``omegaconf`` need not be installed).
+    Unreadable files raise :class:`CheckpointError` naming the file.
+    """
+    path = Path(path)
+    try:
+        return load_checkpoint(path)
+    except CheckpointError as first:
+        try:
+            names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            with torch.serialization.safe_globals([(_inert_class(n), n) for n in names]):
+                return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot be read as a CARZero Lightning checkpoint ({type(exc).__name__}: {exc})") from first
+
+
+def official_state(checkpoint: Any) -> dict[str, torch.Tensor]:
+    """``checkpoint['state_dict']`` with keys stripped as the official loader does (``k.split('CARZero.')[-1]``)."""
+    if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
+        got = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
+        raise CheckpointError(f"CARZero checkpoint: expected a Lightning dict with a 'state_dict' mapping "
+                              f"(CARZero_best_model.ckpt), got {got}")
+    return {k.split("CARZero.")[-1]: v for k, v in checkpoint["state_dict"].items()}
+
+
+def bert_config_from_state(state: Mapping[str, torch.Tensor], bert_config: BertConfig | None = None) -> BertConfig:
+    """BERT config for the checkpoint: ``bert_config`` (or bert-base) with the vocabulary size read from ``word_embeddings``."""
+    config = BertConfig.from_dict(bert_config.to_dict()) if bert_config is not None else BertConfig()
+    words = state.get("text_encoder.model.embeddings.word_embeddings.weight")
+    config.vocab_size = int(words.shape[0]) if words is not None else 28996
+    return config
+
+
+def load_official_checkpoint(model: CARZeroModel, checkpoint: Any) -> None:
+    """Load an official (or synthetic) CARZero checkpoint dict into ``model``.
+
+    As the official ``load_CARZero``: strip everything up to ``CARZero.``, keep only keys the model
+    has (drops e.g. ``position_ids`` of older transformers), then a strict load. Missing keys or
+    shape mismatches raise :class:`CheckpointError` listing them (nothing is loaded then).
+    """
+    state = official_state(checkpoint)
+    own = model.state_dict()
+    load_state_strict(model, {k: v for k, v in state.items() if k in own}, "CARZero checkpoint['state_dict']")
+
+
+# -- adapter -------------------------------------------------------------------------------------
+@dataclass
+class CARZeroOutput:
+    """Everything one CARZero forward pass gives for ``B`` images and ``n`` prompts.
+
+    ``score_i2t``, ``score_t2i``, ``scores`` ``(B, n)`` raw logits (``scores = (i2t + t2i) / 2``);
+    ``attention`` ``(4, B, n, 197)`` i2t cross-attention per decoder layer (key 0 = image CLS);
+    ``maps`` ``(B, n, 14, 14)`` the official native-grid map (:func:`attention_maps`).
+    """
+
+    score_i2t: torch.Tensor
+    score_t2i: torch.Tensor
+    scores: torch.Tensor
+    attention: torch.Tensor
+    maps: torch.Tensor
+
+
+def attention_maps(attention: Sequence[torch.Tensor], grid: tuple[int, int] = (14, 14)) -> torch.Tensor:
+    """Official map: drop key 0 (image CLS) of the last 4 layers **without renormalising**, average, reshape row-major.
+
+    ``attention``: per layer ``(B, n, 1 + h*w)``; returns ``(B, n, h, w)``. The sum runs in the
+    official order ``((l-4 + l-3) + l-2) + l-1`` before dividing by 4.
+    """
+    a = [layer[:, :, 1:] for layer in attention[-4:]]
+    mean = (a[0] + a[1] + a[2] + a[3]) / 4
+    return mean.reshape(mean.shape[0], mean.shape[1], *grid)
+
+
+class CARZeroAdapter(Adapter):
+    """XBench adapter for CARZero (see the module docstring for every convention).
+
+    Parameters
+    ----------
+    model : CARZeroModel
+        Built (and loaded) network; moved to ``device`` and put in eval mode here.
+    tokenizer : callable
+        ``tokenizer(texts, truncation=True, padding="max_length", max_length=97)`` returning
+        ``input_ids`` / ``attention_mask`` (/ ``token_type_ids``) lists, e.g. ``BertTokenizer``.
+    vocab : sequence of str
+        Id -> token string of the tokenizer (``vocab.txt``), for the word-piece merging.
+    config : mapping, optional
+        Model config (registry entry).
+    device : str or torch.device
+    """
+
+    name = "carzero"
+    map_source = "cross-attention"
+    score_rule = "logit"
+    verified = True
+    citation = "Lai et al., CARZero: Cross-Attention Alignment for Radiology Zero-Shot Classification, CVPR 2024"
+    input_size = CROP
+    grid = (14, 14)
+
+    def __init__(self, model: CARZeroModel, tokenizer: Any, vocab: Sequence[str],
+                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
+        super().__init__(config, device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.vocab = list(vocab)
+        vocab_size = self.model.text_encoder.model.config.vocab_size
+        if len(self.vocab) < vocab_size:
+            raise ValueError(f"vocab has {len(self.vocab)} tokens but the text encoder has {vocab_size} embeddings")
+        self._text_cache: tuple[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], weights_dir: Path | None, device: str | torch.device = "cpu") -> CARZeroAdapter:
+        """Build from a registry config: official files from ``weights_dir``, or ``params.random_init``.
+
+        ``weights_dir`` must hold ``weights.checkpoint.path`` (``CARZero_best_model.ckpt``) and the
+        ``weights.text_encoder.path`` tokenizer folder (``BioClinicalMPBERT/`` with ``vocab.txt``; its
+        ``config.json`` is used when present). Without a folder and without ``random_init`` a
+        :class:`MissingFileError` names the expected files. ``random_init`` builds the full-size network
+        with torch's default initialisation seeded by ``params.seed`` (the global RNG state is
+        restored afterwards) and the :class:`HashWordTokenizer` stand-in.
+        """
+        params = dict(config.get("params", {}))
+        files = config.get("weights", {})
+        ckpt_spec, tok_spec = files.get("checkpoint", {}), files.get("text_encoder", {})
+        ckpt_name, tok_name = ckpt_spec.get("path", "CARZero_best_model.ckpt"), tok_spec.get("path", "BioClinicalMPBERT/")
+        if weights_dir is not None:
+            ckpt_path = require_file(Path(weights_dir), ckpt_name, "CARZero checkpoint", ckpt_spec.get("source"))
+            tok_dir = require_file(Path(weights_dir), tok_name, "BioClinicalMPBERT tokenizer folder", tok_spec.get("source"))
+            vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", tok_spec.get("source"))
+            tokenizer = BertTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+            bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
+            return cls.from_official_checkpoint(load_carzero_checkpoint(ckpt_path), tokenizer, read_vocab(vocab_path),
+                                                bert_config, config, device)
+        if not params.get("random_init", False):
+            raise MissingFileError(
+                Path("$XBENCH_WEIGHTS") / str(config.get("name", "carzero")) / ckpt_name,
+                f"CARZero weights (a folder with {ckpt_name} and {tok_name}; pass weights=FOLDER to create_model "
+                f"or set XBENCH_WEIGHTS to a folder holding carzero/, or use random_init=True)",
+                ckpt_spec.get("source"),
+            )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(params.get("seed", 0)))
+            model = CARZeroModel()
+        adapter = cls(model, HashWordTokenizer(), synthetic_vocab(model.text_encoder.model.config.vocab_size), config, device)
+        adapter.weights_label = "random-init"
+        return adapter
+
+    @classmethod
+    def from_official_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str], bert_config: BertConfig | None = None,
+                                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu") -> CARZeroAdapter:
+        """Adapter from a loaded checkpoint dict (the path a user's ``CARZero_best_model.ckpt`` takes).
+
+        The BERT vocabulary size is read from the checkpoint; other BERT sizes come from
+        ``bert_config`` (bert-base when ``None``). Mismatches raise :class:`CheckpointError`.
+        """
+        model = CARZeroModel(bert_config_from_state(official_state(checkpoint), bert_config))
+        load_official_checkpoint(model, checkpoint)
+        adapter = cls(model, tokenizer, vocab, config, device)
+        adapter.weights_label = "official"
+        return adapter
+
+    # -- inputs --------------------------------------------------------------------------------
+    def preprocess(self, image: np.ndarray) -> torch.Tensor:
+        """XBench image ``(H, W)`` float32 in [0, 1] -> ``(3, 224, 224)`` float32 (:func:`preprocess_stages`)."""
+        return preprocess_stages(image)["pixel_values"]
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Official ``process_text``: :func:`clean_text`, then ``(input_ids, attention_mask, token_type_ids)`` ``(n, 97)`` int64."""
+        enc = self.tokenizer([clean_text(t) for t in texts], truncation=True, padding="max_length", max_length=MAX_WORDS)
+        ids = torch.as_tensor(enc["input_ids"], dtype=torch.int64)
+        mask = torch.as_tensor(enc["attention_mask"], dtype=torch.int64)
+        types = torch.as_tensor(enc["token_type_ids"], dtype=torch.int64) if "token_type_ids" in enc else torch.zeros_like(ids)
+        return ids, mask, types
+
+    # -- forward pieces (shared by predict and the parity test) --------------------------------
+    @torch.no_grad()
+    def encode_text_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Word embeddings ``(n, 768, L)`` and sentence embeddings ``(n, 768)`` from token ids ``(n, L)``."""
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        return self.model.text_encoder(input_ids.to(self.device), attention_mask.to(self.device),
+                                       token_type_ids.to(self.device), self.vocab)
+
+    def encode_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Text embeddings of ``prompts`` (via :func:`prompt_text`), cached for the last prompt list."""
+        key = tuple(prompts)
+        if self._text_cache is None or self._text_cache[0] != key:
+            self._text_cache = (key, self.encode_text_ids(*self.tokenize([prompt_text(p) for p in prompts])))
+        return self._text_cache[1]
+
+    @torch.no_grad()
+    def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
+        """ViT tokens ``(B, 197, 768)`` after the final norm (CLS first) for ``pixels (B, 3, 224, 224)``."""
+        return self.model.img_encoder(pixels.to(self.device, torch.float32))
+
+    @torch.no_grad()
+    def forward_features(self, image_tokens: torch.Tensor, words: torch.Tensor, sentence: torch.Tensor) -> CARZeroOutput:
+        """Both fusion directions for all images and prompts at once (see :class:`CARZeroOutput`).
+
+        ``image_tokens (B, 197, 768)``, ``words (n, 768, L)``, ``sentence (n, 768)``.
+        """
+        fusion = self.model.fusion_module
+        i2t, attention = fusion(image_tokens, sentence)  # memory [img CLS; patches], queries = sentences
+        text_memory = torch.cat([sentence.unsqueeze(1), words.permute(0, 2, 1)], dim=1)
+        t2i, _ = fusion(text_memory, image_tokens[:, 0])  # memory [sentence; words], queries = img CLS
+        i2t, t2i = i2t.squeeze(-1), t2i.squeeze(-1).transpose(0, 1)
+        side = math.isqrt(image_tokens.shape[1] - 1)
+        return CARZeroOutput(score_i2t=i2t, score_t2i=t2i, scores=(i2t + t2i) / 2,
+                             attention=torch.stack(attention), maps=attention_maps(attention, (side, side)))
+
+    @torch.no_grad()
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        """Raw-logit scores ``(B, C)`` and native-grid cross-attention maps ``(B, C, 14, 14)``."""
+        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, self.input_size, self.input_size):
+            raise ValueError(f"expected pixels of shape (B, 3, {self.input_size}, {self.input_size}), got {tuple(pixels.shape)}")
+        if not prompts:
+            raise ValueError("prompts is empty: give at least one class name")
+        words, sentence = self.encode_prompts(prompts)
+        out = self.forward_features(self.encode_image(pixels), words, sentence)
+        return Prediction(scores=out.scores.float().cpu(), maps=out.maps.float().cpu())

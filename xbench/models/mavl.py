@@ -1,0 +1,594 @@
+"""MAVL: multi-aspect (description + 8 visual-aspect) entity queries decoded against ResNet-50 tokens.
+
+Citation
+    Phan, Nguyen, Nguyen, Nguyen, Tran, Rajpurkar, Nguyen. "Decomposing Disease Descriptions for
+    Enhanced Pathology Detection: A Multi-Aspect Vision-Language Pre-training Framework" (MAVL),
+    CVPR 2024.
+Official code
+    https://github.com/HieuPhan33/CVPR2024_MAVL (snapshot 6a5eacd0): ``Zero-shot_grounding/models/
+    {model_MAVL.py,transformer.py}`` and ``Zero-shot_grounding/test.py`` (map),
+    ``Zero-shot_classification/test.py`` (scores, ``mode`` feature/text),
+    ``Zero-shot_classification/dataset/dataset.py`` (transform).
+Weights (local only, never downloaded), in one folder:
+    ``checkpoint_full_40.pth`` (grounding checkpoint; ``checkpoint_full_46.pth`` is the
+    classification one, same layout; Google Drive folder of the repo's ``download.sh``),
+    ``observation explanation.json`` (MAVL's copy: 75 entities + ``covid19``, looked up by name),
+    ``gpt4_mimic.json`` (``Pretrain/concept_gen``: 8 aspect strings per entity, + ``covid19``) and
+    ``Bio_ClinicalBERT/`` (local copy of https://huggingface.co/emilyalsentzer/Bio_ClinicalBERT).
+
+Architecture
+    ResNet-50 ``children()[:-3]`` (conv1 … layer3) as ``backbone`` → (B, 1024, 14, 14).  Local branch:
+    ``res_l2(PReLU(res_l1.0(x)))`` 1×1 convolutions 1024→1024→256 → 196 tokens (row-major, no
+    positional encoding, not normalised).  Global branch (``pool``): CLIP-style AttentionPool2d
+    (mean token prepended, learned positional embedding (197, 1024) — which fixes the input to 224 —,
+    8 heads, separate q/k/v projections, ``c_proj`` 1024→256, output at position 0).  Queries:
+    ``disease_embedding_layer`` (Linear 768→256) of the *concept book* (9 rows per disease, disease-
+    major: row ``d·9`` = [CLS] of the description, rows ``d·9+1+j`` = [CLS] of aspect ``j`` in file order
+    border, fluid, location, opacity, other, patterns, shape, texture).  Decoder: 4 pre-norm layers
+    (d 256, 4 heads, FFN 1024, self-attention on) + final LayerNorm over all ``9·D`` queries; the 9
+    outputs of a disease are concatenated (2304) → ``classifier`` Linear 2304→2.
+Input
+    224×224, 3 channels; ``preprocess`` identical to MedKLIP's: ``round(image·255)`` uint8, PIL
+    bilinear resize to 224×224 (aspect not kept), ``/255``, grey → RGB, ImageNet mean/std.
+Native grid
+    14×14, row-major patches.
+Score (a probability in both modes)
+    ``feature`` mode (every released config except COVID): ``softmax(logits, -1)[..., 1]``.
+    ``text`` mode (COVID configs): ``g = normalize(global) · normalize(queries)ᵀ`` arranged
+    (B, 9, D); for each normal entity ``n`` ∈ {0 ``normal``, 1 ``clear``}: ``softmax([g[:, :, n], g])[..., 1]``;
+    mean over ``n``, then over the 9 concepts.  ``params.score_mode``: ``auto`` (default: ``text``
+    for appended unseen classes, as the COVID configs do, ``feature`` for the 75 entities),
+    ``feature`` or ``text`` for every class.
+Map
+    Per-layer cross-attention (head average, softmax over 196 patches), mean of the 4 layers, view
+    (B, D, 9, 196), keep concepts [0, 6, 7, 8] (description, patterns, shape, texture), mean
+    (config ``mode: avg``), reshape 14×14; no normalisation.  The official script upsamples with
+    ``F.interpolate(bilinear, align_corners=True)`` to 224; XBench's metrics upsample the raw grid.
+Prompts and unseen classes
+    The 75 MedKLIP entities are always decoded, in the official order; prompt names map to entities
+    through :data:`SYNONYMS` (official mappings of the MedKLIP/MAVL test scripts + marked XBench
+    choices).  An unseen class is appended as a 76th… disease with its description and 8 aspects
+    looked up by name in the two JSON files (``original_class.append('covid19')`` in the official
+    COVID configs); appending changes the other diseases' outputs a little (self-attention).  A
+    class without both texts falls back to ``tail_abnorm_obs`` with an
+    :class:`~xbench.errors.XBenchWarning` (``params.unseen_fallback: null`` raises instead).
+Checkpoint
+    ``{'model': state_dict, ...}``: ``module.`` removed (``k.replace('module.', '')``), every key
+    containing ``temp`` dropped (the pre-training ``temp`` (9,)), strict load of the 352 keys
+    (``location_emb`` is kept although zero-shot inference does not use it).
+Text encoder
+    ``BertModel.from_pretrained(<weights>/Bio_ClinicalBERT, local_files_only=True)`` and its
+    ``BertTokenizer`` (``padding='max_length', max_length=64, truncation=True``).  The official code
+    uses a copy of ALBEF's BertTokenizer; tokenizer parity could not be checked here (no real
+    vocabulary available), only the computation from token ids on.
+Random init (``params.random_init: true``)
+    Full-size networks with seeded random weights; descriptions are the entity names and aspects
+    ``"<aspect>: <name>"``, tokenised by :func:`toy_token_ids`.  For pipeline tests only.
+Deviations
+    None on the inference path (checked against the XBench parity fixture built from the official
+    code).  Texts are encoded in length-sorted chunks trimmed to their longest row ([CLS] unchanged
+    up to float32 noise).
+"""
+from __future__ import annotations
+
+import json
+import re
+import warnings
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision
+from PIL import Image
+from torch import nn
+
+from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+
+# The 75 entities of MedKLIP, in the official `original_class` order (MAVL test scripts).
+ENTITIES: tuple[str, ...] = (
+    "normal", "clear", "sharp", "sharply", "unremarkable", "intact", "stable", "free",
+    "effusion", "opacity", "pneumothorax", "edema", "atelectasis", "tube", "consolidation", "process",
+    "abnormality", "enlarge", "tip", "low", "pneumonia", "line", "congestion", "catheter", "cardiomegaly",
+    "fracture", "air", "tortuous", "lead", "disease", "calcification", "prominence", "device",
+    "engorgement", "picc", "clip", "elevation", "expand", "nodule", "wire", "fluid", "degenerative",
+    "pacemaker", "thicken", "marking", "scar", "hyperinflate", "blunt", "loss", "widen", "collapse",
+    "density", "emphysema", "aerate", "mass", "crowd", "infiltrate", "obscure", "deformity", "hernia",
+    "drainage", "distention", "shift", "stent", "pressure", "lesion", "finding", "borderline",
+    "hardware", "dilation", "chf", "redistribution", "aspiration", "tail_abnorm_obs", "excluded_obs",
+)
+# Aspect order of gpt4_mimic.json (alphabetical); concept index c = 1 + aspect index.
+ASPECTS: tuple[str, ...] = ("border", "fluid", "location", "opacity", "other", "patterns", "shape", "texture")
+N_CONCEPTS = 1 + len(ASPECTS)
+MAP_CONCEPTS = (0, 6, 7, 8)  # description, patterns, shape, texture (Zero-shot_grounding/test.py)
+NORMAL_ENTITIES = (0, 1)  # 'normal', 'clear': references of the 'text' score mode
+
+# Prompt name (lower case) -> entity or unseen-class key.  Official: MedKLIP/MAVL CXR14 test.py
+# (infiltration, pleural thickening, fibrosis), MAVL classification test.py (CheXpert list, PadChest
+# 'pleural effusion', 'covid19').  Entries marked "XBench" have no official mapping.
+SYNONYMS: dict[str, str] = {
+    "pleural effusion": "effusion",
+    "infiltration": "infiltrate",
+    "pleural thickening": "thicken",
+    "fibrosis": "tail_abnorm_obs",
+    "no finding": "normal",
+    "enlarged cardiomediastinum": "enlarge",
+    "lung opacity": "opacity",
+    "airspace opacity": "opacity",
+    "lung lesion": "lesion",
+    "pleural other": "abnormality",
+    "support devices": "device",
+    "covid-19": "covid19",
+    "covid 19": "covid19",
+    "covid": "covid19",
+    "covid-19 pneumonia": "covid19",
+    "pulmonary fibrosis": "tail_abnorm_obs",  # XBench: as official 'fibrosis'
+    "mediastinal shift": "shift",  # XBench: the 'shift' description is the mediastinal shift
+    "rib fracture": "fracture",  # XBench: the 'fracture' description is a rib fracture
+    "clavicle fracture": "fracture",  # XBench
+    "other lesion": "lesion",  # XBench
+    "nodule or mass": "nodule",  # XBench (VinDr-CXR 'Nodule/Mass')
+    "nodule/mass": "nodule",  # XBench
+    "diffuse nodules": "nodule",  # XBench (ChestX-Det 'Diffuse Nodule')
+    "diffuse nodule": "nodule",  # XBench
+}
+
+TAIL_ENTITY = "tail_abnorm_obs"
+INPUT_SIZE = 224
+GRID = (14, 14)
+TEXT_LENGTH = 64
+IMAGE_MEAN = (0.485, 0.456, 0.406)
+IMAGE_STD = (0.229, 0.224, 0.225)
+D_MODEL = 256
+BERT_VOCAB = 28996
+SCORE_MODES = ("auto", "feature", "text")
+CHECKPOINT_SOURCE = "https://drive.google.com/drive/folders/1EN-oHVk513qmoehWypkrJ2Ero5PoUmId (CVPR2024_MAVL download.sh)"
+DESCRIPTIONS_SOURCE = ("https://github.com/HieuPhan33/CVPR2024_MAVL/blob/main/"
+                       "Zero-shot_grounding/observation%20explanation.json")
+CONCEPTS_SOURCE = "https://github.com/HieuPhan33/CVPR2024_MAVL/blob/main/Pretrain/concept_gen/gpt4_mimic.json"
+TEXT_ENCODER_SOURCE = "https://huggingface.co/emilyalsentzer/Bio_ClinicalBERT"
+
+
+# -- preprocessing ------------------------------------------------------------------------
+def resize_uint8(image: np.ndarray, size: int = INPUT_SIZE) -> np.ndarray:
+    """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(size, size)`` uint8, the official pre-ToTensor image.
+
+    ``round(image · 255)`` then PIL ``BILINEAR`` resize (antialiased; aspect ratio not kept).
+    """
+    image = np.asarray(image)
+    if image.ndim != 2:
+        raise ValueError(f"expected a grey image of shape (H, W), got shape {image.shape}")
+    grey = np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
+    return np.asarray(Image.fromarray(grey, mode="L").resize((size, size), Image.BILINEAR))
+
+
+def normalize_uint8(image_uint8: np.ndarray) -> torch.Tensor:
+    """``(S, S)`` uint8 → ``(3, S, S)`` float32: ``/255`` (ToTensor), grey → RGB, ImageNet ``(x − mean) / std``."""
+    x = torch.from_numpy(np.ascontiguousarray(image_uint8)).to(torch.float32).div(255)
+    x = x.unsqueeze(0).expand(3, -1, -1)
+    mean = torch.tensor(IMAGE_MEAN, dtype=torch.float32).view(3, 1, 1)
+    std = torch.tensor(IMAGE_STD, dtype=torch.float32).view(3, 1, 1)
+    return (x - mean) / std
+
+
+# -- text -------------------------------------------------------------------------------------
+def toy_token_ids(texts: Sequence[str], length: int = TEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
+    """Vocabulary-free ids for random-init models: ``[CLS]=101``, ``1000 + crc32(word) % 27000`` per
+    ``[a-z0-9]+`` word (lower-cased, truncated to ``length − 2``), ``[SEP]=102``, 0-padded.
+
+    Returns ``input_ids`` and ``attention_mask``, both int64 ``(len(texts), length)``.
+    """
+    ids = torch.zeros(len(texts), length, dtype=torch.int64)
+    for row, text in enumerate(texts):
+        words = re.findall("[a-z0-9]+", text.lower())[: length - 2]
+        seq = [101] + [1000 + zlib.crc32(w.encode("utf-8")) % 27000 for w in words] + [102]
+        ids[row, : len(seq)] = torch.tensor(seq)
+    return ids, (ids != 0).to(torch.int64)
+
+
+def encode_cls(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 16) -> torch.Tensor:
+    """``bert(input_ids, attention_mask).last_hidden_state[:, 0]`` for every row → ``(N, hidden)`` float32.
+
+    Rows are encoded in length-sorted chunks, each trimmed to its longest row (padding keys are
+    masked, so [CLS] is unchanged up to float32 noise); no ``token_type_ids`` (zeros), as official.
+    """
+    device = next(bert.parameters()).device
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    lengths = attention_mask.sum(1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    out = torch.empty(len(input_ids), bert.config.hidden_size, device=device)
+    with torch.no_grad():
+        for start in range(0, len(order), chunk):
+            rows = order[start:start + chunk]
+            width = max(int(lengths[rows].max()), 1)
+            hidden = bert(input_ids=input_ids[rows, :width], attention_mask=attention_mask[rows, :width]).last_hidden_state
+            out[rows] = hidden[:, 0, :]
+    return out
+
+
+def bert_from_state(state: Mapping[str, torch.Tensor] | None = None, seed: int = 0) -> nn.Module:
+    """Bio_ClinicalBERT-sized ``BertModel`` (vocab 28996, BERT-base) in eval mode.
+
+    ``state`` (un-prefixed ``BertModel`` keys) is loaded strictly; without it the weights are the
+    seeded transformers initialisation (global RNG state is restored afterwards).
+    """
+    from transformers import BertConfig, BertModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        bert = BertModel(BertConfig(vocab_size=BERT_VOCAB))
+    if state is not None:
+        load_state_strict(bert, state, "Bio_ClinicalBERT text encoder")
+    return bert.eval()
+
+
+def load_text_encoder(folder: str | Path) -> tuple[nn.Module, Any]:
+    """Local Bio_ClinicalBERT folder → (``BertModel`` in eval mode, ``BertTokenizer``); never calls a hub."""
+    from transformers import BertModel, BertTokenizer
+
+    bert = BertModel.from_pretrained(str(folder), local_files_only=True).eval()
+    return bert, BertTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise FormatError(path, f"invalid JSON: {exc.msg}", line=exc.lineno) from exc
+
+
+def read_texts(descriptions_path: str | Path, concepts_path: str | Path) -> dict[str, list[str]]:
+    """MAVL's ``observation explanation.json`` + ``gpt4_mimic.json`` → ``{name: [description, 8 aspects]}``.
+
+    Only names present in both files are kept; every one of the 75 entities must be there and have
+    exactly 8 aspect strings (else :class:`FormatError` naming the file and entity).
+    """
+    descriptions_path, concepts_path = Path(descriptions_path), Path(concepts_path)
+    descriptions, concepts = _read_json(descriptions_path), _read_json(concepts_path)
+    if not isinstance(descriptions, dict) or not isinstance(concepts, dict):
+        raise FormatError(descriptions_path if not isinstance(descriptions, dict) else concepts_path, "expected a JSON object")
+    missing = [e for e in ENTITIES if e not in descriptions]
+    if missing:
+        raise FormatError(descriptions_path, f"missing entity descriptions: {', '.join(missing)}")
+    missing = [e for e in ENTITIES if e not in concepts]
+    if missing:
+        raise FormatError(concepts_path, f"missing entity aspect lists: {', '.join(missing)}")
+    texts = {}
+    for name in descriptions.keys() & concepts.keys():
+        aspects = concepts[name]
+        if not (isinstance(aspects, list) and len(aspects) == len(ASPECTS) and all(isinstance(a, str) for a in aspects)):
+            raise FormatError(concepts_path, f"expected a list of {len(ASPECTS)} aspect strings", field=name)
+        texts[name] = [str(descriptions[name]), *aspects]
+    return texts
+
+
+def assemble_concept_book(description_cls: torch.Tensor, aspect_cls: torch.Tensor) -> torch.Tensor:
+    """``(D, 768)`` description and ``(D·8, 768)`` aspect embeddings (disease-major) → ``(D·9, 768)`` book, row ``d·9 + c``."""
+    d = description_cls.shape[0]
+    if aspect_cls.shape[0] != d * len(ASPECTS):
+        raise ValueError(f"expected {d * len(ASPECTS)} aspect rows for {d} diseases, got {aspect_cls.shape[0]}")
+    return torch.cat([description_cls[:, None], aspect_cls.view(d, len(ASPECTS), -1)], dim=1).reshape(d * N_CONCEPTS, -1)
+
+
+def canonical_class(prompt: str) -> str:
+    """Prompt name → entity or unseen-class key: lower case, ``SYNONYMS`` applied (``"Pleural Effusion"`` → ``"effusion"``)."""
+    key = " ".join(prompt.strip().lower().split())
+    if key in ENTITIES:
+        return key
+    key = key.replace("_", " ")
+    return SYNONYMS.get(key, key)
+
+
+# -- network ---------------------------------------------------------------------------------
+class AttentionPool2d(nn.Module):
+    """CLIP-style attention pooling of a ``(B, C, h, w)`` map → ``(B, out)`` (position 0 of one MHA pass).
+
+    Tokens are the ``h·w`` cells (row-major) with their mean prepended, plus ``positional_embedding``
+    (``(h·w + 1, C)``, so the grid size is fixed); separate q/k/v projections with biases, ``c_proj``.
+    """
+
+    def __init__(self, spatial: int = 14, dim: int = 1024, heads: int = 8, out: int = D_MODEL):
+        super().__init__()
+        self.positional_embedding = nn.Parameter(torch.zeros(spatial * spatial + 1, dim))
+        self.k_proj = nn.Linear(dim, dim)
+        self.q_proj = nn.Linear(dim, dim)
+        self.v_proj = nn.Linear(dim, dim)
+        self.c_proj = nn.Linear(dim, out)
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(2).permute(2, 0, 1)
+        x = torch.cat([x.mean(dim=0, keepdim=True), x], dim=0) + self.positional_embedding[:, None, :].to(x.dtype)
+        out, _ = F.multi_head_attention_forward(
+            query=x, key=x, value=x, embed_dim_to_check=x.shape[-1], num_heads=self.heads,
+            q_proj_weight=self.q_proj.weight, k_proj_weight=self.k_proj.weight, v_proj_weight=self.v_proj.weight,
+            in_proj_weight=None, in_proj_bias=torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]),
+            bias_k=None, bias_v=None, add_zero_attn=False, dropout_p=0.0,
+            out_proj_weight=self.c_proj.weight, out_proj_bias=self.c_proj.bias,
+            use_separate_proj_weight=True, training=self.training, need_weights=False,
+        )
+        return out[0]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm DETR decoder layer on sequence-first tensors, self-attention on.
+
+    ``x += SelfAttn(norm1(x))``; ``x += CrossAttn(norm2(x), memory, memory)``;
+    ``x += linear2(relu(linear1(norm3(x))))``.  Returns the new queries and the cross-attention
+    weights ``(B, Q, T)`` (head average, softmax over the ``T`` memory tokens).
+    """
+
+    def __init__(self, d_model: int = D_MODEL, heads: int = 4, ffn: int = 1024, dropout: float = 0.1):
+        super().__init__()
+        self.multihead_attn = nn.MultiheadAttention(d_model, heads, dropout=dropout)
+        self.linear1 = nn.Linear(d_model, ffn)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(ffn, d_model)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.self_attn = nn.MultiheadAttention(d_model, heads, dropout=dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm3 = nn.LayerNorm(d_model)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.dropout3 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.norm1(x)
+        x = x + self.dropout1(self.self_attn(h, h, h)[0])
+        h, weights = self.multihead_attn(self.norm2(x), memory, memory)
+        x = x + self.dropout2(h)
+        x = x + self.dropout3(self.linear2(self.dropout(F.relu(self.linear1(self.norm3(x))))))
+        return x, weights
+
+
+class QueryDecoder(nn.Module):
+    """``layers`` pre-norm decoder layers and a final LayerNorm; returns queries and every layer's cross-attention."""
+
+    def __init__(self, layers: int = 4, d_model: int = D_MODEL):
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(d_model) for _ in range(layers))
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, queries: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        attention = []
+        for layer in self.layers:
+            queries, weights = layer(queries, memory)
+            attention.append(weights)
+        return self.norm(queries), attention
+
+
+class MAVLNet(nn.Module):
+    """The checkpoint's modules, named as in the official grounding model's state dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        resnet = torchvision.models.resnet50(weights=None)
+        self.backbone = nn.Sequential(*list(resnet.children())[:-3])  # conv1 … layer3
+        self.pool = AttentionPool2d(INPUT_SIZE // 16, 1024, 8, D_MODEL)
+        self.disease_embedding_layer = nn.Linear(768, D_MODEL)
+        self.res_l1 = nn.Sequential(nn.Conv2d(1024, 1024, kernel_size=1), nn.PReLU())
+        self.res_l2 = nn.Conv2d(1024, D_MODEL, kernel_size=1)
+        self.location_emb = nn.Conv1d(D_MODEL, 768, kernel_size=N_CONCEPTS, stride=N_CONCEPTS)  # unused at inference
+        self.decoder = QueryDecoder()  # the official Dropout2d on its output is inactive in eval: omitted
+        self.classifier = nn.Linear(D_MODEL * N_CONCEPTS, 2)
+
+    def encode_image(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, 3, 224, 224)`` → local memory ``(B, 256, 14, 14)`` and global vector ``(B, 256)``."""
+        trunk = self.backbone(pixels)
+        return self.res_l2(self.res_l1(trunk)), self.pool(trunk)
+
+    def forward(self, pixels: torch.Tensor, concept_book: torch.Tensor) -> dict[str, Any]:
+        """``concept_book`` ``(D·9, 768)`` → ``logits (B, D, 2)``, ``global_logits (B, 9, D)``, 4× attention ``(B, D·9, 196)``."""
+        b = pixels.shape[0]
+        memory, global_vec = self.encode_image(pixels)
+        queries = self.disease_embedding_layer(concept_book)
+        n_disease = queries.shape[0] // N_CONCEPTS
+        sim = F.normalize(global_vec, dim=-1) @ F.normalize(queries, dim=-1).T
+        global_logits = sim.view(b, n_disease, N_CONCEPTS).permute(0, 2, 1)
+        tokens = memory.permute(0, 2, 3, 1).reshape(b, -1, memory.shape[1]).transpose(0, 1)
+        out, attention = self.decoder(queries.unsqueeze(1).repeat(1, b, 1), tokens)
+        out = out.permute(1, 0, 2).reshape(b, n_disease, -1)
+        return {"logits": self.classifier(out), "global_logits": global_logits, "attention": attention,
+                "memory": memory, "global": global_vec, "queries": queries}
+
+
+def official_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Released object (``{'model': sd, ...}`` or a bare state dict) → state dict as the official loader
+    makes it: ``k.replace('module.', '')`` and every key containing ``temp`` dropped."""
+    state = checkpoint.get("model", checkpoint)
+    if not isinstance(state, Mapping):
+        raise TypeError(f"checkpoint['model'] must be a state dict, got {type(state).__name__}")
+    return {k.replace("module.", ""): v for k, v in state.items() if "temp" not in k and isinstance(v, torch.Tensor)}
+
+
+def layer_mean(attention: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Official map: ``(ws[-4] + ws[-3] + ws[-2] + ws[-1]) / 4`` (summed in this order)."""
+    total = attention[0]
+    for weights in attention[1:]:
+        total = total + weights
+    return total / len(attention)
+
+
+def text_mode_scores(global_logits: torch.Tensor) -> torch.Tensor:
+    """Official ``text`` score ``(B, D)`` from ``global_logits`` ``(B, 9, D)`` (see the module docstring)."""
+    pairs = []
+    for n in NORMAL_ENTITIES:
+        normal = global_logits[:, :, [n]].expand_as(global_logits)
+        pairs.append(torch.softmax(torch.stack([normal, global_logits], dim=-1), dim=-1))
+    return torch.stack(pairs).mean(dim=0)[..., 1].mean(dim=1)
+
+
+# -- adapter -------------------------------------------------------------------------------
+class MAVLAdapter(Adapter):
+    """MAVL behind the XBench adapter contract (see the module docstring for every convention)."""
+
+    name = "mavl"
+    map_source = "cross-attention"
+    score_rule = "probability"
+    citation = "Phan et al., MAVL, CVPR 2024"
+    input_size = INPUT_SIZE
+    grid = GRID
+
+    def __init__(self, net: MAVLNet, text_encoder: nn.Module, tokenizer: Any = None,
+                 texts: Mapping[str, Sequence[str]] | None = None, config: Mapping[str, Any] | None = None,
+                 device: str | torch.device = "cpu"):
+        super().__init__(config, device)
+        params = self.config.get("params", {})
+        self.unseen_fallback: str | None = params.get("unseen_fallback", TAIL_ENTITY)
+        self.score_mode: str = params.get("score_mode", "auto")
+        if self.score_mode not in SCORE_MODES:
+            raise ValueError(f"params.score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
+        self.net = net.eval().to(self.device)
+        self.text_encoder = text_encoder.eval().to(self.device)
+        self.tokenizer = tokenizer
+        # Without the JSON files (random init) each entity is described by its name and "<aspect>: <name>".
+        self.texts = ({k: list(v) for k, v in texts.items()} if texts is not None else
+                      {e: [e.replace("_", " ")] + [f"{a}: {e.replace('_', ' ')}" for a in ASPECTS] for e in ENTITIES})
+        self._entity_book: torch.Tensor | None = None
+        self._extra_book: dict[str, torch.Tensor] = {}
+
+    # -- construction --------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None, device: str | torch.device = "cpu") -> "MAVLAdapter":
+        """Official files from ``weights_dir``, or a seeded random-init model when ``params.random_init``."""
+        params = config.get("params", {})
+        if weights_dir is None:
+            if not params.get("random_init", False):
+                raise MissingFileError(
+                    Path("$XBENCH_WEIGHTS") / "mavl",
+                    "MAVL weights folder (checkpoint_full_40.pth, 'observation explanation.json', gpt4_mimic.json, "
+                    "Bio_ClinicalBERT/); pass weights=DIR to create_model or set XBENCH_WEIGHTS to a folder holding mavl/",
+                    CHECKPOINT_SOURCE,
+                )
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(params.get("seed", 0)))
+                net = MAVLNet()
+            adapter = cls(net, bert_from_state(seed=int(params.get("seed", 0))), None, None, config, device)
+            adapter.weights_label = "random-init"
+            return adapter
+        folder, weights = Path(weights_dir), config.get("weights", {})
+
+        def need(key: str, path: str, what: str, source: str) -> Path:
+            entry = weights.get(key, {})  # the config's file name and publisher win over the defaults
+            return require_file(folder, entry.get("path", path), what, entry.get("source", source))
+
+        ckpt = need("checkpoint", "checkpoint_full_40.pth", "MAVL checkpoint", CHECKPOINT_SOURCE)
+        desc = need("descriptions", "observation explanation.json",
+                    "MAVL disease descriptions", DESCRIPTIONS_SOURCE)
+        concepts = need("concepts", "gpt4_mimic.json", "MAVL aspect concepts", CONCEPTS_SOURCE)
+        text = need("text_encoder", "Bio_ClinicalBERT/", "Bio_ClinicalBERT folder", TEXT_ENCODER_SOURCE)
+        bert, tokenizer = load_text_encoder(text)
+        return cls.from_official_checkpoint(load_checkpoint(ckpt), bert, tokenizer=tokenizer,
+                                            texts=read_texts(desc, concepts), config=config, device=device)
+
+    @classmethod
+    def from_official_checkpoint(cls, checkpoint: Mapping[str, Any], text_encoder: nn.Module, *, tokenizer: Any = None,
+                                 texts: Mapping[str, Sequence[str]] | None = None, config: Mapping[str, Any] | None = None,
+                                 device: str | torch.device = "cpu") -> "MAVLAdapter":
+        """Build from the loaded released checkpoint object (official key handling, strict load).
+
+        A wrong or truncated checkpoint raises :class:`~xbench.errors.CheckpointError` listing the
+        missing / unexpected keys.
+        """
+        net = MAVLNet()
+        load_state_strict(net, official_state_dict(checkpoint), "MAVL checkpoint")
+        adapter = cls(net, text_encoder, tokenizer, texts, config, device)
+        adapter.weights_label = "official"
+        return adapter
+
+    # -- text ----------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Texts → ``(input_ids, attention_mask)`` ``(N, 64)``: the local tokenizer (official settings) or, without one, :func:`toy_token_ids`."""
+        if self.tokenizer is None:
+            return toy_token_ids(texts)
+        enc = self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=TEXT_LENGTH, return_tensors="pt")
+        return enc["input_ids"], enc["attention_mask"]
+
+    def encode_text_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """BERT [CLS] embeddings ``(N, 768)`` of tokenised texts (the official book rule)."""
+        return encode_cls(self.text_encoder, input_ids, attention_mask)
+
+    def _book_for(self, names: Sequence[str]) -> torch.Tensor:
+        desc = self.encode_text_ids(*self.tokenize([self.texts[n][0] for n in names]))
+        aspects = self.encode_text_ids(*self.tokenize([a for n in names for a in self.texts[n][1:]]))
+        return assemble_concept_book(desc, aspects)
+
+    def set_entity_book(self, book: torch.Tensor) -> None:
+        """Cache the ``(675, 768)`` concept book of the 75 entities (e.g. computed from stored token ids)."""
+        if tuple(book.shape) != (len(ENTITIES) * N_CONCEPTS, 768):
+            raise ValueError(f"concept book must have shape ({len(ENTITIES) * N_CONCEPTS}, 768), got {tuple(book.shape)}")
+        self._entity_book = book.to(self.device, torch.float32)
+
+    @property
+    def entity_book(self) -> torch.Tensor:
+        """``(675, 768)`` concept book of the 75 entities, computed once and cached."""
+        if self._entity_book is None:
+            self.set_entity_book(self._book_for(ENTITIES))
+        return self._entity_book
+
+    def resolve(self, prompts: Sequence[str]) -> tuple[list[str], list[int]]:
+        """Prompt names → (disease names: the 75 entities + appended unseen classes, disease index per prompt).
+
+        Unseen classes with a description and 8 aspects are appended in first-appearance order; others
+        map to ``tail_abnorm_obs`` with an :class:`XBenchWarning`, or raise :class:`UnknownNameError`
+        when ``params.unseen_fallback`` is null.
+        """
+        diseases = list(ENTITIES)
+        columns = []
+        for prompt in prompts:
+            key = canonical_class(prompt)
+            if key not in ENTITIES and key not in self.texts:
+                if self.unseen_fallback is None:
+                    raise UnknownNameError("MAVL class", prompt, [*ENTITIES, *SYNONYMS])
+                warnings.warn(f"MAVL: {prompt!r} is neither an entity nor a class with description and aspects; "
+                              f"scored with the {self.unseen_fallback!r} entity", XBenchWarning, stacklevel=3)
+                key = self.unseen_fallback
+            if key not in diseases:
+                diseases.append(key)
+            columns.append(diseases.index(key))
+        return diseases, columns
+
+    def concept_book(self, diseases: Sequence[str]) -> torch.Tensor:
+        """``(D·9, 768)`` concept book of the disease names (the cached entity book first)."""
+        extra = list(diseases[len(ENTITIES):])
+        for name in extra:
+            if name not in self._extra_book:
+                self._extra_book[name] = self._book_for([name])
+        return torch.cat([self.entity_book, *(self._extra_book[n] for n in extra)])
+
+    # -- image ---------------------------------------------------------------------------
+    def preprocess(self, image: np.ndarray) -> torch.Tensor:
+        """XBench image → ``(3, 224, 224)`` float32 (see :func:`resize_uint8`, :func:`normalize_uint8`)."""
+        return normalize_uint8(resize_uint8(image))
+
+    def forward_features(self, pixels: torch.Tensor, book: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Run the network for a ``(D·9, 768)`` book.
+
+        Returns ``logits (B, D, 2)``, ``scores_feature (B, D)``, ``global_logits (B, 9, D)``,
+        ``scores_text (B, D)``, ``attention (4, B, D·9, 196)``, ``maps (B, D, 14, 14)``, ``memory
+        (B, 256, 14, 14)``, ``global (B, 256)`` and ``queries (D·9, 256)``.
+        """
+        with torch.no_grad():
+            out = self.net(pixels.to(self.device, torch.float32), book.to(self.device))
+            b, n_disease = out["logits"].shape[:2]
+            ws = layer_mean(out["attention"]).view(b, n_disease, N_CONCEPTS, -1)[:, :, list(MAP_CONCEPTS)].mean(2)
+            out.update(scores_feature=torch.softmax(out["logits"], dim=-1)[..., 1],
+                       scores_text=text_mode_scores(out["global_logits"]),
+                       attention=torch.stack(out["attention"]), maps=ws.reshape(b, n_disease, *GRID))
+            return out
+
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        """Scores ``(B, C)`` (probabilities, mode per ``params.score_mode``) and raw 14×14 maps ``(B, C, 14, 14)``."""
+        diseases, columns = self.resolve(prompts)
+        out = self.forward_features(pixels, self.concept_book(diseases))
+        index = torch.tensor(columns, device=out["maps"].device)
+        if self.score_mode == "auto":
+            text = torch.tensor([c >= len(ENTITIES) for c in columns], device=index.device)
+            scores = torch.where(text, out["scores_text"][:, index], out["scores_feature"][:, index])
+        else:
+            scores = out[f"scores_{self.score_mode}"][:, index]
+        return Prediction(scores=scores.float().cpu(), maps=out["maps"][:, index].float().cpu())

@@ -1,0 +1,323 @@
+"""Prior baselines: saliency maps and scores that ignore the image content (``map_source: prior``).
+
+They bound what a grounding metric rewards without looking at the image: a model that does not beat them is not
+localising anything. Tables list them as baselines (``describe()["weights"] == "none"``).
+
+* :class:`CenterPrior` — an isotropic Gaussian centred on the image, the same for every image and class.
+  Score: constant 0.5 (``score_rule: constant``).
+* :class:`AnatomicalPrior` — per prompt name, the mean radiologist region of the positive cases of a **fit split
+  disjoint from the evaluation split** (:func:`fit_anatomical_prior`), the same for every image.
+  Score: constant, the class's positive rate on the fit split (``score_rule: constant``).
+* :class:`RandomPrior` — uniform random maps and scores (``score_rule: random``), drawn from a generator seeded
+  per (image, prompt) by hashing the image's preprocessed pixel bytes with the seed and the prompt name, so results
+  do not depend on batch composition, batch order, sharding or the other prompts of the call.
+
+Conventions
+-----------
+Grid coordinates: cell ``(i, j)`` covers rows ``[i, i+1)·H/h`` and columns ``[j, j+1)·W/w`` of the image; the map is
+at the native grid (``grid`` in the config, default 14×14) and the metrics upsample it like any model's map.
+``preprocess`` keeps only a ``(3, S, S)`` thumbnail (``S = input_size``, default 32): the grey image area-averaged
+(``torch.nn.functional.interpolate(mode="area")``, on CPU, float32) and replicated to 3 channels. The center and
+anatomical priors read nothing from it but the batch size; the random prior hashes its bytes. Two images with the
+same thumbnail therefore get the same random draw.
+Maps and scores are float32 on CPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from xbench.errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
+from xbench.models.base import Adapter, Prediction, require_file
+
+PRIOR_FILE = "anatomical_prior.npz"  # inside the anatomical prior's "weights" folder
+DEFAULT_INPUT_SIZE = 32
+
+
+def thumbnail(image: np.ndarray, size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor:
+    """Grey image ``(H, W)`` → ``(3, size, size)`` float32 area-averaged thumbnail (the priors' ``preprocess``)."""
+    image = np.asarray(image, dtype=np.float32)
+    if image.ndim != 2:
+        raise ValueError(f"prior preprocess expects a grey (H, W) image, got shape {image.shape}")
+    small = F.interpolate(torch.from_numpy(np.ascontiguousarray(image))[None, None], size=(size, size), mode="area")
+    return small[0].expand(3, size, size).contiguous()
+
+
+class _Prior(Adapter):
+    """Shared plumbing of the prior baselines: thumbnail preprocessing, input checks, metadata."""
+
+    map_source = "prior"
+    verified = True
+    citation = "XBench prior baseline"
+
+    def __init__(self, grid: Sequence[int] = (14, 14), input_size: int = DEFAULT_INPUT_SIZE,
+                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
+        super().__init__(config, device)
+        if len(grid) != 2 or min(grid) < 1:
+            raise ValueError(f"{type(self).__name__}: grid must be two positive ints, got {grid!r}")
+        self.grid = (int(grid[0]), int(grid[1]))
+        self.input_size = int(input_size)
+        self.weights_label = "none"
+
+    def preprocess(self, image: np.ndarray) -> torch.Tensor:
+        """XBench image → ``(3, input_size, input_size)`` thumbnail (module docstring)."""
+        return thumbnail(image, self.input_size)
+
+    def _batch(self, pixels: torch.Tensor, prompts: Sequence[str]) -> tuple[int, list[str]]:
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError(f"{type(self).__name__} predict: prompts is empty")
+        if pixels.ndim != 4:
+            raise ValueError(f"{type(self).__name__} predict expects pixels (B, 3, S, S), got {tuple(pixels.shape)}")
+        return int(pixels.shape[0]), prompts
+
+
+# -- center -----------------------------------------------------------------------------
+def center_gaussian(grid: Sequence[int], sigma: float) -> np.ndarray:
+    """Isotropic Gaussian ``exp(-((x - ½)² + (y - ½)²) / (2σ²))`` at the cell centres of ``grid``, float32.
+
+    ``x = (j + ½) / w`` and ``y = (i + ½) / h`` are cell centres in image-relative units, so ``sigma`` is a fraction
+    of the side (of each side for a non-square image). On an odd grid the single centre cell is 1; on an even grid the
+    four central cells tie for the maximum.
+    """
+    h, w = grid
+    y = (np.arange(h) + 0.5) / h - 0.5
+    x = (np.arange(w) + 0.5) / w - 0.5
+    return np.exp(-(y[:, None] ** 2 + x[None, :] ** 2) / (2.0 * sigma ** 2)).astype(np.float32)
+
+
+class CenterPrior(_Prior):
+    """Centre Gaussian map (``sigma`` a fraction of the side, default 0.25) and constant score 0.5."""
+
+    name = "center_prior"
+    score_rule = "constant"
+
+    def __init__(self, sigma: float = 0.25, grid: Sequence[int] = (14, 14), input_size: int = DEFAULT_INPUT_SIZE,
+                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
+        super().__init__(grid, input_size, config, device)
+        if not sigma > 0:
+            raise ValueError(f"CenterPrior: sigma must be > 0 (a fraction of the image side), got {sigma!r}")
+        self.sigma = float(sigma)
+        self.map = torch.from_numpy(center_gaussian(self.grid, self.sigma))
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
+                    device: str | torch.device = "cpu") -> CenterPrior:
+        """From the config's ``grid``, ``input_size`` and ``params.sigma``; ``weights_dir`` is not used."""
+        return cls(config.get("params", {}).get("sigma", 0.25), config.get("grid", (14, 14)),
+                   config.get("input_size", DEFAULT_INPUT_SIZE), config, device)
+
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        """Scores ``(B, C)`` all 0.5; maps ``(B, C, h, w)`` all equal to :func:`center_gaussian`."""
+        b, prompts = self._batch(pixels, prompts)
+        return Prediction(scores=torch.full((b, len(prompts)), 0.5),
+                          maps=self.map.expand(b, len(prompts), *self.grid).clone())
+
+
+# -- anatomical -------------------------------------------------------------------------
+def _checked_findings(dataset: Any, findings: Sequence[str] | None) -> list[str]:
+    chosen = list(dataset.findings if findings is None else findings)
+    for finding in chosen:
+        if finding not in dataset.findings:
+            raise UnknownNameError(f"finding of dataset {dataset.name!r}", finding, dataset.findings)
+    return chosen
+
+
+def fit_anatomical_prior(dataset: Any, grid: tuple[int, int] = (14, 14),
+                         findings: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """Mean radiologist region per prompt name over the positive cases of ``dataset`` (no image is read).
+
+    Parameters
+    ----------
+    dataset : xbench.datasets.base.BaseDataset
+        The fit split; it must be disjoint from the split the prior is evaluated on.
+    grid : (int, int), default=(14, 14)
+        Grid of the maps; each case contributes ``sample.mask(finding, grid)`` (bool).
+    findings : list of str, optional
+        Dataset findings to fit (default: all). Keys of the result are their prompt names
+        (``dataset.prompts[finding]``); findings sharing a prompt name are pooled.
+
+    Returns
+    -------
+    dict[str, np.ndarray]
+        Prompt → float32 ``grid`` map in [0, 1]: per cell, the fraction of contributing cases whose mask covers it.
+
+    Notes
+    -----
+    Cases contribute when the finding's label is 1.0 and at least one region is drawn for it; a positive case
+    without regions carries no location and is skipped, with one :class:`~xbench.errors.XBenchWarning` giving
+    the count. A prompt with no contributing case gets no map (the adapter then refuses it).
+    """
+    chosen = _checked_findings(dataset, findings)
+    labels = dataset.labels()
+    columns = [dataset.findings.index(f) for f in chosen]
+    sums: dict[str, np.ndarray] = {}
+    counts: dict[str, int] = {}
+    skipped = 0
+    for row in np.flatnonzero((labels[:, columns] == 1.0).any(axis=1)):
+        sample = dataset[int(row)]
+        for finding, col in zip(chosen, columns):
+            if labels[row, col] != 1.0:
+                continue
+            if not sample.regions.get(finding):
+                skipped += 1
+                continue
+            prompt = dataset.prompts[finding]
+            mask = np.asarray(sample.mask(finding, grid), dtype=np.float64)
+            sums[prompt] = sums.get(prompt, 0.0) + mask
+            counts[prompt] = counts.get(prompt, 0) + 1
+    if skipped:
+        warnings.warn(f"fit_anatomical_prior: {skipped} positive (case, finding) pairs of {dataset.name!r} have no "
+                      "drawn region and were skipped", XBenchWarning, stacklevel=2)
+    return {prompt: (total / counts[prompt]).astype(np.float32) for prompt, total in sums.items()}
+
+
+def positive_rates(dataset: Any, findings: Sequence[str] | None = None) -> dict[str, float]:
+    """Per prompt name, positives / labelled cases of ``dataset`` (NaN labels are not counted; NaN if none labelled)."""
+    chosen = _checked_findings(dataset, findings)
+    labels = dataset.labels()
+    positives: dict[str, int] = {}
+    labelled: dict[str, int] = {}
+    for finding in chosen:
+        column = labels[:, dataset.findings.index(finding)]
+        prompt = dataset.prompts[finding]
+        positives[prompt] = positives.get(prompt, 0) + int(np.sum(column == 1.0))
+        labelled[prompt] = labelled.get(prompt, 0) + int(np.sum(~np.isnan(column)))
+    return {p: positives[p] / labelled[p] if labelled[p] else float("nan") for p in positives}
+
+
+class AnatomicalPrior(_Prior):
+    """Fitted mean-region map per prompt, constant score = the prompt's positive rate on the fit split.
+
+    Parameters
+    ----------
+    maps : dict[str, np.ndarray]
+        Prompt → 2-D map (all the same shape, which becomes :attr:`grid`), as from :func:`fit_anatomical_prior`.
+    rates : dict[str, float]
+        Prompt → positive rate on the fit split (every prompt of ``maps`` needs one).
+    """
+
+    name = "anatomical_prior"
+    score_rule = "constant"
+
+    def __init__(self, maps: Mapping[str, np.ndarray], rates: Mapping[str, float],
+                 input_size: int = DEFAULT_INPUT_SIZE, config: Mapping[str, Any] | None = None,
+                 device: str | torch.device = "cpu"):
+        if not maps:
+            raise ValueError("AnatomicalPrior: no fitted map (the fit split has no positive case with a region)")
+        shapes = {np.shape(m) for m in maps.values()}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+            raise ValueError(f"AnatomicalPrior: maps must be 2-D and share one shape, got shapes {sorted(shapes)}")
+        missing = sorted(set(maps) - set(rates))
+        if missing:
+            raise ValueError(f"AnatomicalPrior: no positive rate for prompts {missing}")
+        super().__init__(next(iter(shapes)), input_size, config, device)
+        self.maps = {p: torch.as_tensor(np.asarray(m, dtype=np.float32)) for p, m in maps.items()}
+        self.rates = {p: float(rates[p]) for p in maps}
+
+    @classmethod
+    def fit(cls, dataset: Any, grid: tuple[int, int] = (14, 14), findings: Sequence[str] | None = None,
+            input_size: int = DEFAULT_INPUT_SIZE) -> AnatomicalPrior:
+        """Fit maps (:func:`fit_anatomical_prior`) and rates (:func:`positive_rates`) on ``dataset``."""
+        return cls(fit_anatomical_prior(dataset, grid, findings), positive_rates(dataset, findings), input_size)
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``folder/anatomical_prior.npz`` (arrays ``prompts`` (P,), ``maps`` (P, h, w), ``positive_rate`` (P,))."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        prompts = sorted(self.maps)
+        path = folder / PRIOR_FILE
+        np.savez(path, prompts=np.array(prompts, dtype=str),
+                 maps=np.stack([self.maps[p].numpy() for p in prompts]),
+                 positive_rate=np.array([self.rates[p] for p in prompts], dtype=np.float64))
+        return path
+
+    @classmethod
+    def load(cls, folder: str | Path, config: Mapping[str, Any] | None = None,
+             device: str | torch.device = "cpu") -> AnatomicalPrior:
+        """Read ``folder/anatomical_prior.npz`` written by :meth:`save` (no pickle)."""
+        path = require_file(Path(folder), PRIOR_FILE, "anatomical prior maps (fit_anatomical_prior, then save)", None)
+        with np.load(path, allow_pickle=False) as data:
+            absent = [k for k in ("prompts", "maps", "positive_rate") if k not in data.files]
+            if absent:
+                raise FormatError(path, f"missing arrays {absent}; found {data.files}")
+            prompts, maps, rates = data["prompts"].tolist(), data["maps"], data["positive_rate"]
+        if maps.ndim != 3 or len(maps) != len(prompts) or rates.shape != (len(prompts),):
+            raise FormatError(path, f"inconsistent shapes: prompts {len(prompts)}, maps {maps.shape}, "
+                                    f"positive_rate {rates.shape}")
+        input_size = dict(config or {}).get("input_size", DEFAULT_INPUT_SIZE)
+        return cls(dict(zip(prompts, maps)), dict(zip(prompts, rates.tolist())), input_size, config, device)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
+                    device: str | torch.device = "cpu") -> AnatomicalPrior:
+        """Load the fitted prior from ``weights_dir``; without one, :class:`~xbench.errors.MissingFileError`."""
+        if weights_dir is None:
+            raise MissingFileError(
+                Path("$XBENCH_WEIGHTS") / "anatomical_prior" / PRIOR_FILE,
+                "anatomical prior maps: fit them on a split disjoint from the evaluation split with "
+                "AnatomicalPrior.fit(dataset).save(DIR), then pass create_model('anatomical_prior', weights=DIR)",
+            )
+        return cls.load(weights_dir, config, device)
+
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        """Scores ``(B, C)`` = positive rates; maps ``(B, C, h, w)`` = fitted maps. Unfitted prompt → UnknownNameError."""
+        b, prompts = self._batch(pixels, prompts)
+        for prompt in prompts:
+            if prompt not in self.maps:
+                raise UnknownNameError("prompt of the fitted anatomical prior", prompt, self.maps)
+        scores = torch.tensor([self.rates[p] for p in prompts], dtype=torch.float32).expand(b, -1).clone()
+        maps = torch.stack([self.maps[p] for p in prompts]).expand(b, -1, -1, -1).clone()
+        return Prediction(scores=scores, maps=maps)
+
+
+# -- random -----------------------------------------------------------------------------
+def _digest(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=16).digest(), "little")
+
+
+class RandomPrior(_Prior):
+    """Uniform random maps and scores in [0, 1), reproducible per (image, prompt, seed).
+
+    The generator of one image and prompt is ``np.random.default_rng(SeedSequence([H(pixels), H(prompt), seed]))``,
+    ``H`` = 128-bit BLAKE2b of the float32 bytes of the preprocessed thumbnail / of the UTF-8 prompt name; it draws
+    the score first, then the ``(h, w)`` map.
+    """
+
+    name = "random_prior"
+    score_rule = "random"
+
+    def __init__(self, seed: int = 0, grid: Sequence[int] = (14, 14), input_size: int = DEFAULT_INPUT_SIZE,
+                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
+        super().__init__(grid, input_size, config, device)
+        if int(seed) < 0:
+            raise ValueError(f"RandomPrior: seed must be >= 0, got {seed!r}")
+        self.seed = int(seed)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
+                    device: str | torch.device = "cpu") -> RandomPrior:
+        """From the config's ``grid``, ``input_size`` and ``params.seed``; ``weights_dir`` is not used."""
+        return cls(config.get("params", {}).get("seed", 0), config.get("grid", (14, 14)),
+                   config.get("input_size", DEFAULT_INPUT_SIZE), config, device)
+
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        """Scores ``(B, C)`` and maps ``(B, C, h, w)``, uniform in [0, 1), independent of the rest of the batch."""
+        b, prompts = self._batch(pixels, prompts)
+        scores = np.empty((b, len(prompts)), dtype=np.float32)
+        maps = np.empty((b, len(prompts), *self.grid), dtype=np.float32)
+        prompt_keys = [_digest(p.encode("utf-8")) for p in prompts]
+        for i, image in enumerate(pixels.detach().to("cpu", torch.float32).contiguous()):
+            image_key = _digest(image.numpy().tobytes())
+            for c, prompt_key in enumerate(prompt_keys):
+                rng = np.random.default_rng(np.random.SeedSequence([image_key, prompt_key, self.seed]))
+                scores[i, c] = rng.random()
+                maps[i, c] = rng.random(self.grid)
+        return Prediction(scores=torch.from_numpy(scores), maps=torch.from_numpy(maps))

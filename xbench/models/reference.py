@@ -1,0 +1,316 @@
+"""XBench's two reference models: small CLIP-style models trained on the phantom.
+
+They are known-answer checks of the whole pipeline (data → model → maps → metrics):
+trained by ``python -m xbench.train_reference`` on the phantom training split with
+**image-level labels only**, their weights are committed under
+``xbench/reference_weights/<name>/`` (safetensors + ``train_config.yaml`` with the
+seed and the exact command), so ``xbench.create_model("ref_xattn")`` works offline.
+
+Both share a tiny text side and a small conv image encoder:
+
+* **Tokenizer** (:func:`tokenize`): lower-case words (``[a-z0-9-]+``) looked up in
+  the fixed vocabulary :data:`VOCAB` (the phantom's finding words + template
+  words); out-of-vocabulary words become ``[unk]``; padded/truncated to
+  :data:`MAX_TOKENS` with ``[pad]`` (id 0).
+* **Text encoder** (:class:`TextEncoder`): word + position embeddings (width 64),
+  one pre-norm transformer layer (4 heads), mean over non-pad tokens, linear to
+  the joint width ``dim`` (96).
+* **Image encoder** (:class:`ImageEncoder`): a 4x4 stride-4 patchify conv, then
+  3 conv3x3-BN-ReLU layers (stride 2, then dilations 2 and 4 for context) and a
+  1x1 projection: ``(B, 3, 128, 128) → (B, dim, 16, 16)`` patch tokens (stride 8).
+  Kept small so that training takes minutes on 2 CPU cores.
+
+Input and preprocessing (:func:`preprocess`): the XBench image (float32 ``(H, W)``
+in [0, 1]) is resized to 128x128 with ``torch.nn.functional.interpolate``
+(bilinear, ``antialias=True``, ``align_corners=False``), normalised by
+``(x - 0.5) / 0.25`` and repeated to 3 channels. Native grid: 16x16.
+
+``ref_patchsim`` (:class:`PatchSimModel`, map source "similarity")
+    Image embedding = mean of the 256 patch tokens. Each class has positive and
+    negative prompt embeddings (:data:`POSITIVE_TEMPLATES` / :data:`NEGATIVE_TEMPLATES`,
+    at inference the L2-normalised mean over templates, as in CLIP prompt
+    ensembling). Score = ``sigmoid(scale * (cos(img, t_pos) - cos(img, t_neg)))``
+    (the CheXzero positive-vs-negative softmax); map = ``cos(patch, t_pos)`` per
+    patch, raw (in [-1, 1], no normalisation).
+
+``ref_xattn`` (:class:`XAttnModel`, map source "cross-attention")
+    MedKLIP/KAD-like query decoder: each prompt's text embedding (bare prompt, no
+    template) is a query; 2 pre-norm decoder layers of cross-attention (4 heads)
+    to the patch tokens (+ learned 2-D position embedding) and an FFN, without
+    query self-attention (so a class's output does not depend on the other prompts
+    asked). A 2-way head per query; score = ``softmax(logits)[..., 1]`` (MedKLIP's
+    "present" index). Map = cross-attention weights averaged over heads
+    (PyTorch's default) and then over the 2 layers (MedKLIP's mean of layers), at
+    16x16; rows sum to 1, no further normalisation.
+
+Scores are probabilities (``score_rule: probability``). Unseen classes: a prompt
+whose words are not in :data:`VOCAB` is still encoded (its unknown words as
+``[unk]``) and an :class:`~xbench.errors.XBenchWarning` says so — the output is
+then meaningless by construction. The weights are XBench's own
+(``weights_label = "xbench-reference"``); no official weights exist.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import XBenchWarning
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+
+VOCAB: tuple[str, ...] = (
+    "[pad]", "[unk]", "a", "an", "the", "chest", "x-ray", "radiograph", "image", "showing", "shows", "with",
+    "without", "of", "no", "there", "is", "evidence", "sign", "signs", "normal", "finding", "findings",
+    "cardiomegaly", "enlarged", "heart", "pleural", "effusion", "consolidation", "nodule", "pulmonary",
+    "pneumothorax", "interstitial", "pattern", "lung", "disease", "opacity",
+)
+MAX_TOKENS = 12
+POSITIVE_TEMPLATES: tuple[str, ...] = ("{}", "chest x-ray showing {}", "there is {}", "evidence of {}")
+NEGATIVE_TEMPLATES: tuple[str, ...] = ("no {}", "chest x-ray without {}", "there is no {}", "no evidence of {}")
+INPUT_SIZE = 128
+GRID = (16, 16)
+WEIGHTS_FILE = "model.safetensors"
+REFERENCE_WEIGHTS = Path(__file__).resolve().parents[1] / "reference_weights"
+
+
+# -- text side ---------------------------------------------------------------------------------
+def tokenize(texts: Sequence[str]) -> tuple[torch.Tensor, list[list[str]]]:
+    """Token ids ``(T, MAX_TOKENS)`` (int64, ``[pad]`` = 0) and, per text, its out-of-vocabulary words."""
+    index = {w: i for i, w in enumerate(VOCAB)}
+    ids = torch.zeros(len(texts), MAX_TOKENS, dtype=torch.long)
+    unknown: list[list[str]] = []
+    for row, text in enumerate(texts):
+        words = re.findall(r"[a-z0-9\-]+", text.lower())[:MAX_TOKENS]
+        unknown.append([w for w in words if w not in index])
+        ids[row, : len(words)] = torch.tensor([index.get(w, 1) for w in words], dtype=torch.long)
+    return ids, unknown
+
+
+class TextEncoder(nn.Module):
+    """Embedding bag with one transformer layer: ids ``(T, L)`` → embeddings ``(T, dim)``."""
+
+    def __init__(self, dim: int = 96, width: int = 64):
+        super().__init__()
+        self.words = nn.Embedding(len(VOCAB), width)
+        self.positions = nn.Parameter(torch.zeros(MAX_TOKENS, width))
+        self.layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True, norm_first=True)
+        self.proj = nn.Linear(width, dim)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pad = ids == 0
+        x = self.layer(self.words(ids) + self.positions, src_key_padding_mask=pad)
+        keep = (~pad).unsqueeze(-1).to(x.dtype)
+        return self.proj((x * keep).sum(1) / keep.sum(1).clamp(min=1.0))
+
+
+# -- image side --------------------------------------------------------------------------------
+def _conv(cin: int, cout: int, stride: int = 1, dilation: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, padding=dilation, dilation=dilation, bias=False),
+                         nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+
+class ImageEncoder(nn.Module):
+    """Pixels ``(B, 3, 128, 128)`` → patch tokens ``(B, dim, 16, 16)`` (stride 8)."""
+
+    def __init__(self, dim: int = 96, width: int = 64):
+        super().__init__()
+        stem = nn.Sequential(nn.Conv2d(3, 32, 4, 4, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True))
+        self.body = nn.Sequential(stem, _conv(32, width, 2), _conv(width, width, dilation=2),
+                                  _conv(width, width, dilation=4))
+        self.proj = nn.Conv2d(width, dim, 1)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.body(pixels))
+
+
+def preprocess(image: np.ndarray) -> torch.Tensor:
+    """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(3, 128, 128)`` float32 (see the module docstring)."""
+    x = torch.as_tensor(np.asarray(image, dtype=np.float32))
+    if x.ndim != 2:
+        raise ValueError(f"expected a grey image of shape (H, W), got shape {tuple(x.shape)}")
+    x = F.interpolate(x[None, None], size=(INPUT_SIZE, INPUT_SIZE), mode="bilinear", align_corners=False, antialias=True)
+    return ((x[0] - 0.5) / 0.25).expand(3, -1, -1).contiguous()
+
+
+def _warn_unknown(prompts: Sequence[str], unknown: list[list[str]]) -> None:
+    for prompt, words in zip(prompts, unknown):
+        if words:
+            warnings.warn(f"reference model: prompt {prompt!r} has words outside its phantom vocabulary {words}; "
+                          "they are encoded as [unk] and its scores/maps are meaningless", XBenchWarning, stacklevel=3)
+
+
+# -- the two architectures -----------------------------------------------------------------------
+class PatchSimModel(nn.Module):
+    """``ref_patchsim``: mean-pooled patch tokens vs positive/negative prompt embeddings."""
+
+    def __init__(self, dim: int = 96):
+        super().__init__()
+        self.image = ImageEncoder(dim)
+        self.text = TextEncoder(dim)
+        self.log_scale = nn.Parameter(torch.tensor(float(np.log(10.0))))
+
+    def encode_text_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """L2-normalised text embeddings ``(T, dim)``."""
+        return F.normalize(self.text(ids), dim=-1)
+
+    def class_embeddings(self, prompts: Sequence[str], templates: Sequence[str]) -> torch.Tensor:
+        """Template-ensembled, normalised embeddings ``(C, dim)`` of ``prompts``."""
+        ids, _ = tokenize([t.format(p) for p in prompts for t in templates])
+        emb = self.encode_text_ids(ids).view(len(prompts), len(templates), -1).mean(1)
+        return F.normalize(emb, dim=-1)
+
+    def forward_features(self, pixels: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``(B, C)`` (before the sigmoid) and maps ``(B, C, 16, 16)`` for normalised text embeddings."""
+        tokens = self.image(pixels)  # (B, D, h, w)
+        b, d, h, w = tokens.shape
+        patches = tokens.flatten(2).transpose(1, 2)  # (B, N, D)
+        image = F.normalize(patches.mean(1), dim=-1)
+        scale = self.log_scale.exp().clamp(max=100.0)
+        logits = scale * (image @ positive.T - image @ negative.T)
+        maps = F.normalize(patches, dim=-1) @ positive.T  # (B, N, C) cosine
+        return logits, maps.transpose(1, 2).reshape(b, -1, h, w)
+
+
+class _DecoderLayer(nn.Module):
+    """Pre-norm cross-attention + FFN (no query self-attention); returns head-averaged attention.
+
+    As in DETR's decoder, only the queries are normalised in each layer; the memory
+    (patch tokens) is normalised once by the caller.
+    """
+
+    def __init__(self, dim: int, heads: int = 4):
+        super().__init__()
+        self.norm_q, self.norm_ff = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ffn = nn.Sequential(nn.Linear(dim, 2 * dim), nn.ReLU(inplace=True), nn.Linear(2 * dim, dim))
+
+    def forward(self, queries: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, weights = self.attn(self.norm_q(queries), memory, memory, need_weights=True, average_attn_weights=True)
+        queries = queries + out
+        return queries + self.ffn(self.norm_ff(queries)), weights
+
+
+class XAttnModel(nn.Module):
+    """``ref_xattn``: text queries cross-attend to patch tokens; 2-way head per query."""
+
+    def __init__(self, dim: int = 64, layers: int = 2):
+        super().__init__()
+        self.image = ImageEncoder(dim)
+        self.text = TextEncoder(dim)
+        self.positions = nn.Parameter(torch.zeros(GRID[0] * GRID[1], dim))
+        self.norm_memory = nn.LayerNorm(dim)
+        self.query = nn.Linear(dim, dim)
+        self.decoder = nn.ModuleList([_DecoderLayer(dim) for _ in range(layers)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 2)
+
+    def encode_text_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Query embeddings ``(T, dim)`` of token ids."""
+        return self.query(self.text(ids))
+
+    def class_embeddings(self, prompts: Sequence[str]) -> torch.Tensor:
+        """Queries ``(C, dim)`` of the bare prompts (no template)."""
+        return self.encode_text_ids(tokenize(list(prompts))[0])
+
+    def forward_features(self, pixels: torch.Tensor, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """2-way logits ``(B, C, 2)`` and layer-averaged attention maps ``(B, C, 16, 16)``."""
+        tokens = self.image(pixels)
+        b, d, h, w = tokens.shape
+        memory = self.norm_memory(tokens.flatten(2).transpose(1, 2) + self.positions)
+        q = queries.unsqueeze(0).expand(b, -1, -1)
+        maps = []
+        for layer in self.decoder:
+            q, weights = layer(q, memory)
+            maps.append(weights)
+        attention = torch.stack(maps).mean(0)  # (B, C, N)
+        return self.head(self.norm(q)), attention.reshape(b, -1, h, w)
+
+
+ARCHITECTURES: dict[str, type[nn.Module]] = {"ref_patchsim": PatchSimModel, "ref_xattn": XAttnModel}
+
+
+# -- adapters ------------------------------------------------------------------------------------
+class _ReferenceAdapter(Adapter):
+    """Shared loading and preprocessing of the two reference adapters."""
+
+    architecture: ClassVar[type[nn.Module]]
+    input_size = INPUT_SIZE
+    grid = GRID
+    citation = "XBench reference model trained on the XBench phantom (this repository)"
+
+    def __init__(self, model: nn.Module, config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
+        super().__init__(config, device)
+        self.model = model.to(self.device).eval()
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None = None,
+                        device: str | torch.device = "cpu", where: str = "reference checkpoint") -> _ReferenceAdapter:
+        """Build the adapter from a loaded state dict (the path a committed or user file takes).
+
+        Raises :class:`~xbench.errors.CheckpointError` listing missing / unexpected / mis-shaped keys.
+        """
+        model = cls.architecture()
+        load_state_strict(model, state, where)
+        adapter = cls(model, config, device)
+        adapter.weights_label = "xbench-reference"
+        return adapter
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None, device: str | torch.device = "cpu"
+                    ) -> _ReferenceAdapter:
+        """``weights_dir`` → its ``model.safetensors``; None → the committed weights, or seeded random
+        weights when ``params.random_init`` is true."""
+        params = dict(config.get("params") or {})
+        if weights_dir is None and params.get("random_init"):
+            with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
+                torch.manual_seed(int(params.get("seed", 0)))
+                model = cls.architecture()
+            adapter = cls(model, config, device)
+            adapter.weights_label = "random-init"
+            return adapter
+        folder = Path(weights_dir) if weights_dir is not None else REFERENCE_WEIGHTS / cls.name
+        source = ((config.get("weights") or {}).get("checkpoint") or {}).get("source")
+        path = require_file(folder, WEIGHTS_FILE, f"{cls.name} reference weights", source)
+        return cls.from_state_dict(load_checkpoint(path), config, device, where=str(path))
+
+    def preprocess(self, image: np.ndarray) -> torch.Tensor:
+        return preprocess(image)
+
+
+class PatchSimAdapter(_ReferenceAdapter):
+    """Adapter of ``ref_patchsim`` (see the module docstring)."""
+
+    name = "ref_patchsim"
+    map_source = "similarity"
+    architecture = PatchSimModel
+
+    @torch.no_grad()
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        _warn_unknown(prompts, tokenize(list(prompts))[1])
+        positive = self.model.class_embeddings(prompts, POSITIVE_TEMPLATES)
+        negative = self.model.class_embeddings(prompts, NEGATIVE_TEMPLATES)
+        logits, maps = self.model.forward_features(pixels.to(self.device, torch.float32), positive, negative)
+        return Prediction(torch.sigmoid(logits).float().cpu(), maps.float().cpu())
+
+
+class XAttnAdapter(_ReferenceAdapter):
+    """Adapter of ``ref_xattn`` (see the module docstring)."""
+
+    name = "ref_xattn"
+    map_source = "cross-attention"
+    architecture = XAttnModel
+
+    @torch.no_grad()
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        _warn_unknown(prompts, tokenize(list(prompts))[1])
+        logits, maps = self.model.forward_features(pixels.to(self.device, torch.float32),
+                                                   self.model.class_embeddings(prompts))
+        return Prediction(torch.softmax(logits, dim=-1)[..., 1].float().cpu(), maps.float().cpu())

@@ -1,0 +1,261 @@
+"""Inference runner: datasets × models → the results store, resumable and shardable.
+
+``run(config)`` loops over every (dataset, model) pair of a :class:`RunConfig`:
+it splits the dataset's rows into fixed chunks of ``chunk_size`` cases, skips the
+chunks already in the store (so an interrupted run resumes and a re-run with the
+same config is a no-op), and runs batched inference (DataLoader with workers,
+autocast on CUDA when ``precision`` asks) on the rest, writing each chunk
+atomically. Metrics are computed afterwards from the store alone
+(:mod:`xbench.evaluate`), so re-scoring needs no inference.
+
+Scaling out: ``shard=(i, n)`` processes the chunks with ``index % n == i``; under
+``torchrun`` (``RANK``/``WORLD_SIZE`` set) each rank takes its own shard and
+ranks meet at a barrier (gloo or nccl) before rank 0 evaluates. Shards written to
+separate folders are joined with :func:`merge`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from . import __version__
+from .config import DatasetSpec, ModelSpec, RunConfig
+from .datasets import BaseDataset, load_dataset
+from .errors import FormatError, MissingFileError, XBenchError
+from .models import Adapter, create_model
+from .registry import dataset_manifest, import_target, model_config
+from .results import ResultStore, _atomic_write_bytes
+
+
+class _Inputs(Dataset):
+    """Dataset rows → (row, case_id, pixels or None, skip reason or None)."""
+
+    def __init__(self, dataset: BaseDataset, adapter: Adapter, skip_missing: bool):
+        self.dataset, self.adapter, self.skip_missing = dataset, adapter, skip_missing
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, row: int) -> tuple[int, str, torch.Tensor | None, str | None]:
+        sample = self.dataset[row]
+        try:
+            pixels = self.adapter.preprocess(sample.image())
+        except (MissingFileError, FormatError) as exc:
+            if not self.skip_missing:
+                raise
+            return row, sample.case_id, None, f"{type(exc).__name__}: {exc}"
+        return row, sample.case_id, pixels, None
+
+
+def _collate(items: list[Any]) -> list[Any]:
+    return items
+
+
+def open_dataset(spec: DatasetSpec) -> BaseDataset:
+    """Open a dataset named in a run config."""
+    return load_dataset(spec.name, root=spec.root, split=spec.split, **spec.options)
+
+
+def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None = None,
+               output_dir: str | Path | None = None) -> Adapter:
+    """Build a model named in a run config.
+
+    A spec with ``fit_split`` (a baseline whose class has ``fit(dataset)`` and ``save(folder)``) is fitted
+    once on that split of ``dspec``'s dataset and saved under ``<output_dir>/fitted/<dataset>/<model>/``.
+    """
+    if spec.fit_split is None:
+        return create_model(spec.name, weights=spec.weights, device=device, **spec.params)
+    if dspec is None or output_dir is None:
+        raise XBenchError(f"model {spec.name!r} has fit_split: it needs the dataset it is fitted on")
+    evaluated = dspec.split or dataset_manifest(dspec.name).get("default_split", "test")
+    if spec.fit_split == evaluated:
+        raise XBenchError(f"model {spec.name!r}: fit_split {spec.fit_split!r} is the evaluation split of "
+                          f"{dspec.name!r}; a baseline must be fitted on a disjoint split")
+    folder = Path(output_dir) / "fitted" / dspec.name / spec.name
+    if not folder.exists():
+        cls = import_target(model_config(spec.name)["class"])
+        fit_data = load_dataset(dspec.name, root=dspec.root, split=spec.fit_split, **dspec.options)
+        cls.fit(fit_data).save(folder)
+    return create_model(spec.name, weights=folder, device=device, **spec.params)
+
+
+def _dist_shard() -> tuple[int, int] | None:
+    """(rank, world) under torchrun, else None."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return (int(os.environ.get("RANK", "0")), world) if world > 1 else None
+
+
+def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDataset, adapter: Adapter) -> dict[str, Any]:
+    return {
+        "dataset": dspec.name,
+        "split": dataset.split,
+        "dataset_root": str(dspec.root) if dspec.root else None,
+        "dataset_options": dspec.options,
+        "n_cases": len(dataset),
+        "findings": dataset.findings,
+        "prompts": [dataset.prompts[f] for f in dataset.findings],
+        "model": mspec.name,
+        "weights": mspec.weights,
+        "fit_split": mspec.fit_split,
+        "params": mspec.params,
+        "model_info": adapter.describe(),
+        "grid": list(adapter.grid),
+        "chunk_size": cfg.chunk_size,
+        "precision": cfg.precision,
+        "code_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
+          adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
+          progress: bool = True) -> dict[str, Any]:
+    """Run one (dataset, model) pair into the store; returns counts for the run log."""
+    device = cfg.resolved_device()
+    dataset = dataset if dataset is not None else open_dataset(dspec)
+    adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir)
+    store = ResultStore(cfg.output_dir)
+    store.prepare(dspec.name, mspec.name, _meta(cfg, dspec, mspec, dataset, adapter), overwrite=overwrite)
+
+    n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
+    index, count = shard
+    todo = [k for k in range(n_chunks) if k % count == index and not store.has_chunk(dspec.name, mspec.name, k)]
+    counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.name, "chunks_total": n_chunks,
+                              "chunks_done_before": sum(1 for k in range(n_chunks) if k % count == index) - len(todo),
+                              "chunks_written": 0, "cases_inferred": 0, "cases_skipped": 0, "skip_reasons": {}}
+    if not todo:
+        return counts
+
+    prompts = [dataset.prompts[f] for f in dataset.findings]
+    batches = []
+    for k in todo:
+        rows = list(range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset))))
+        batches += [rows[i:i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
+    loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
+                        num_workers=cfg.num_workers, collate_fn=_collate)
+    amp = (torch.autocast(device.type, dtype=torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
+           if device.type == "cuda" and cfg.precision != "fp32" else nullcontext())
+
+    pending: dict[int, dict[str, list]] = {}
+    reasons: Counter[str] = Counter()
+    bar = tqdm(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img", disable=not progress)
+    started = time.perf_counter()
+    for items in loader:
+        chunk = items[0][0] // cfg.chunk_size
+        acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "skipped": {}})
+        ok = [it for it in items if it[2] is not None]
+        for _, case_id, _, reason in items:
+            if reason is not None:
+                acc["skipped"][case_id] = reason
+                reasons[reason.split(":")[0]] += 1
+        if ok:
+            pixels = torch.stack([it[2] for it in ok]).to(device)
+            with amp:
+                pred = adapter.predict(pixels, prompts)
+            scores = pred.scores.float().cpu().numpy()
+            acc["ids"] += [it[1] for it in ok]
+            acc["scores"].append(scores)
+            acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
+            acc["maps"].append(pred.maps.float().cpu().numpy().astype(np.float16))
+        bar.update(len(items))
+        bar.set_postfix(img_s=f"{bar.n / max(time.perf_counter() - started, 1e-9):.1f}")
+        last_row = min((chunk + 1) * cfg.chunk_size, len(dataset)) - 1
+        if items[-1][0] == last_row:  # chunk complete: flush it
+            c, h, w = len(prompts), *adapter.grid
+            store.write_chunk(
+                dspec.name, mspec.name, chunk, case_ids=acc["ids"],
+                scores=np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
+                probs=np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
+                maps=np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), np.float16),
+                skipped=acc["skipped"],
+            )
+            counts["chunks_written"] += 1
+            counts["cases_inferred"] += len(acc["ids"])
+            counts["cases_skipped"] += len(acc["skipped"])
+            del pending[chunk]
+    bar.close()
+    counts["skip_reasons"] = dict(reasons)
+    return counts
+
+
+def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False, progress: bool = True,
+        evaluate: bool = True) -> Path:
+    """Infer every (dataset, model) of ``cfg`` into the store, then (unless sharded) compute the metric tables.
+
+    Returns the output folder. A re-run with the same config only evaluates.
+    """
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dist = _dist_shard() if shard is None else None
+    if dist is not None:
+        shard = dist
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() and cfg.device != "cpu" else "gloo")
+    shard = shard or (0, 1)
+    if not 0 <= shard[0] < shard[1]:
+        raise XBenchError(f"shard index must satisfy 0 <= i < n, got {shard[0]}/{shard[1]}")
+
+    device = cfg.resolved_device()
+    log: list[dict[str, Any]] = []
+    for dspec in cfg.datasets:
+        dataset = open_dataset(dspec)
+        for mspec in cfg.models:
+            adapter = open_model(mspec, device, dspec, cfg.output_dir)
+            entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
+                          progress=progress)
+            entry["dataset_skipped_records"] = dict(dataset.skipped)
+            entry["weights_label"] = adapter.weights_label
+            log.append(entry)
+    suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
+    _atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
+
+    if dist is not None:
+        torch.distributed.barrier()
+        if shard[0] != 0:
+            return out
+    elif shard != (0, 1):
+        return out  # independent shards: `xbench merge` evaluates once all are present
+    if evaluate:
+        from .evaluate import evaluate_run
+
+        evaluate_run(cfg, progress=progress)
+    return out
+
+
+def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = True) -> Path:
+    """Copy chunk files of shards written to other folders into ``cfg.output_dir``, then evaluate.
+
+    Chunks are disjoint by construction; a chunk present in two sources must be
+    byte-identical in shape (the first is kept). Missing chunks raise an error naming them.
+    """
+    target = ResultStore(cfg.output_dir)
+    for src in sources:
+        store = ResultStore(src)
+        if not store.root.exists():
+            raise XBenchError(f"merge: {src} has no store/ folder")
+        for meta_file in store.root.glob("*/*/meta.json"):
+            dataset, model = meta_file.parent.parent.name, meta_file.parent.name
+            folder = target.folder(dataset, model)
+            folder.mkdir(parents=True, exist_ok=True)
+            if not (folder / "meta.json").exists():
+                shutil.copy2(meta_file, folder / "meta.json")
+            for chunk in store.chunks(dataset, model):
+                if not (folder / chunk.name).exists():
+                    shutil.copy2(chunk, folder / chunk.name)
+    from .evaluate import evaluate_run
+
+    evaluate_run(cfg, progress=progress)
+    return Path(cfg.output_dir)

@@ -1,0 +1,105 @@
+"""Paper-style tables from the tidy metric table, written as CSV + Markdown + LaTeX.
+
+Every function takes the tidy table (one row per model × dataset × finding ×
+metric with ``value, ci_low, ci_high, n``) and returns a wide DataFrame of
+numbers; :func:`write_table` renders it, marking the best value of each column in
+**bold** and the second best underlined (higher is better for every metric shown,
+except ``best_tau`` which is not ranked). Baseline models (priors) are listed but
+never ranked, and rows of unverified models carry a dagger.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+UNRANKED_METRICS = {"best_tau"}
+
+
+def wide(tidy: pd.DataFrame, *, rows: str, columns: Sequence[str], metrics: Sequence[str], finding: str | None = None,
+         dataset: str | None = None) -> pd.DataFrame:
+    """Pivot ``value``/``ci_low``/``ci_high`` to rows × (columns…, metric) with a ``stat`` level.
+
+    ``finding`` / ``dataset`` filter the tidy rows first.
+    """
+    sel = tidy[tidy["metric"].isin(metrics)]
+    if finding is not None:
+        sel = sel[sel["finding"] == finding]
+    if dataset is not None:
+        sel = sel[sel["dataset"] == dataset]
+    table = sel.pivot_table(index=rows, columns=[*columns, "metric"], values=["value", "ci_low", "ci_high"], aggfunc="first")
+    table = table.reorder_levels([*range(1, table.columns.nlevels), 0], axis=1).sort_index(axis=1)
+    table.columns = table.columns.set_names([*columns, "metric", "stat"])
+    metric_level = table.columns.get_level_values("metric")
+    order = sorted(range(table.shape[1]), key=lambda i: (*table.columns[i][:-2], list(metrics).index(metric_level[i]),
+                                                       ["value", "ci_low", "ci_high"].index(table.columns[i][-1])))
+    return table.iloc[:, order]
+
+
+def _ranks(values: pd.Series, eligible: pd.Series) -> pd.Series:
+    """1 for the best, 2 for the second best among eligible finite values (ties share a rank), else 0."""
+    v = values.where(eligible & np.isfinite(values.astype(float)))
+    distinct = sorted(v.dropna().unique(), reverse=True)
+    rank = pd.Series(0, index=values.index)
+    for r, target in enumerate(distinct[:2], start=1):
+        rank[v == target] = r
+    return rank
+
+
+def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
+           digits: int = 3) -> str:
+    """Markdown (``fmt="md"``) or LaTeX (``fmt="tex"``) text of a :func:`wide` table: ``value [low, high]`` cells."""
+    value_cols = [c for c in table.columns if c[-1] == "value"]
+    eligible = ~table.index.to_series().isin(baselines)
+    cells = pd.DataFrame(index=table.index)
+    for col in value_cols:
+        base = col[:-1]
+        ranks = _ranks(table[col], eligible) if col[-2] not in UNRANKED_METRICS else pd.Series(0, index=table.index)
+        texts = []
+        for idx in table.index:
+            v = table.at[idx, col]
+            lo, hi = table.at[idx, (*base, "ci_low")], table.at[idx, (*base, "ci_high")]
+            if not np.isfinite(v):
+                texts.append("–")
+                continue
+            s = f"{v:.{digits}f}"
+            if ranks[idx] == 1:
+                s = f"**{s}**" if fmt == "md" else rf"\textbf{{{s}}}"
+            elif ranks[idx] == 2:
+                s = f"<u>{s}</u>" if fmt == "md" else rf"\underline{{{s}}}"
+            if np.isfinite(lo) and np.isfinite(hi):
+                s += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+            texts.append(s)
+        cells[" / ".join(str(p) for p in base)] = texts
+    names = [f"{i}†" if i in unverified else (f"{i} (baseline)" if i in baselines else str(i)) for i in cells.index]
+    cells.index = names
+    if fmt == "md":
+        head = "| " + " | ".join([table.index.name or "", *cells.columns]) + " |"
+        sep = "|" + "---|" * (len(cells.columns) + 1)
+        body = ["| " + " | ".join([idx, *row]) + " |" for idx, row in zip(cells.index, cells.to_numpy())]
+        note = "\n\nBold: best; underlined: second best (baselines not ranked). [95 % bootstrap CI]."
+        if unverified:
+            note += " †: unverified re-implementation (no public code or weights)."
+        return "\n".join([head, sep, *body]) + note + "\n"
+    esc = lambda t: str(t).replace("_", r"\_").replace("%", r"\%").replace("†", r"$^\dagger$")  # noqa: E731
+    lines = [r"\begin{tabular}{l" + "c" * len(cells.columns) + "}", r"\toprule",
+             " & ".join([esc(table.index.name or "")] + [esc(c) for c in cells.columns]) + r" \\", r"\midrule"]
+    lines += [" & ".join([esc(idx), *row]) + r" \\" for idx, row in zip(cells.index, cells.to_numpy())]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(table: pd.DataFrame, stem: str | Path, *, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
+                caption: str = "") -> list[Path]:
+    """Write ``<stem>.csv`` (numbers), ``<stem>.md`` and ``<stem>.tex``; returns the paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    flat = table.copy()
+    flat.columns = [" / ".join(str(p) for p in c) for c in flat.columns]
+    flat.to_csv(stem.with_suffix(".csv"))
+    md = (f"**{caption}**\n\n" if caption else "") + render(table, fmt="md", baselines=baselines, unverified=unverified)
+    stem.with_suffix(".md").write_text(md)
+    stem.with_suffix(".tex").write_text(render(table, fmt="tex", baselines=baselines, unverified=unverified))
+    return [stem.with_suffix(s) for s in (".csv", ".md", ".tex")]
