@@ -80,6 +80,28 @@ def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a[ok] - b[ok]).max(initial=0.0))
 
 
+class Clock:
+    """Accumulates wall-clock and CPU (process) time of the blocks it wraps."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self) -> "Clock":
+        self._w, self._c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall += time.perf_counter() - self._w
+        self.cpu += time.process_time() - self._c
+
+    def __str__(self) -> str:
+        return f"{self.wall:8.2f} s wall {self.cpu:8.2f} s CPU"
+
+
+def ratio(a: Clock, b: Clock) -> str:
+    return f"{a.wall / b.wall:6.1f}x wall {a.cpu / b.cpu:6.1f}x CPU"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=20000, help="number of (map, mask) pairs (default 20000)")
@@ -90,47 +112,46 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
 
-    t_fast = t_fast_sweep = t_prep = t_loop = 0.0
+    fast, fast_sweep, prep, loop = Clock(), Clock(), Clock(), Clock()
     diff = 0.0
     dice_fast, iou_fast = [], []
     for start in range(0, args.pairs, args.block):
         maps, masks = make_block(rng, min(args.block, args.pairs - start))
 
-        t0 = time.perf_counter()
-        d_fast, j_fast = dice_iou_curves(maps, masks)
-        t_fast += time.perf_counter() - t0
+        with fast:
+            d_fast, j_fast = dice_iou_curves(maps, masks)
 
         d_brute, j_brute = np.empty_like(d_fast), np.empty_like(j_fast)
         norms = []
         for s in range(0, len(maps), BRUTE_CHUNK):
-            t0 = time.perf_counter()
-            norm = normalize_maps(upsample_maps(maps[s : s + BRUTE_CHUNK], GRID))
-            t1 = time.perf_counter()
-            d_brute[s : s + BRUTE_CHUNK], j_brute[s : s + BRUTE_CHUNK] = brute_sweep(norm, masks[s : s + BRUTE_CHUNK])
-            t2 = time.perf_counter()
-            t_prep += t1 - t0
-            t_loop += t2 - t1
+            with prep:
+                norm = normalize_maps(upsample_maps(maps[s : s + BRUTE_CHUNK], GRID))
+            with loop:
+                d_brute[s : s + BRUTE_CHUNK], j_brute[s : s + BRUTE_CHUNK] = brute_sweep(norm, masks[s : s + BRUTE_CHUNK])
             norms.append(norm)
         norm = np.concatenate(norms)
 
-        t0 = time.perf_counter()
-        d_sweep, j_sweep = dice_iou_curves(norm, masks)
-        t_fast_sweep += time.perf_counter() - t0
+        with fast_sweep:
+            d_sweep, j_sweep = dice_iou_curves(norm, masks)
 
-        diff = max(diff, max_abs_diff(d_fast, d_brute), max_abs_diff(j_fast, j_brute))
-        diff = max(diff, max_abs_diff(d_sweep, d_brute), max_abs_diff(j_sweep, j_brute))
+        for a, b in ((d_fast, d_brute), (j_fast, j_brute), (d_sweep, d_brute), (j_sweep, j_brute)):
+            diff = max(diff, max_abs_diff(a, b))
         dice_fast.append(d_fast)
         iou_fast.append(j_fast)
 
+    brute = Clock()
+    brute.wall, brute.cpu = prep.wall + loop.wall, prep.cpu + loop.cpu
     best = best_threshold(np.concatenate(dice_fast), np.concatenate(iou_fast))
-    t_brute = t_prep + t_loop
-    print(f"pairs: {args.pairs}, maps {NATIVE[0]}x{NATIVE[1]} -> grid {GRID[0]}x{GRID[1]}, {THRESHOLDS.size} thresholds")
-    print(f"brute force  (upsample+normalise {t_prep:.2f} s + 101 passes {t_loop:.2f} s): {t_brute:.2f} s")
-    print(f"fast path    (upsample+normalise+sweep, from native maps):      {t_fast:.2f} s")
-    print(f"ratio end-to-end:                                              {t_brute / t_fast:.1f}x")
-    print(f"fast sweep on normalised 224x224 maps:                         {t_fast_sweep:.2f} s")
-    print(f"ratio sweep only (101 passes / fast sweep):                    {t_loop / t_fast_sweep:.1f}x")
-    print(f"max |fast - brute| over Dice and IoU:                          {diff}")
+    print(f"pairs: {args.pairs}, maps {NATIVE[0]}x{NATIVE[1]} -> grid {GRID[0]}x{GRID[1]}, "
+          f"{THRESHOLDS.size} thresholds, torch threads {args.threads}")
+    print(f"brute: upsample+normalise once      {prep}")
+    print(f"brute: 101 passes of v >= t         {loop}")
+    print(f"brute: total                        {brute}")
+    print(f"fast:  dice_iou_curves(native maps) {fast}")
+    print(f"fast:  dice_iou_curves(normalised)  {fast_sweep}")
+    print(f"ratio end-to-end (brute total / fast native):     {ratio(brute, fast)}")
+    print(f"ratio sweep only (101 passes / fast normalised):  {ratio(loop, fast_sweep)}")
+    print(f"max |fast - brute| over Dice and IoU: {diff}")
     print(f"best tau {best.tau:.2f}: mean Dice {best.dice:.4f}, mean IoU {best.iou:.4f} over {best.n} pairs")
 
 

@@ -5,9 +5,10 @@ metric functions in :mod:`xbench.metrics`.
 """
 from __future__ import annotations
 
+from . import analysis, metrics, tables
 from .datasets import load_dataset
 from .models import create_model
 from .registry import add_config_path, list_datasets, list_models
 
-__all__ = ["load_dataset", "create_model", "add_config_path", "list_datasets", "list_models"]
+__all__ = ["analysis", "metrics", "tables", "load_dataset", "create_model", "add_config_path", "list_datasets", "list_models"]
 __version__ = "0.1.0"

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .errors import FormatError
+from .errors import FormatError, MissingFileError
 from .registry import read_yaml
 
 
@@ -74,6 +74,8 @@ class RunConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> "RunConfig":
+        if not Path(path).is_file():
+            raise MissingFileError(path, "run config")
         raw = read_yaml(path)
         raw.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(raw, source=str(path))
@@ -104,6 +106,8 @@ class RunConfig:
             return kind(**base)
 
         boot = raw.get("bootstrap", {}) or {}
+        if not isinstance(boot, dict) or set(boot) - {"replicates", "seed"}:
+            raise FormatError(where, f"takes {{replicates, seed}}, got {boot!r}", field="bootstrap")
         cfg = cls(
             output_dir=str(raw["output_dir"]),
             datasets=[spec(d, DatasetSpec, "datasets") for d in raw["datasets"]],

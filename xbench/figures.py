@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -17,6 +18,9 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from .analysis import calibration_gap, fit_line, metric_pairs, size_bins  # noqa: E402
+
+if TYPE_CHECKING:
+    from .datasets import BaseDataset
 
 
 def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
@@ -142,3 +146,53 @@ def overlay_grid(images: Sequence[np.ndarray], maps: Sequence[Sequence[np.ndarra
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def data_label(datasets: Sequence[str]) -> str:
+    """Title fragment naming the datasets; the phantom is flagged as synthetic."""
+    names = [f"{d} (synthetic phantom, not patient data)" if d == "phantom" else d for d in datasets]
+    return "Data: " + ", ".join(names)
+
+
+def visual_comparison(output_dir: str | Path, dataset: "BaseDataset", models: Sequence[str], *, n_cases: int = 4,
+                      seed: int = 0, findings: Sequence[str] | None = None) -> plt.Figure:
+    """Fig. 2 from a run's store: ``n_cases`` positive (case, finding) pairs drawn with ``seed``, one per finding in turn.
+
+    Each model's stored native-grid map is upsampled bilinearly to the image size and min–max
+    normalised (the metric conventions), then overlaid on the image with the GT region outlined.
+    """
+    from .metrics import normalize_maps, upsample_maps
+    from .results import ResultStore
+
+    store = ResultStore(output_dir)
+    preds = {m: store.read(dataset.name, m) for m in models}
+    position = {m: {c: i for i, c in enumerate(p.case_ids.tolist())} for m, p in preds.items()}
+    labels = dataset.labels()
+    rng = np.random.default_rng(seed)
+    wanted = list(findings) if findings else [f for f in dataset.findings]
+    chosen: list[tuple[int, str]] = []
+    for k in range(n_cases * 4):
+        if len(chosen) == n_cases:
+            break
+        finding = wanted[k % len(wanted)]
+        c = dataset.findings.index(finding)
+        rows = [r for r in np.flatnonzero(labels[:, c] == 1) if (r, finding) not in chosen]
+        rows = [r for r in rows if dataset[int(r)].regions.get(finding)]
+        if rows:
+            chosen.append((int(rng.choice(rows)), finding))
+    images, maps, masks, row_labels = [], [], [], []
+    for r, finding in chosen:
+        sample = dataset[r]
+        image = sample.image()
+        c = dataset.findings.index(finding)
+        row = []
+        for m in models:
+            i = position[m].get(sample.case_id)
+            native = preds[m].maps[i, c].astype(np.float32)[None] if i is not None else np.zeros((1, 2, 2), np.float32)
+            row.append(normalize_maps(upsample_maps(native, image.shape))[0])
+        images.append(image)
+        maps.append(row)
+        masks.append(sample.mask(finding))
+        row_labels.append(f"{sample.case_id}\n{finding}")
+    return overlay_grid(images, maps, masks, row_labels=row_labels, col_labels=list(models),
+                        title=f"Saliency maps vs radiologist regions — {data_label([dataset.name])}")

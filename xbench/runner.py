@@ -19,7 +19,9 @@ import json
 import math
 import os
 import shutil
+import tempfile
 import time
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -34,7 +36,7 @@ from tqdm.auto import tqdm
 from . import __version__
 from .config import DatasetSpec, ModelSpec, RunConfig
 from .datasets import BaseDataset, load_dataset
-from .errors import FormatError, MissingFileError, XBenchError
+from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
 from .results import ResultStore, _atomic_write_bytes
@@ -88,7 +90,17 @@ def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None 
     if not folder.exists():
         cls = import_target(model_config(spec.name)["class"])
         fit_data = load_dataset(dspec.name, root=dspec.root, split=spec.fit_split, **dspec.options)
-        cls.fit(fit_data).save(folder)
+        # fit into a temporary sibling, then rename: ranks fitting at once never read a half-written file
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            cls.fit(fit_data).save(tmp)
+            os.rename(tmp, folder)
+        except OSError:
+            if not folder.exists():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # left only when another rank renamed first
     return create_model(spec.name, weights=folder, device=device, **spec.params)
 
 
@@ -188,6 +200,9 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
             del pending[chunk]
     bar.close()
     counts["skip_reasons"] = dict(reasons)
+    if counts["cases_skipped"]:
+        warnings.warn(f"{mspec.name} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
+                      f"be read ({dict(reasons)}); they are left out of every metric", XBenchWarning, stacklevel=2)
     return counts
 
 

@@ -103,3 +103,16 @@ def write_table(table: pd.DataFrame, stem: str | Path, *, baselines: Sequence[st
     stem.with_suffix(".md").write_text(md)
     stem.with_suffix(".tex").write_text(render(table, fmt="tex", baselines=baselines, unverified=unverified))
     return [stem.with_suffix(s) for s in (".csv", ".md", ".tex")]
+
+
+def model_flags(models: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(baselines, unverified) model names from a run's ``models.csv`` (``map_source == "prior"``, ``verified`` false)."""
+    baselines = models.loc[models["map_source"] == "prior", "model"].tolist()
+    unverified = models.loc[~models["verified"].astype(bool), "model"].tolist()
+    return baselines, unverified
+
+
+def pick_datasets(tidy: pd.DataFrame, wanted: Sequence[str]) -> list[str]:
+    """The ``wanted`` datasets present in the run, or every dataset of the run when none is."""
+    present = list(dict.fromkeys(tidy["dataset"]))
+    return [d for d in wanted if d in present] or present

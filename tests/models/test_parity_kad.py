@@ -27,15 +27,22 @@ CLASSES = ["pneumonia", "pneumothorax", "cardiomegaly", "pleural effusion"]
 SAMPLES = ["00000001_000.png", "00027426_000.png"]
 VARIANTS = {"kad224": {"params": {"trunk": "layer3"}, "input_size": 224},
             "kad": {"params": {"trunk": "layer4"}, "input_size": 512}}
-_STATES: dict[str, dict[str, torch.Tensor]] = {}
+_VALUES: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
 
 
 def _container(entries: dict) -> dict[str, torch.Tensor]:
-    """Recipe state of one schema container; identical containers (text encoder, TQN) are built once."""
-    key = json.dumps(entries, sort_keys=True)
-    if key not in _STATES:
-        _STATES[key] = build_state(entries)
-    return dict(_STATES[key])
+    """Recipe state of one schema container via ``build_state``, each (key, shape) computed once per module.
+
+    The two fixtures share the text encoder, the TQN and the full ``resnet.*`` entries, and an
+    ``alias_of`` entry gets its target's value (what ``build_state`` computes for it, and what the
+    real file stores: one shared tensor), so those are taken from the memo instead of recomputed.
+    """
+    def memo(key: str, entry: dict) -> tuple[str, tuple[int, ...]]:
+        return entry.get("alias_of", key), tuple(entry["shape"])
+
+    todo = {k: e for k, e in entries.items() if "alias_of" not in e and memo(k, e) not in _VALUES}
+    _VALUES.update({memo(k, todo[k]): v for k, v in build_state(todo).items()})
+    return {k: _VALUES[memo(k, e)] for k, e in entries.items()}
 
 
 def _checkpoint(fixture: str) -> dict[str, dict[str, torch.Tensor]]:
@@ -157,6 +164,8 @@ def test_single_image_forward_equals_batched(run):
 
 
 def test_truncated_or_foreign_checkpoint_is_rejected(run):
+    if run.name != "kad224":
+        pytest.skip("loader errors checked once, on KAD-224 (the KAD-512 file is the foreign one)")
     ckpt = _checkpoint(run.name)
     del ckpt["model"]["mlp_head.0.bias"]
     with pytest.raises(CheckpointError, match=r"mlp_head\.0\.bias"):
@@ -170,13 +179,14 @@ def test_truncated_or_foreign_checkpoint_is_rejected(run):
     with pytest.raises(CheckpointError, match="image_encoder"):
         KADAdapter.from_official_checkpoint(ckpt, HashWordTokenizer(), VARIANTS[run.name])
     # a checkpoint of the other trunk depth does not load silently
-    other = "kad" if run.name == "kad224" else "kad224"
-    with pytest.raises(CheckpointError, match="res_"):
-        KADAdapter.from_official_checkpoint(_checkpoint(other), HashWordTokenizer(), VARIANTS[run.name])
+    with pytest.raises(CheckpointError, match=r"res_features\.7"):
+        KADAdapter.from_official_checkpoint(_checkpoint("kad"), HashWordTokenizer(), VARIANTS["kad224"])
 
 
 def test_deduplicated_file_loads_from_aliases(run):
     # safetensors-style files keep one name per shared tensor: res_features.* / decoder.norm.* absent
+    if run.name != "kad224":
+        pytest.skip("alias folding checked once, on KAD-224")
     ckpt = _checkpoint(run.name)
     ckpt["image_encoder"] = {k: v for k, v in ckpt["image_encoder"].items() if not k.startswith("res_features.")}
     ckpt["model"] = {k: v for k, v in ckpt["model"].items() if not k.startswith("decoder_norm.")}

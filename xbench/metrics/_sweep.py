@@ -208,7 +208,6 @@ def count_pairs(
         ceil = float32_ceil(t)
         hist = np.zeros((n, 2, n_bins), np.int64)  # [:, 0] outside G, [:, 1] inside G
         k = min(chunk_size, n)
-        b64 = np.empty((k, n_pix), np.float64)
         key8 = np.empty((k, n_pix), np.uint8)
         m8 = np.empty((k, n_pix), np.uint8)
 
@@ -254,8 +253,8 @@ def count_pairs(
         if thresholds is not None:
             rows = e - s
             if default_grid:  # k - 1 = floor(100 v), exact in float64 (module docstring)
-                np.multiply(up, 100.0, dtype=np.float64, out=b64[:rows])
-                np.copyto(key8[:rows], b64[:rows], casting="unsafe")  # truncation = floor for v ≥ 0
+                # float64 product, cast to uint8 in the same ufunc loop (truncation = floor for v ≥ 0)
+                np.multiply(up, 100.0, dtype=np.float64, out=key8[:rows], casting="unsafe")
                 np.multiply(g.view(np.uint8), _MASK_BIT, out=m8[:rows])
                 np.bitwise_or(key8[:rows], m8[:rows], out=key8[:rows])
                 keys = torch.from_numpy(key8)

@@ -151,12 +151,11 @@ def normalize_maps(
     n = len(arr)
     _sweep.check_names(n, case_ids, findings)
     flat = arr.reshape(n, -1)
-    valid = np.isfinite(flat).all(axis=1)
-    lo = flat.min(axis=1, initial=np.inf, where=np.isfinite(flat))
-    hi = flat.max(axis=1, initial=-np.inf, where=np.isfinite(flat))
+    lo = flat.min(axis=1)  # NaN and ±inf show up in the min or the max
+    hi = flat.max(axis=1)
     with np.errstate(over="ignore", invalid="ignore"):
         span = hi - lo
-    valid &= np.isfinite(span)
+    valid = np.isfinite(span)
     if not valid.all():
         i = int(np.flatnonzero(~valid)[0])
         if nonfinite == "raise":

@@ -18,7 +18,8 @@ Building without the hub
     ``BertConfig`` (BERT-base sizes, as BiomedBERT-base; ``vocab_size`` read from the checkpoint's word embedding, 30522
     for random init), with the unused BERT pooling layer removed as open_clip does for every pooler but
     ``cls_pooler`` (``add_pooling_layer=False``), and a scalar ``logit_scale``. The tokenizer is
-    ``AutoTokenizer.from_pretrained(<folder>, local_files_only=True)`` wrapped by open_clip's ``HFTokenizer``
+    ``AutoTokenizer.from_pretrained(<folder>, local_files_only=True, config=BertConfig())`` (the config keeps
+    ``AutoTokenizer`` from calling ``AutoConfig.from_pretrained``) wrapped by open_clip's ``HFTokenizer``
     (whitespace cleaning, padding to the config's context length, 256), which is what ``open_clip.get_tokenizer``
     does for a ``local-dir:`` model.
     A checkpoint saved with older transformers may hold ``text.transformer.embeddings.position_ids`` (a buffer that
@@ -257,10 +258,14 @@ class BiomedCLIPAdapter(Adapter):
 
     @staticmethod
     def load_tokenizer(folder: str | Path, model_cfg: Mapping[str, Any]) -> HFTokenizer:
-        """open_clip ``HFTokenizer`` over ``AutoTokenizer.from_pretrained(folder, local_files_only=True)``."""
+        """open_clip ``HFTokenizer`` over ``AutoTokenizer.from_pretrained(folder, local_files_only=True)``.
+
+        A ``BertConfig`` is passed so that ``AutoTokenizer`` does not look for a model config (it would call
+        ``AutoConfig.from_pretrained`` on the folder, which has none); the class comes from ``tokenizer_config.json``.
+        """
         text_cfg = model_cfg["text_cfg"]
         return HFTokenizer(str(folder), context_length=int(text_cfg.get("context_length", 256)),
-                           local_files_only=True, **(text_cfg.get("tokenizer_kwargs") or {}))
+                           local_files_only=True, config=bert_config(), **(text_cfg.get("tokenizer_kwargs") or {}))
 
     # -- inputs ---------------------------------------------------------------------------------
     def preprocess(self, image: np.ndarray) -> torch.Tensor:

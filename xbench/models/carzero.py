@@ -70,7 +70,7 @@ from __future__ import annotations
 import math
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,7 @@ __all__ = [
     "read_vocab",
     "resize_and_pad",
     "resize_area",
+    "seeded_build",
 ]
 
 RESIZE = 256  # cfg.data.image.imsize
@@ -326,29 +327,32 @@ class HashWordTokenizer:
                 "token_type_ids": [[0] * max_length for _ in ids]}
 
 
-def aggregate_word_pieces(hidden: torch.Tensor, input_ids: torch.Tensor, vocab: Sequence[str]) -> torch.Tensor:
+def aggregate_word_pieces(hidden: torch.Tensor, input_ids: torch.Tensor, vocab: Sequence[str], slots: int | None = None) -> torch.Tensor:
     """Merge word pieces into words, per layer (official ``BertEncoder.aggregate_tokens``).
 
     Parameters
     ----------
     hidden : torch.Tensor
-        ``(n, layers, L, D)`` hidden states.
+        ``(n, layers, T, D)`` hidden states of the first ``T`` tokens.
     input_ids : torch.Tensor
-        ``(n, L)`` token ids.
+        ``(n, T)`` token ids.
     vocab : sequence of str
         Id -> token string (``vocab.txt`` order).
+    slots : int, optional
+        Number of word slots of the output (the padded length, 97); default ``T``.
 
     Returns
     -------
     torch.Tensor
-        ``(n, layers, L, D)``: per sentence, tokens are walked in order; a token starting with
+        ``(n, layers, slots, D)``: per sentence, tokens are walked in order; a token starting with
         ``##`` is summed into the current word, any other token starts a new word (``[CLS]`` is the
         first word); at ``[SEP]`` the current word is flushed, the ``[SEP]`` vector itself is
         appended and the walk stops. Remaining slots are zeros. (Without ``[SEP]`` the last open word
         is not flushed, as in the official loop.)
     """
     n, layers, length, dim = hidden.shape
-    per_token = hidden.permute(0, 2, 1, 3)  # (n, L, layers, D)
+    slots = length if slots is None else slots
+    per_token = hidden.permute(0, 2, 1, 3)  # (n, T, layers, D)
     sentences = []
     for embs, ids in zip(per_token, input_ids.tolist()):
         words: list[torch.Tensor] = []
@@ -366,7 +370,7 @@ def aggregate_word_pieces(hidden: torch.Tensor, input_ids: torch.Tensor, vocab: 
                     words.append(torch.stack(bank).sum(dim=0))
                 bank = [emb]
         agg = torch.stack(words)
-        pad = torch.zeros(length - len(agg), layers, dim, dtype=agg.dtype, device=agg.device)
+        pad = torch.zeros(slots - len(agg), layers, dim, dtype=agg.dtype, device=agg.device)
         sentences.append(torch.cat([agg, pad]))
     return torch.stack(sentences).permute(0, 2, 1, 3)
 
@@ -468,7 +472,11 @@ class CARZeroTextEncoder(nn.Module):
     """Holds the ``BertModel`` as ``model`` (checkpoint prefix ``text_encoder.model.``).
 
     ``forward(input_ids, attention_mask, token_type_ids, vocab) -> (words (n, 768, L), sentence (n, 768))``
-    (module docstring, "Text").
+    (module docstring, "Text"). With right padding (the tokenizer's), BERT runs on the first
+    ``max(attention_mask.sum(1))`` positions only: masked keys get exactly zero attention weight, so
+    the real tokens' hidden states do not depend on the padding (only float32 reduction order
+    changes), and every slot after ``[SEP]`` is a constructed zero anyway. This makes the 97-token
+    official input ~10x cheaper.
     """
 
     def __init__(self, bert_config: BertConfig | None = None):
@@ -477,10 +485,15 @@ class CARZeroTextEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor,
                 vocab: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = input_ids.shape[1]
+        lengths = attention_mask.sum(dim=1)
+        right_padded = torch.equal(attention_mask.bool(), torch.arange(slots, device=lengths.device) < lengths[:, None])
+        used = int(lengths.max()) if right_padded else slots
+        input_ids, attention_mask, token_type_ids = input_ids[:, :used], attention_mask[:, :used], token_type_ids[:, :used]
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                          output_hidden_states=True)
-        hidden = torch.stack(out.hidden_states[-LAST_LAYERS:]).permute(1, 0, 2, 3)  # (n, 4, L, D)
-        agg = aggregate_word_pieces(hidden, input_ids, vocab)
+        hidden = torch.stack(out.hidden_states[-LAST_LAYERS:]).permute(1, 0, 2, 3)  # (n, 4, T, D)
+        agg = aggregate_word_pieces(hidden, input_ids, vocab, slots)
         sentence = agg.mean(dim=2).sum(dim=1)  # zero padding included in the mean (official)
         words = agg.sum(dim=1).permute(0, 2, 1)
         return words, sentence
@@ -648,6 +661,13 @@ def load_official_checkpoint(model: CARZeroModel, checkpoint: Any) -> None:
 
 
 # -- adapter -------------------------------------------------------------------------------------
+def seeded_build(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` with torch's CPU RNG seeded by ``seed`` and restored afterwards (no global seeding)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
 @dataclass
 class CARZeroOutput:
     """Everything one CARZero forward pass gives for ``B`` images and ``n`` prompts.
@@ -742,9 +762,7 @@ class CARZeroAdapter(Adapter):
                 f"or set XBENCH_WEIGHTS to a folder holding carzero/, or use random_init=True)",
                 ckpt_spec.get("source"),
             )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(params.get("seed", 0)))
-            model = CARZeroModel()
+        model = seeded_build(int(params.get("seed", 0)), CARZeroModel)
         adapter = cls(model, HashWordTokenizer(), synthetic_vocab(model.text_encoder.model.config.vocab_size), config, device)
         adapter.weights_label = "random-init"
         return adapter

@@ -154,7 +154,15 @@ class KADTextEncoder(nn.Module):
         self.logit_scale = nn.Parameter(torch.tensor(float(np.log(1 / 0.07))))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Text features ``(Q, 768)``: ``mlp_embed(pooler_output)``; no ``token_type_ids`` (zeros)."""
+        """Text features ``(Q, 768)``: ``mlp_embed(pooler_output)``; no ``token_type_ids`` (zeros).
+
+        Trailing columns that are padding in every row are cut before BERT: masked keys get zero
+        attention weight and positions are absolute, so the pooled output is unchanged (up to float
+        reduction order) while 256-token inputs of short names cost a few tokens.
+        """
+        used = attention_mask.bool().any(dim=0).nonzero()
+        length = int(used.max()) + 1 if used.numel() else 1
+        input_ids, attention_mask = input_ids[:, :length], attention_mask[:, :length]
         pooled = self.bert_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
         return self.mlp_embed(pooled)
 

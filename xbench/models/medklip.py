@@ -167,7 +167,7 @@ def resize_uint8(image: np.ndarray, size: int = INPUT_SIZE) -> np.ndarray:
 
 def normalize_uint8(image_uint8: np.ndarray) -> torch.Tensor:
     """``(S, S)`` uint8 → ``(3, S, S)`` float32: ``/255`` (ToTensor), grey → RGB, ImageNet ``(x − mean) / std``."""
-    x = torch.from_numpy(np.ascontiguousarray(image_uint8)).to(torch.float32).div(255)
+    x = torch.from_numpy(np.array(image_uint8, dtype=np.uint8)).to(torch.float32).div(255)  # a writable copy
     x = x.unsqueeze(0).expand(3, -1, -1)
     mean = torch.tensor(IMAGE_MEAN, dtype=torch.float32).view(3, 1, 1)
     std = torch.tensor(IMAGE_STD, dtype=torch.float32).view(3, 1, 1)

@@ -122,8 +122,7 @@ class ImageEncoder(nn.Module):
     def __init__(self, dim: int = 96, width: int = 64):
         super().__init__()
         stem = nn.Sequential(nn.Conv2d(3, 32, 4, 4, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True))
-        self.body = nn.Sequential(stem, _conv(32, width, 2), _conv(width, width, dilation=2),
-                                  _conv(width, width, dilation=4))
+        self.body = nn.Sequential(stem, _conv(32, width, 2), _conv(width, width), _conv(width, width))
         self.proj = nn.Conv2d(width, dim, 1)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
