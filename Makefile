@@ -20,7 +20,7 @@ reproduce: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/xbench reproduce --config $(CONFIG) --figures-dir figures
 
 test: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q --nbval-lax --nbval-current-env tests notebooks
 
 bench: setup
 	$(PY) benchmarks/bench_threshold_sweep.py

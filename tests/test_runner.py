@@ -4,14 +4,13 @@ torchrun-style data parallel (2 CPU processes, gloo), missing images (skip / rai
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import socket
-import subprocess
-import sys
+import traceback
 import warnings
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -249,42 +248,49 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-DDP_SCRIPT = """
-import sys, warnings
-import torch
-torch.set_num_threads(1)
-warnings.simplefilter("ignore")
-from xbench.config import RunConfig
-from xbench.runner import run
-run(RunConfig.from_yaml(sys.argv[1]), progress=False)
-torch.distributed.destroy_process_group()
-"""
+def _rank_main(rank: int, port: int, config: str, cache: str, errors) -> None:
+    """One torchrun-style rank in a forked child: the env variables torchrun sets, then an ordinary run()."""
+    code = 0
+    try:
+        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": str(port), "XBENCH_CACHE": cache})
+        warnings.simplefilter("ignore")
+        run(RunConfig.from_yaml(config), progress=False)
+        torch.distributed.destroy_process_group()
+    except BaseException:  # report to the parent, which asserts
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+        code = 1
+    finally:
+        os._exit(code)  # skip pytest's exit handlers inherited through fork
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                     reason="torch.distributed with gloo is not available")
 def test_torchrun_style_data_parallel_equals_single_process(base, tmp_path, phantom_cache):
+    """Two CPU ranks on gloo (forked so they skip the imports; each sees RANK/WORLD_SIZE/MASTER_* as under
+    torchrun): each rank infers its chunks, rank 0 evaluates after the barrier."""
     out = tmp_path / "ddp"
     config = tmp_path / "ddp.yaml"
     config.write_text(yaml.safe_dump(tiny_raw(out)))
+    ctx = multiprocessing.get_context("fork")
+    errors = ctx.Queue()
     port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "XBENCH_CACHE": str(phantom_cache),
-               "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", DDP_SCRIPT, str(config)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
+    procs = [ctx.Process(target=_rank_main, args=(rank, port, str(config), str(phantom_cache), errors))
+             for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    messages = [errors.get(timeout=5) for p in procs if p.exitcode not in (0, None)]
+    assert [p.exitcode for p in procs] == [0, 0], "\n".join(messages)
+    assert "RANK" not in os.environ  # the parent is untouched
     logs = [run_log(out, f"run_log.shard{r}of2.json") for r in range(2)]
     assert [logs[0][m]["chunks_written"] for m in MODELS] == [2, 2, 2]
     assert [logs[1][m]["chunks_written"] for m in MODELS] == [1, 1, 1]
+    assert not (out / "run_log.json").exists()
     assert_same_tables(out, base["out"])  # rank 0 evaluated after the barrier, over both ranks' chunks
 
 

@@ -46,7 +46,7 @@ def fit_line(x: np.ndarray, y: np.ndarray) -> Fit:
     slope, intercept, r, _, _ = stats.linregress(x, y)
     rho = float(stats.spearmanr(x, y).statistic) if np.ptp(y) > 0 else nan
     low = high = nan
-    if n > 3 and np.isfinite(rho) and abs(rho) < 1:
+    if n > 3 and np.isfinite(rho) and abs(rho) < 1 - 1e-12:  # scipy can return 0.9999999999999999 for ρ = 1
         z, half = np.arctanh(rho), 1.96 / np.sqrt(n - 3)
         low, high = float(np.tanh(z - half)), float(np.tanh(z + half))
     return Fit(float(slope), float(intercept), float(r**2), rho, low, high, n)

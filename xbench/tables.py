@@ -32,6 +32,10 @@ def wide(tidy: pd.DataFrame, *, rows: str, columns: Sequence[str], metrics: Sequ
     table = sel.pivot_table(index=rows, columns=[*columns, "metric"], values=["value", "ci_low", "ci_high"], aggfunc="first")
     table = table.reorder_levels([*range(1, table.columns.nlevels), 0], axis=1).sort_index(axis=1)
     table.columns = table.columns.set_names([*columns, "metric", "stat"])
+    # pivot_table drops all-NaN columns (e.g. every CI bound without bootstrap): keep value/ci_low/ci_high triplets
+    cells = list(dict.fromkeys(c[:-1] for c in table.columns))
+    table = table.reindex(columns=pd.MultiIndex.from_tuples(
+        [(*c, s) for c in cells for s in ("value", "ci_low", "ci_high")], names=table.columns.names))
     metric_level = table.columns.get_level_values("metric")
     order = sorted(range(table.shape[1]), key=lambda i: (*table.columns[i][:-2], list(metrics).index(metric_level[i]),
                                                        ["value", "ci_low", "ci_high"].index(table.columns[i][-1])))

@@ -9,11 +9,11 @@ Writes ``<out>/model.safetensors`` and ``<out>/train_config.yaml`` (seed, every
 hyper-parameter, the exact command, torch version, wall time and the phantom
 test-split numbers of the trained model and of the centre Gaussian prior).
 
-Recipe (defaults): phantom ``train`` split (3,000 cases, 256 px, seed 0)
+Recipe (defaults): phantom ``train`` split (2,000 cases, 256 px, seed 0)
 preprocessed once by the adapter's :func:`~xbench.models.reference.preprocess`;
 AdamW (lr 2e-3, weight decay 1e-4), cosine decay, batch 64, 14 epochs; each image
 shifted by a random translation of up to 6 px (zero padding at 128 px, seeded).
-``ref_patchsim``: binary cross-entropy on ``scale * (cos(img, t_pos) - cos(img, t_neg))``
+``ref_patchsim``: binary cross-entropy on the pooled image logit
 with one positive and one negative template drawn per class and batch.
 ``ref_xattn``: 2-way cross-entropy per class. Every random draw comes from
 generators seeded by ``--seed`` (the caller's global RNG is untouched); with
@@ -66,7 +66,7 @@ def _shift(batch: torch.Tensor, max_shift: int, generator: torch.Generator) -> t
     return torch.stack([padded[i, :, dy:dy + size, dx:dx + size] for i, (dy, dx) in enumerate(offsets)])
 
 
-def train(model_name: str, out: str | Path, *, epochs: int = 14, seed: int = 0, cases: int = 3000, batch_size: int = 64,
+def train(model_name: str, out: str | Path, *, epochs: int = 14, seed: int = 0, cases: int = 2000, batch_size: int = 64,
           lr: float = 2e-3, threads: int = 2, device: str = "cpu", progress: bool = True,
           command: str | None = None) -> dict[str, Any]:
     """Train ``model_name`` on the phantom training split, save it to ``out`` and return the record written.
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="folder for model.safetensors and train_config.yaml")
     parser.add_argument("--epochs", type=int, default=14)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cases", type=int, default=3000, help="phantom training cases")
+    parser.add_argument("--cases", type=int, default=2000, help="phantom training cases")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (2 reproduces the committed run)")

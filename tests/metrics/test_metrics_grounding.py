@@ -197,7 +197,8 @@ def test_float_values_on_grid_points_compare_exactly_as_float32_vs_float64():
 
     assert n_selected(0.29) == 3  # 0.3, 0.5, 1.0 (not float32(0.29))
     assert n_selected(0.28) == 4
-    assert n_selected(0.01) == 5  # not float32(0.01)
+    assert n_selected(0.01) == 4  # 0.29, 0.3, 0.5, 1.0: not float32(0.01)
+    assert n_selected(0.009) == 5 and n_selected(0.0) == 6
     assert n_selected(0.3) == 3  # float32(0.3) > 0.3
     assert n_selected(0.5) == 2
     d, _ = dice_iou_curves(maps, masks)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import transformers
 import transformers.utils.hub as transformers_hub
 
+import xbench.models.biomedclip as biomedclip_module
 from xbench.errors import CheckpointError, FormatError, MissingFileError
 from xbench.models.base import create_model
 from xbench.models.biomedclip import WEIGHTS_SOURCE, BiomedCLIP, BiomedCLIPAdapter
@@ -47,7 +48,8 @@ def write_folder(folder):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "open_clip_config.json").write_text(json.dumps(OPEN_CLIP_CONFIG))
     (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
+    tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": True}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     return folder
 
 
@@ -196,8 +198,16 @@ def test_weights_round_trip(adapter, folder, pixels, prediction, hub_calls, tmp_
     out = loaded.predict(pixels, PROMPTS)
     torch.testing.assert_close(out.maps, prediction.maps, rtol=0, atol=0)
     torch.testing.assert_close(out.scores, prediction.scores, rtol=0, atol=0)
+
+
+def test_truncated_checkpoint_lists_missing_key(adapter, monkeypatch):
+    # the strict check fails before anything is loaded, so the module's network can stand in for a fresh build
+    monkeypatch.setattr(biomedclip_module, "build_biomedclip", lambda *args, **kwargs: adapter.model)
+    state = dict(adapter.model.state_dict())
     del state["text.proj.2.weight"]
-    with pytest.raises(CheckpointError, match=r"missing 1 \[text\.proj\.2\.weight\]"):
+    state["visual.head.proj.weight"] = torch.zeros(512, 100)
+    with pytest.raises(CheckpointError, match=r"missing 1 \[text\.proj\.2\.weight\].*visual\.head\.proj\.weight: "
+                                              r"checkpoint \(512, 100\) vs model \(512, 768\)"):
         BiomedCLIPAdapter.from_checkpoint(state, OPEN_CLIP_CONFIG["model_cfg"], adapter.tokenizer)
 
 

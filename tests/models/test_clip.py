@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+import xbench.models.clip as clip_module
 from xbench.errors import CheckpointError, MissingFileError
 from xbench.models.base import create_model
 from xbench.models.clip import WEIGHTS_SOURCE, CLIPAdapter, build_clip, read_clip_checkpoint
@@ -183,7 +184,8 @@ def test_openai_torchscript_archive(adapter, tmp_path):
     keys = ("visual.proj", "visual.transformer.resblocks.0.ln_1.weight", "logit_scale")
     weights = {k: adapter.model.state_dict()[k] for k in keys}
     state = {**{k: v.half() for k, v in weights.items()},
-             "input_resolution": torch.tensor(224), "context_length": torch.tensor(77), "vocab_size": torch.tensor(49408)}
+             "input_resolution": torch.tensor(224), "context_length": torch.tensor(77),
+             "vocab_size": torch.tensor(49408)}
     root = _Archive()
     for key, value in state.items():
         *path, leaf = key.split(".")
@@ -202,10 +204,13 @@ def test_openai_torchscript_archive(adapter, tmp_path):
         assert torch.equal(got[key], value.half().float()), key
 
 
-def test_truncated_checkpoint_lists_missing_key(adapter):
+def test_truncated_checkpoint_lists_missing_key(adapter, monkeypatch):
+    # the strict check fails before anything is loaded, so the module's network can stand in for a fresh build
+    monkeypatch.setattr(clip_module, "build_clip", lambda seed=0: adapter.model)
     state = dict(adapter.model.state_dict())
     del state["visual.ln_post.weight"]
-    with pytest.raises(CheckpointError, match=r"missing 1 \[visual\.ln_post\.weight\]"):
+    state["visual.extra"] = torch.zeros(1)
+    with pytest.raises(CheckpointError, match=r"missing 1 \[visual\.ln_post\.weight\]; unexpected 1 \[visual\.extra\]"):
         CLIPAdapter.from_checkpoint(state)
 
 

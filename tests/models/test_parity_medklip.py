@@ -226,3 +226,8 @@ def test_random_init_predict_shapes_text_response_and_determinism(random_model):
     assert not torch.allclose(first.maps[:, 0], first.maps[:, 1])  # maps respond to the text
     second = random_model.predict(pixels, ["pneumonia", "cardiomegaly", "pleural effusion"])
     assert torch.equal(first.scores, second.scores) and torch.equal(first.maps, second.maps)
+
+
+def test_unseen_fallback_must_be_an_entity(random_model):
+    with pytest.raises(UnknownNameError, match="tail_abnormal"):
+        MedKLIPAdapter(random_model.net, random_model.text_encoder, config={"params": {"unseen_fallback": "tail_abnormal"}})

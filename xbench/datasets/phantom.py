@@ -62,10 +62,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter, zoom
 
-import pandas as pd
-
 from ..errors import UnknownNameError, XBenchError
-from .base import BaseDataset, Polygon, Region
+from .chestx_det import ChestXDet
 
 GENERATOR_VERSION = 1  #: bump when the drawing changes (it is part of the cache hash)
 FINDINGS = ("Cardiomegaly", "Pleural Effusion", "Consolidation", "Nodule", "Pneumothorax", "Interstitial Pattern")
@@ -372,8 +370,13 @@ def ensure_split(params: PhantomParams, root: str | Path | None = None, progress
 
 
 # -- loader -------------------------------------------------------------------------------------
-class Phantom(BaseDataset):
+class Phantom(ChestXDet):
     """The phantom as an XBench dataset (generated on first use, then read from disk).
+
+    The split folder is read by :class:`~xbench.datasets.chestx_det.ChestXDet`
+    (polygons as regions), through the manifest's ``files`` section, exactly as a
+    real ChestX-Det download would be. :attr:`params` holds the generator
+    parameters and :attr:`root` the split folder.
 
     Parameters
     ----------
@@ -398,22 +401,6 @@ class Phantom(BaseDataset):
         gen.update({k: v for k, v in given.items() if v is not None})
         self.params = PhantomParams(split=split, cases=int(cases or splits[split]["cases"]), **gen)
         folder = ensure_split(self.params, root)
+        manifest = {**manifest, "image_size": [self.params.size, self.params.size]}
         super().__init__(folder, split, manifest=manifest, on_error=on_error)
 
-    # provisional JSON reader (to be replaced by ChestXDet's)
-    def _read_index(self) -> pd.DataFrame:
-        records = json.loads((self.root / "annotations.json").read_text())
-        rows = []
-        for rec in records:
-            row = {"case_id": Path(rec["file_name"]).stem, "image_path": str(self.root / "images" / rec["file_name"]),
-                   "height": self.params.size, "width": self.params.size, "view": "PA", "_polygons": list(zip(rec["syms"], rec["polygons"]))}
-            for f in self.findings:
-                row[f"label:{f}"] = float(f in rec["syms"])
-            rows.append(row)
-        return pd.DataFrame(rows)
-
-    def _regions(self, row: pd.Series) -> dict[str, list[Region]]:
-        out: dict[str, list[Region]] = {f: [] for f in self.findings}
-        for sym, pts in row["_polygons"]:
-            out[sym].append(Polygon(np.asarray(pts, dtype=float)))
-        return out

@@ -41,7 +41,7 @@ from ..errors import XBenchWarning
 #: Pairs per chunk: small enough that a chunk's buffers (~0.4 MB per 224×224 map) stay in cache.
 CHUNK_SIZE = 16
 
-_DEFAULT_GRID_VALUES = np.round(np.linspace(0.0, 1.0, 101), 2)
+_DEFAULT_GRID_VALUES = np.round(np.linspace(0.0, 1.0, 101), 2)  # = grounding.THRESHOLDS; the floor(100 v) shortcut holds for this grid
 _MASK_BIT = np.uint8(128)  # key = bin | 128·[in mask]; default-grid bins are 0…100 < 128
 
 

@@ -200,19 +200,27 @@ def _nanmean_rows(x: np.ndarray) -> np.ndarray:
         return np.nanmean(x, axis=-1)
 
 
+def _choose(num: np.ndarray, den: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From weighted Dice sums ``num`` (B, T) and weight totals ``den`` (B,): per row the
+    first τ index maximising the mean (ties → smallest τ), that mean, and the rows with ``den > 0``."""
+    ok = den > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = num / den[:, None]
+    a = np.argmax(np.where(ok[:, None], mean, 0.0), axis=1)
+    return a, mean[np.arange(len(a)), a], ok
+
+
+def _iou_at(ws: Sequence[np.ndarray], js: Sequence[np.ndarray], a: np.ndarray) -> np.ndarray:
+    """Σ_p w[b, p] · j[p, a_b] summed over (weights, IoU curves) blocks: (B,)."""
+    return sum(np.einsum("bp,pb->b", w, j[:, a]) for w, j in zip(ws, js))
+
+
 def _best_weighted(w: np.ndarray, d: np.ndarray, j: np.ndarray, t: np.ndarray) -> np.ndarray:
     """(B, 3) dice@best, iou@best, τ with τ re-chosen per row of weights (ties → smallest τ)."""
     den = w.sum(axis=1)
-    out = np.full((len(w), 3), np.nan)
-    ok = den > 0
-    if not ok.any() or d.size == 0:
-        return out
-    md = (w[ok] @ d) / den[ok, None]
-    a = np.argmax(md, axis=1)
-    r = np.arange(len(a))
-    out[ok, 0] = md[r, a]
-    out[ok, 1] = (w[ok] @ j)[r, a] / den[ok]
-    out[ok, 2] = t[a]
+    a, dice_best, ok = _choose(w @ d, den, t)
+    out = np.stack([dice_best, _iou_at([w], [j], a) / np.where(ok, den, 1.0), t[a]], axis=1)
+    out[~ok] = np.nan
     return out
 
 
@@ -341,7 +349,6 @@ def score_table(
     specs: list[tuple[str, str]] = []  # (finding, metric), in output order
     values: list[float] = []
     counts: list[int] = []
-    stat_parts: list[Callable[[np.ndarray], np.ndarray]] = []  # each returns (B, k_i) in spec order
 
     # -- grounding -----------------------------------------------------------------
     g_classes: list = []
@@ -385,17 +392,32 @@ def score_table(
                 values.append(g_point[c, m])
                 counts.append(g_n[c, m])
 
-        def grounding_stat(w: np.ndarray) -> np.ndarray:
+        cls_case = [pair_case[r] for r in cls_rows]
+        cls_d = [dc[r] for r in cls_rows]
+        cls_j = [ic[r] for r in cls_rows]
+
+        def grounding_stat(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """Per-class columns (B, 6·nc) and the pooled dice@best, iou@best, τ (B, 3)."""
             wp = w[:, pair_case]
             with np.errstate(invalid="ignore", divide="ignore"):
                 means = (wp @ a_mat) / (wp @ d_mat)  # (B, 3·nc)
             cols = np.empty((len(w), nc, 6))
             cols[:, :, :3] = means.reshape(len(w), 3, nc).transpose(0, 2, 1)
+            ws = [w[:, idx] for idx in cls_case]
+            nums = [wc @ d for wc, d in zip(ws, cls_d)]
+            dens = [wc.sum(axis=1) for wc in ws]
             for c in range(nc):
-                cols[:, c, 3:] = _best_weighted(wp[:, cls_rows[c]], dc[cls_rows[c]], ic[cls_rows[c]], t)
-            return cols.reshape(len(w), nc * 6)
+                a, best, ok = _choose(nums[c], dens[c], t)
+                iou_best = _iou_at([ws[c]], [cls_j[c]], a) / np.where(ok, dens[c], 1.0)
+                cols[:, c, 3:] = np.stack([best, iou_best, t[a]], axis=1)
+                cols[~ok, c, 3:] = np.nan
+            # pooled: the classes partition the pairs, so the pooled sums are sums of class sums
+            den = np.sum(dens, axis=0)
+            a, best, ok = _choose(np.sum(nums, axis=0), den, t)
+            pooled = np.stack([best, _iou_at(ws, cls_j, a) / np.where(ok, den, 1.0), t[a]], axis=1)
+            pooled[~ok] = np.nan
+            return cols.reshape(len(w), nc * 6), pooled
 
-        stat_parts.append(grounding_stat)
 
     # -- recognition ---------------------------------------------------------------
     r_classes: list = []
@@ -429,7 +451,6 @@ def score_table(
                     out[:, c, 2], out[:, c, 3] = weighted_f1_accuracy(yc, sc, w[:, idx], prob_threshold)
             return out.reshape(len(w), -1)
 
-        stat_parts.append(recognition_stat)
 
     # -- dataset level and pooled: functions of the columns above / of all pairs ----
     level_metrics: list[str] = []
@@ -464,7 +485,14 @@ def score_table(
             counts.append(int(all_rows.size))
 
     def statistic(w: np.ndarray) -> np.ndarray:
-        cls = np.concatenate([part(w) for part in stat_parts], axis=1)
+        """All values of ``specs`` for each row of case weights, in ``specs`` order."""
+        parts = []
+        if has_pairs:
+            g_cols, g_pooled = grounding_stat(w)
+            parts.append(g_cols)
+        if labels is not None:
+            parts.append(recognition_stat(w))
+        cls = np.concatenate(parts, axis=1)
         extra = [_nanmean_rows(cls[:, members[m]]) if members[m] else np.full(len(w), np.nan) for m in level_metrics]
         if labels is not None:
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -474,7 +502,7 @@ def score_table(
             with np.errstate(invalid="ignore", divide="ignore"):
                 for m in range(3):
                     extra.append((wp @ np.where(finite_x[:, m], x[:, m], 0.0)) / (wp @ finite_x[:, m].astype(float)))
-            extra.extend(_best_weighted(wp[:, all_rows], dc[all_rows], ic[all_rows], t).T)
+            extra.extend(g_pooled.T)
         return np.concatenate([cls, np.stack(extra, axis=1)], axis=1)
 
     ci = bootstrap_ci(statistic, n_cases, point=np.array(values, dtype=np.float64), n_boot=n_boot, level=level, seed=seed)

@@ -87,8 +87,8 @@ def read_open_clip_config(path: str | Path) -> dict[str, Any]:
         raise FormatError(path, "missing the 'model_cfg' mapping", field="model_cfg")
     for section, key in (("vision_cfg", "timm_model_name"), ("text_cfg", "hf_model_name")):
         if not model_cfg.get(section, {}).get(key):
-            raise FormatError(path, f"BiomedCLIP needs a timm vision tower and an HF text tower; {section}.{key} is absent",
-                              field=f"model_cfg.{section}.{key}")
+            raise FormatError(path, "BiomedCLIP needs a timm vision tower and an HF text tower; "
+                                    f"{section}.{key} is absent", field=f"model_cfg.{section}.{key}")
     try:
         CLIPVisionCfg(**model_cfg["vision_cfg"])
         CLIPTextCfg(**{LEGACY_TEXT_KEYS.get(k, k): v for k, v in model_cfg["text_cfg"].items()})
@@ -149,7 +149,8 @@ def biomedclip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tens
     Unwraps ``{"state_dict": ...}``, strips ``module.`` and drops the stale ``position_ids`` buffer.
     """
     if not isinstance(checkpoint, Mapping):
-        raise CheckpointError(f"BiomedCLIP checkpoint: expected a state dict (mapping), got {type(checkpoint).__name__}")
+        raise CheckpointError(
+            f"BiomedCLIP checkpoint: expected a state dict (mapping), got {type(checkpoint).__name__}")
     state = checkpoint.get("state_dict", checkpoint)
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
@@ -173,7 +174,8 @@ class BiomedCLIPAdapter(Adapter):
     tokenizer : open_clip.tokenizer.HFTokenizer
         Returns padded ``input_ids`` ``(N, context_length)``.
     preprocess_cfg : dict
-        ``preprocess_cfg`` of ``open_clip_config.json`` (``mean``, ``std``, optional ``interpolation``, ``resize_mode``).
+        ``preprocess_cfg`` of ``open_clip_config.json`` (``mean``, ``std``, optional ``interpolation`` and
+        ``resize_mode``).
     config : dict, optional
         The model config; ``params.templates`` overrides the prompt templates.
     device : str or torch.device, default="cpu"
@@ -194,7 +196,8 @@ class BiomedCLIPAdapter(Adapter):
         self.templates: dict[str, str] = {**DEFAULT_TEMPLATES, **self.config.get("params", {}).get("templates", {})}
         for role in ("positive", "negative"):
             if "{}" not in self.templates[role]:
-                raise ValueError(f"BiomedCLIP params.templates.{role} must contain '{{}}', got {self.templates[role]!r}")
+                raise ValueError(
+                    f"BiomedCLIP params.templates.{role} must contain '{{}}', got {self.templates[role]!r}")
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.input_size = int(self.model.visual.image_size[0])
@@ -202,7 +205,8 @@ class BiomedCLIPAdapter(Adapter):
         pre = dict(preprocess_cfg or {})
         self.transform = open_clip.image_transform(
             self.input_size, is_train=False,
-            mean=tuple(pre.get("mean", open_clip.OPENAI_DATASET_MEAN)), std=tuple(pre.get("std", open_clip.OPENAI_DATASET_STD)),
+            mean=tuple(pre.get("mean", open_clip.OPENAI_DATASET_MEAN)),
+            std=tuple(pre.get("std", open_clip.OPENAI_DATASET_STD)),
             resize_mode=pre.get("resize_mode"), interpolation=pre.get("interpolation"))
         self.weights_label = weights_label
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -284,7 +288,7 @@ class BiomedCLIPAdapter(Adapter):
         """Positive and negative prompt embeddings ``(C, 512)`` each, L2-normalised (cached per prompt name)."""
         todo = [p for p in dict.fromkeys(prompts) if p not in self._text_cache]
         if todo:
-            texts = [self.templates["positive"].format(p) for p in todo] + [self.templates["negative"].format(p) for p in todo]
+            texts = [self.templates[role].format(p) for role in ("positive", "negative") for p in todo]
             with torch.no_grad():
                 emb = self.encode_text_ids(self.tokenizer(texts))
             for i, prompt in enumerate(todo):
@@ -314,7 +318,8 @@ class BiomedCLIPAdapter(Adapter):
             raise ValueError("BiomedCLIP predict: prompts is empty")
         if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, self.input_size, self.input_size):
             raise ValueError(
-                f"BiomedCLIP predict expects pixels (B, 3, {self.input_size}, {self.input_size}), got {tuple(pixels.shape)}")
+                f"BiomedCLIP predict expects pixels (B, 3, {self.input_size}, {self.input_size}), "
+                f"got {tuple(pixels.shape)}")
         pos, neg = self.text_embeddings(prompts)
         image, patches = self.image_features(pixels.to(self.device, torch.float32))
         scale = self.model.logit_scale.exp()

@@ -109,7 +109,8 @@ def load_openai_archive(path: str | Path) -> dict[str, torch.Tensor]:
             warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated")
             archive = torch.jit.load(str(path), map_location="cpu")
     except Exception as exc:  # not a TorchScript zip, truncated file, ...
-        raise CheckpointError(f"{path}: cannot be read as OpenAI's TorchScript archive ({type(exc).__name__}: {exc})") from exc
+        raise CheckpointError(
+            f"{path}: cannot be read as OpenAI's TorchScript archive ({type(exc).__name__}: {exc})") from exc
     return dict(archive.state_dict())
 
 
@@ -229,7 +230,7 @@ class CLIPAdapter(Adapter):
         """Positive and negative prompt embeddings ``(C, 512)`` each, L2-normalised (cached per prompt name)."""
         todo = [p for p in dict.fromkeys(prompts) if p not in self._text_cache]
         if todo:
-            texts = [self.templates["positive"].format(p) for p in todo] + [self.templates["negative"].format(p) for p in todo]
+            texts = [self.templates[role].format(p) for role in ("positive", "negative") for p in todo]
             with torch.no_grad():
                 emb = self.encode_text_ids(self.tokenizer(texts))
             for i, prompt in enumerate(todo):
@@ -261,7 +262,8 @@ class CLIPAdapter(Adapter):
         if not prompts:
             raise ValueError("CLIP predict: prompts is empty")
         if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, self.input_size, self.input_size):
-            raise ValueError(f"CLIP predict expects pixels (B, 3, {self.input_size}, {self.input_size}), got {tuple(pixels.shape)}")
+            raise ValueError(f"CLIP predict expects pixels (B, 3, {self.input_size}, {self.input_size}), "
+                             f"got {tuple(pixels.shape)}")
         pos, neg = self.text_embeddings(prompts)
         image, patches = self.image_features(pixels.to(self.device, torch.float32))
         logits = LOGIT_SCALE * torch.stack([image @ pos.T, image @ neg.T], dim=-1)  # (B, C, 2)

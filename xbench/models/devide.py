@@ -143,8 +143,10 @@ class DeViDeAdapter(Adapter):
         files = config.get("weights", {})
         ckpt_spec, tok_spec = files.get("checkpoint", {}), files.get("text_encoder", {})
         if weights_dir is not None:
-            ckpt_path = require_file(weights_dir, ckpt_spec.get("path", "devide.pt"), "DeViDe checkpoint (user-supplied)", ckpt_spec.get("source"))
-            tok_dir = require_file(weights_dir, tok_spec.get("path", "Med-KEBERT/"), "Med-KEBERT tokenizer folder", tok_spec.get("source"))
+            ckpt_path = require_file(weights_dir, ckpt_spec.get("path", "devide.pt"), "DeViDe checkpoint (user-supplied)",
+                                     ckpt_spec.get("source"))
+            tok_dir = require_file(weights_dir, tok_spec.get("path", "Med-KEBERT/"), "Med-KEBERT tokenizer folder",
+                                   tok_spec.get("source"))
             adapter = cls.from_checkpoint(load_checkpoint(ckpt_path), MedKEBERTTokenizer(tok_dir), config, device)
             adapter.weights_label = "user-checkpoint"
             return adapter

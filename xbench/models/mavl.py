@@ -439,6 +439,8 @@ class MAVLAdapter(Adapter):
         super().__init__(config, device)
         params = self.config.get("params", {})
         self.unseen_fallback: str | None = params.get("unseen_fallback", TAIL_ENTITY)
+        if self.unseen_fallback is not None and self.unseen_fallback not in ENTITIES:
+            raise UnknownNameError(f"{self.name} entity (params.unseen_fallback)", self.unseen_fallback, ENTITIES)
         self.score_mode: str = params.get("score_mode", "auto")
         if self.score_mode not in SCORE_MODES:
             raise ValueError(f"params.score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")

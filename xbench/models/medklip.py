@@ -375,6 +375,8 @@ class MedKLIPAdapter(Adapter):
         super().__init__(config, device)
         params = self.config.get("params", {})
         self.unseen_fallback: str | None = params.get("unseen_fallback", TAIL_ENTITY)
+        if self.unseen_fallback is not None and self.unseen_fallback not in ENTITIES:
+            raise UnknownNameError(f"{self.name} entity (params.unseen_fallback)", self.unseen_fallback, ENTITIES)
         self.net = net.eval().to(self.device)
         self.text_encoder = text_encoder.eval().to(self.device)
         self.tokenizer = tokenizer

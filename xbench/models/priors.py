@@ -229,7 +229,7 @@ class AnatomicalPrior(_Prior):
         return cls(fit_anatomical_prior(dataset, grid, findings), positive_rates(dataset, findings), input_size)
 
     def save(self, folder: str | Path) -> Path:
-        """Write ``folder/anatomical_prior.npz`` (arrays ``prompts`` (P,), ``maps`` (P, h, w), ``positive_rate`` (P,))."""
+        """Write ``folder/anatomical_prior.npz``: ``prompts`` (P,), ``maps`` (P, h, w), ``positive_rate`` (P,)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         prompts = sorted(self.maps)
@@ -268,7 +268,10 @@ class AnatomicalPrior(_Prior):
         return cls.load(weights_dir, config, device)
 
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        """Scores ``(B, C)`` = positive rates; maps ``(B, C, h, w)`` = fitted maps. Unfitted prompt → UnknownNameError."""
+        """Scores ``(B, C)`` = positive rates, maps ``(B, C, h, w)`` = fitted maps.
+
+        A prompt without a fitted map raises :class:`~xbench.errors.UnknownNameError` listing the fitted ones.
+        """
         b, prompts = self._batch(pixels, prompts)
         for prompt in prompts:
             if prompt not in self.maps:

@@ -16,9 +16,11 @@ Both share a tiny text side and a small conv image encoder:
   one pre-norm transformer layer (4 heads), mean over non-pad tokens, linear to
   the joint width ``dim`` (96).
 * **Image encoder** (:class:`ImageEncoder`): a 4x4 stride-4 patchify conv, then
-  3 conv3x3-BN-ReLU layers (stride 2, then dilations 2 and 4 for context) and a
+  3 conv3x3-BN-ReLU layers (the first with stride 2) and a
   1x1 projection: ``(B, 3, 128, 128) → (B, dim, 16, 16)`` patch tokens (stride 8).
-  Kept small so that training takes minutes on 2 CPU cores.
+  Kept small (training takes minutes on 2 CPU cores) and *local*: the
+  receptive field is 44 px at 128 (a quarter of the image); with dilated,
+  near-global layers every patch carried the class and the maps did not localise.
 
 Input and preprocessing (:func:`preprocess`): the XBench image (float32 ``(H, W)``
 in [0, 1]) is resized to 128x128 with ``torch.nn.functional.interpolate``
@@ -26,12 +28,16 @@ in [0, 1]) is resized to 128x128 with ``torch.nn.functional.interpolate``
 ``(x - 0.5) / 0.25`` and repeated to 3 channels. Native grid: 16x16.
 
 ``ref_patchsim`` (:class:`PatchSimModel`, map source "similarity")
-    Image embedding = mean of the 256 patch tokens. Each class has positive and
-    negative prompt embeddings (:data:`POSITIVE_TEMPLATES` / :data:`NEGATIVE_TEMPLATES`,
-    at inference the L2-normalised mean over templates, as in CLIP prompt
-    ensembling). Score = ``sigmoid(scale * (cos(img, t_pos) - cos(img, t_neg)))``
-    (the CheXzero positive-vs-negative softmax); map = ``cos(patch, t_pos)`` per
-    patch, raw (in [-1, 1], no normalisation).
+    Each class has positive and negative prompt embeddings
+    (:data:`POSITIVE_TEMPLATES` / :data:`NEGATIVE_TEMPLATES`; at inference the
+    L2-normalised mean over templates, as in CLIP prompt ensembling). Each patch
+    token ``p`` (L2-normalised) gets the CheXzero positive-vs-negative logit
+    ``scale * (cos(p, t_pos) - cos(p, t_neg))``; the image logit pools them by
+    log-mean-exp over the 256 patches (a smooth maximum: multiple-instance
+    pooling); score = ``sigmoid`` of it. Map = ``cos(patch, t_pos)`` per patch,
+    raw (in [-1, 1], no normalisation). Deviation from plain CLIP, on purpose:
+    with a mean-pooled image embedding the map did not localise on the phantom
+    (pointing 0.0 on effusion), with log-mean-exp pooling it does.
 
 ``ref_xattn`` (:class:`XAttnModel`, map source "cross-attention")
     MedKLIP/KAD-like query decoder: each prompt's text embedding (bare prompt, no
@@ -170,12 +176,12 @@ class PatchSimModel(nn.Module):
         """Logits ``(B, C)`` (before the sigmoid) and maps ``(B, C, 16, 16)`` for normalised text embeddings."""
         tokens = self.image(pixels)  # (B, D, h, w)
         b, d, h, w = tokens.shape
-        patches = tokens.flatten(2).transpose(1, 2)  # (B, N, D)
-        image = F.normalize(patches.mean(1), dim=-1)
+        patches = F.normalize(tokens.flatten(2).transpose(1, 2), dim=-1)  # (B, N, D)
         scale = self.log_scale.exp().clamp(max=100.0)
-        logits = scale * (image @ positive.T - image @ negative.T)
-        maps = F.normalize(patches, dim=-1) @ positive.T  # (B, N, C) cosine
-        return logits, maps.transpose(1, 2).reshape(b, -1, h, w)
+        positive_sim = patches @ positive.T  # (B, N, C) cosine = the map
+        patch_logits = scale * (positive_sim - patches @ negative.T)
+        logits = torch.logsumexp(patch_logits, dim=1) - float(np.log(patch_logits.shape[1]))  # log-mean-exp pooling
+        return logits, positive_sim.transpose(1, 2).reshape(b, -1, h, w)
 
 
 class _DecoderLayer(nn.Module):

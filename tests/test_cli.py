@@ -1,0 +1,147 @@
+"""The ``xbench`` command line: run / evaluate / merge / list, argument and config errors (exit code 2, stderr)."""
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from xbench.cli import main
+from xbench.errors import XBenchWarning
+from xbench.registry import list_datasets, list_models
+
+CASES = 22
+
+
+@pytest.fixture(scope="module", autouse=True)
+def phantom_cache(tmp_path_factory):
+    cache = tmp_path_factory.getbasetemp() / "xbench-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XBENCH_CACHE", str(cache))
+        yield cache
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        yield
+
+
+def write_config(folder: Path, output_dir: Path, **changes) -> Path:
+    raw = {"output_dir": str(output_dir), "datasets": [{"name": "phantom", "split": "test", "cases": CASES}],
+           "models": ["center_prior", "random_prior"], "grid": [32, 32], "chunk_size": 8, "batch_size": 8,
+           "bootstrap": {"replicates": 10}, **changes}
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory, phantom_cache) -> dict:
+    """`xbench run --quiet` once for the module."""
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("cli")
+    out = folder / "out"
+    config = write_config(folder, out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        code = main(["run", "--config", str(config), "--quiet"])
+    return {"code": code, "config": config, "out": out, "folder": folder}
+
+
+def test_run_writes_tables_and_exits_zero(cli_run):
+    assert cli_run["code"] == 0
+    tidy = pd.read_parquet(cli_run["out"] / "tables" / "metrics.parquet")
+    assert set(tidy["model"]) == {"center_prior", "random_prior"}
+    assert (cli_run["out"] / "run_log.json").exists()
+
+
+def test_run_prints_where_the_results_are(tmp_path, capsys):
+    config = write_config(tmp_path, tmp_path / "out", models=["center_prior"])
+    assert main(["run", "--config", str(config), "--quiet", "--no-eval"]) == 0
+    assert f"results in {tmp_path / 'out'}" in capsys.readouterr().out
+    assert not (tmp_path / "out" / "tables").exists()  # --no-eval only fills the store
+
+
+def test_output_dir_override(cli_run, tmp_path):
+    other = tmp_path / "elsewhere"
+    assert main(["run", "--config", str(cli_run["config"]), "--output-dir", str(other), "--quiet",
+                 "--device", "cpu"]) == 0
+    pd.testing.assert_frame_equal(pd.read_parquet(other / "tables" / "metrics.parquet"),
+                                  pd.read_parquet(cli_run["out"] / "tables" / "metrics.parquet"))
+
+
+def test_evaluate_rebuilds_the_tables_from_the_store(cli_run, tmp_path, capsys):
+    out = tmp_path / "copy"
+    shutil.copytree(cli_run["out"], out)
+    shutil.rmtree(out / "tables")
+    assert main(["evaluate", "--config", str(cli_run["config"]), "--output-dir", str(out)]) == 0
+    assert f"tables in {out}/tables" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "tables" / "metrics.parquet"),
+                                  pd.read_parquet(cli_run["out"] / "tables" / "metrics.parquet"))
+
+
+def test_sharded_runs_then_merge(cli_run, tmp_path, capsys):
+    config = str(cli_run["config"])
+    for i in range(2):
+        assert main(["run", "--config", config, "--shard", f"{i}/2", "--output-dir", str(tmp_path / f"s{i}"),
+                     "--quiet"]) == 0
+        assert (tmp_path / f"s{i}" / f"run_log.shard{i}of2.json").exists()
+    merged = tmp_path / "merged"
+    assert main(["merge", "--config", config, "--from", str(tmp_path / "s0"), str(tmp_path / "s1"),
+                 "--output-dir", str(merged)]) == 0
+    assert f"results in {merged}" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(pd.read_parquet(merged / "tables" / "metrics.parquet"),
+                                  pd.read_parquet(cli_run["out"] / "tables" / "metrics.parquet"))
+
+
+@pytest.mark.parametrize("what, expected", [("models", list_models), ("datasets", list_datasets)])
+def test_list(capsys, what, expected):
+    assert main(["list", what]) == 0
+    lines = capsys.readouterr().out.split()
+    assert lines == expected()
+    assert ("center_prior" if what == "models" else "phantom") in lines
+
+
+@pytest.mark.parametrize("shard, message", [("1-2", "--shard takes i/n"), ("a/b", "--shard takes i/n"),
+                                            ("2/2", "0 <= i < n"), ("-1/2", "0 <= i < n")])
+def test_bad_shard_syntax_is_a_usage_error(tmp_path, capsys, shard, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--config", str(tmp_path / "x.yaml"), f"--shard={shard}"])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_config_error_exits_2_with_a_message_on_stderr(tmp_path, capsys):
+    config = write_config(tmp_path, tmp_path / "out", pointing_ties="all")
+    assert main(["run", "--config", str(config), "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("xbench: error:")
+    assert str(config) in captured.err and "pointing_ties" in captured.err
+    assert captured.out == ""
+
+
+def test_missing_config_file_exits_2(tmp_path, capsys):
+    assert main(["evaluate", "--config", str(tmp_path / "absent.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "xbench: error: Missing run config" in err and "absent.yaml" in err
+
+
+def test_evaluate_with_missing_chunks_exits_2_naming_them(cli_run, tmp_path, capsys):
+    out = tmp_path / "copy"
+    shutil.copytree(cli_run["out"], out)
+    (out / "store" / "phantom" / "center_prior" / "chunk-00001.npz").unlink()
+    assert main(["evaluate", "--config", str(cli_run["config"]), "--output-dir", str(out)]) == 2
+    assert "chunks [1] of 3 are missing" in capsys.readouterr().err
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["frobnicate"])
+    assert exit_.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

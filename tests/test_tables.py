@@ -1,0 +1,146 @@
+"""Paper-style tables: wide pivot, best (bold) / second (underlined) marks per column, baselines not ranked,
+best_tau not ranked, dagger for unverified models, Markdown / LaTeX text, write_table's three files."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from xbench.metrics import DATASET_LEVEL
+from xbench.tables import model_flags, pick_datasets, render, wide, write_table
+
+METRICS = ["pointing", "dice@best", "best_tau"]
+VALUES = {  # (model, dataset, metric) → value; the baseline has the highest pointing on d1
+    ("alpha", "d1", "pointing"): 0.5, ("beta", "d1", "pointing"): 0.7, ("gamma", "d1", "pointing"): 0.6,
+    ("center_prior", "d1", "pointing"): 0.9,
+    ("alpha", "d1", "dice@best"): 0.3, ("beta", "d1", "dice@best"): 0.3, ("gamma", "d1", "dice@best"): 0.2,
+    ("center_prior", "d1", "dice@best"): 0.1,
+    ("alpha", "d1", "best_tau"): 0.9, ("beta", "d1", "best_tau"): 0.4, ("gamma", "d1", "best_tau"): 0.2,
+    ("center_prior", "d1", "best_tau"): 0.5,
+    ("alpha", "d2", "pointing"): np.nan, ("beta", "d2", "pointing"): 0.4, ("gamma", "d2", "pointing"): 0.5,
+    ("center_prior", "d2", "pointing"): 0.1,
+}
+
+
+def tidy(with_ci: bool = True) -> pd.DataFrame:
+    rows = []
+    for (model, dataset, metric), v in VALUES.items():
+        ci = (v - 0.1, v + 0.1) if with_ci and metric != "best_tau" else (np.nan, np.nan)
+        rows.append({"model": model, "dataset": dataset, "finding": DATASET_LEVEL, "metric": metric, "value": v,
+                     "ci_low": ci[0], "ci_high": ci[1], "n": 10})
+        # a per-class row that the finding filter must drop
+        rows.append({"model": model, "dataset": dataset, "finding": "Nodule", "metric": metric, "value": 0.0,
+                     "ci_low": np.nan, "ci_high": np.nan, "n": 3})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture()
+def table() -> pd.DataFrame:
+    return wide(tidy(), rows="model", columns=["dataset"], metrics=METRICS, finding=DATASET_LEVEL)
+
+
+def md_cells(text: str) -> dict[str, dict[str, str]]:
+    """Markdown table → row label → column header → cell text."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    header = [h.strip() for h in lines[0].strip("|").split("|")]
+    out = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        out[cells[0]] = dict(zip(header[1:], cells[1:]))
+    return out
+
+
+def test_wide_layout_and_values(table):
+    assert table.columns.names == ["dataset", "metric", "stat"]
+    assert table.index.name == "model" and sorted(table.index) == ["alpha", "beta", "center_prior", "gamma"]
+    assert list(table.columns[:9]) == [("d1", m, s) for m in METRICS for s in ("value", "ci_low", "ci_high")]
+    assert list(table.columns[9:]) == [("d2", "pointing", s) for s in ("value", "ci_low", "ci_high")]
+    assert table.loc["beta", ("d1", "pointing", "value")] == 0.7
+    assert table.loc["beta", ("d1", "pointing", "ci_low")] == pytest.approx(0.6)
+    assert math.isnan(table.loc["alpha", ("d2", "pointing", "value")])
+    assert table.loc["gamma", ("d1", "dice@best", "value")] == 0.2  # the per-class rows (0.0) were filtered out
+
+
+def test_wide_dataset_filter():
+    t = wide(tidy(), rows="model", columns=["dataset"], metrics=["pointing"], finding=DATASET_LEVEL,
+             dataset="d2")
+    assert {c[0] for c in t.columns} == {"d2"}
+
+
+def test_render_md_marks_best_and_second_and_skips_baselines(table):
+    cells = md_cells(render(table, fmt="md", baselines=["center_prior"], unverified=["gamma"]))
+    assert set(cells) == {"alpha", "beta", "gamma†", "center_prior (baseline)"}
+    col = "d1 / pointing"
+    assert cells["beta"][col] == "**0.700** [0.600, 0.800]"
+    assert cells["gamma†"][col] == "<u>0.600</u> [0.500, 0.700]"
+    assert cells["alpha"][col] == "0.500 [0.400, 0.600]"
+    assert cells["center_prior (baseline)"][col] == "0.900 [0.800, 1.000]"  # highest, but a baseline: not ranked
+    # a tie shares the best mark; the next distinct value is second
+    assert cells["alpha"]["d1 / dice@best"].startswith("**0.300**")
+    assert cells["beta"]["d1 / dice@best"].startswith("**0.300**")
+    assert cells["gamma†"]["d1 / dice@best"].startswith("<u>0.200</u>")
+    # best_tau is a setting, never ranked; no CI → no brackets
+    assert [cells[r]["d1 / best_tau"] for r in ("alpha", "beta", "gamma†")] == ["0.900", "0.400", "0.200"]
+    # NaN → dash, and ranking among the rest
+    assert cells["alpha"]["d2 / pointing"] == "–"
+    assert cells["gamma†"]["d2 / pointing"].startswith("**0.500**")
+    assert cells["beta"]["d2 / pointing"].startswith("<u>0.400</u>")
+
+
+def test_render_md_notes(table):
+    text = render(table, fmt="md", baselines=["center_prior"], unverified=["gamma"])
+    assert "Bold: best; underlined: second best" in text and "†: unverified" in text
+    assert "†: unverified" not in render(table, fmt="md")
+    header = text.splitlines()[0]
+    assert header == "| model | d1 / pointing | d1 / dice@best | d1 / best_tau | d2 / pointing |"
+
+
+def test_without_baselines_everyone_is_ranked(table):
+    cells = md_cells(render(table, fmt="md"))
+    assert cells["center_prior"]["d1 / pointing"].startswith("**0.900**")
+    assert cells["beta"]["d1 / pointing"].startswith("<u>0.700</u>")
+
+
+def test_render_latex(table):
+    text = render(table, fmt="tex", baselines=["center_prior"], unverified=["gamma"])
+    lines = text.strip().splitlines()
+    assert lines[0] == r"\begin{tabular}{lcccc}" and lines[-1] == r"\end{tabular}"
+    assert lines[1] == r"\toprule" and lines[3] == r"\midrule" and lines[-2] == r"\bottomrule"
+    assert lines[2] == r"model & d1 / pointing & d1 / dice@best & d1 / best\_tau & d2 / pointing \\"
+    body = {ln.split(" & ")[0]: ln for ln in lines[4:-2]}
+    assert set(body) == {"alpha", "beta", r"gamma$^\dagger$", r"center\_prior (baseline)"}
+    assert all(ln.endswith(r" \\") and ln.count(" & ") == 4 for ln in body.values())
+    assert r"\textbf{0.700} [0.600, 0.800]" in body["beta"]
+    assert r"\underline{0.600}" in body[r"gamma$^\dagger$"]
+    assert r"\textbf" not in body[r"center\_prior (baseline)"]
+
+
+def test_tables_without_ci_render(tmp_path):
+    """No bootstrap (all CI bounds NaN): the wide table keeps the bound columns and cells carry no brackets."""
+    t = wide(tidy(with_ci=False), rows="model", columns=["dataset"], metrics=["pointing"], finding=DATASET_LEVEL)
+    assert list(t.columns[:3]) == [("d1", "pointing", s) for s in ("value", "ci_low", "ci_high")]
+    cells = md_cells(render(t, fmt="md", baselines=["center_prior"]))
+    assert cells["beta"]["d1 / pointing"] == "**0.700**"
+
+
+def test_write_table_writes_three_files(table, tmp_path):
+    paths = write_table(table, tmp_path / "out" / "table1", baselines=["center_prior"], unverified=["gamma"],
+                        caption="Table 1 (phantom)")
+    assert [p.name for p in paths] == ["table1.csv", "table1.md", "table1.tex"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    csv = pd.read_csv(paths[0], index_col=0)
+    assert csv.loc["beta", "d1 / pointing / value"] == 0.7 and len(csv) == 4
+    md = paths[1].read_text()
+    assert md.startswith("**Table 1 (phantom)**\n\n") and "**0.700**" in md
+    assert paths[2].read_text() == render(table, fmt="tex", baselines=["center_prior"], unverified=["gamma"])
+
+
+def test_model_flags_and_pick_datasets():
+    models = pd.DataFrame({"model": ["clip", "center_prior", "kad"], "map_source": ["gradcam", "prior", "attention"],
+                           "verified": [True, True, False]})
+    assert model_flags(models) == (["center_prior"], ["kad"])
+    t = tidy()
+    assert pick_datasets(t, ["d2", "zzz"]) == ["d2"]
+    assert pick_datasets(t, ["zzz"]) == ["d1", "d2"]
