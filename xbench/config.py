@@ -108,21 +108,29 @@ class RunConfig:
         boot = raw.get("bootstrap", {}) or {}
         if not isinstance(boot, dict) or set(boot) - {"replicates", "seed"}:
             raise FormatError(where, f"takes {{replicates, seed}}, got {boot!r}", field="bootstrap")
+        def typed(key: str, convert: Any, default: Any, value: Any = None, kind: str | None = None) -> Any:
+            raw_value = raw.get(key, default) if value is None else value
+            try:
+                return convert(raw_value)
+            except (TypeError, ValueError):
+                raise FormatError(where, f"cannot read {raw_value!r} as {kind or convert.__name__}",
+                                  field=key) from None
+
         cfg = cls(
             output_dir=str(raw["output_dir"]),
             datasets=[spec(d, DatasetSpec, "datasets") for d in raw["datasets"]],
             models=[spec(m, ModelSpec, "models") for m in raw["models"]],
-            grid=tuple(int(g) for g in raw.get("grid", (224, 224))),  # type: ignore[arg-type]
-            fixed_threshold=float(raw.get("fixed_threshold", 0.5)),
+            grid=typed("grid", lambda g: tuple(int(x) for x in g), (224, 224), kind="[height, width] integers"),
+            fixed_threshold=typed("fixed_threshold", float, 0.5),
             pointing_ties=str(raw.get("pointing_ties", "first")),
-            batch_size=int(raw.get("batch_size", 32)),
-            num_workers=int(raw.get("num_workers", 0)),
+            batch_size=typed("batch_size", int, 32),
+            num_workers=typed("num_workers", int, 0),
             precision=str(raw.get("precision", "fp32")),
             device=str(raw.get("device", "cpu")),
-            chunk_size=int(raw.get("chunk_size", 256)),
+            chunk_size=typed("chunk_size", int, 256),
             on_missing_image=str(raw.get("on_missing_image", "raise")),
-            bootstrap_replicates=int(boot.get("replicates", 1000)),
-            bootstrap_seed=int(boot.get("seed", 0)),
+            bootstrap_replicates=typed("bootstrap", int, None, boot.get("replicates", 1000)),
+            bootstrap_seed=typed("bootstrap", int, None, boot.get("seed", 0)),
             source=source,
         )
         cfg.validate()

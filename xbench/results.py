@@ -109,6 +109,12 @@ class ResultStore:
         files = self.chunks(dataset, model)
         if expected_chunks is not None:
             missing = sorted(set(range(expected_chunks)) - {int(f.stem.split("-")[1]) for f in files})
+            extra = sorted({int(f.stem.split("-")[1]) for f in files} - set(range(expected_chunks)))
+            if extra:
+                raise XBenchError(
+                    f"{self.folder(dataset, model)}: chunks {extra[:10]} lie beyond the {expected_chunks} chunks of this "
+                    "dataset — the store was filled with another dataset size or chunk_size; use --overwrite."
+                )
             if missing:
                 raise XBenchError(
                     f"{self.folder(dataset, model)}: chunks {missing[:10]} of {expected_chunks} are missing — "

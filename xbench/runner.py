@@ -250,26 +250,45 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     return out
 
 
+#: meta keys that must agree between shards of one (dataset, model); paths may differ between machines.
+SHARD_KEYS = ("dataset", "split", "n_cases", "findings", "prompts", "model", "params", "fit_split", "grid", "chunk_size",
+              "precision")
+
+
 def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = True) -> Path:
     """Copy chunk files of shards written to other folders into ``cfg.output_dir``, then evaluate.
 
-    Chunks are disjoint by construction; a chunk present in two sources must be
-    byte-identical in shape (the first is kept). Missing chunks raise an error naming them.
+    Shards must agree on :data:`SHARD_KEYS` of their ``meta.json`` (an error names the
+    differing keys). Chunks are disjoint by construction; a chunk present in two
+    places must hold the same case ids and array shapes (the first copy is kept).
+    Missing chunks raise an error naming them when the tables are computed.
     """
     target = ResultStore(cfg.output_dir)
     for src in sources:
         store = ResultStore(src)
         if not store.root.exists():
             raise XBenchError(f"merge: {src} has no store/ folder")
-        for meta_file in store.root.glob("*/*/meta.json"):
+        for meta_file in sorted(store.root.glob("*/*/meta.json")):
             dataset, model = meta_file.parent.parent.name, meta_file.parent.name
             folder = target.folder(dataset, model)
             folder.mkdir(parents=True, exist_ok=True)
             if not (folder / "meta.json").exists():
                 shutil.copy2(meta_file, folder / "meta.json")
+            ours, theirs = json.loads((folder / "meta.json").read_text()), json.loads(meta_file.read_text())
+            differ = [k for k in SHARD_KEYS if ours.get(k) != theirs.get(k)]
+            if differ:
+                raise XBenchError(f"merge: {meta_file} was made with another configuration than {folder / 'meta.json'} "
+                                  f"(differs in {', '.join(differ)})")
             for chunk in store.chunks(dataset, model):
-                if not (folder / chunk.name).exists():
-                    shutil.copy2(chunk, folder / chunk.name)
+                existing = folder / chunk.name
+                if not existing.exists():
+                    shutil.copy2(chunk, existing)
+                    continue
+                with np.load(existing) as a, np.load(chunk) as b:
+                    same = (a["case_ids"].tolist() == b["case_ids"].tolist() and a["maps"].shape == b["maps"].shape
+                            and a["scores"].shape == b["scores"].shape)
+                if not same:
+                    raise XBenchError(f"merge: {chunk} and {existing} hold different cases or shapes for the same chunk")
     from .evaluate import evaluate_run
 
     evaluate_run(cfg, progress=progress)

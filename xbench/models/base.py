@@ -59,7 +59,7 @@ class Adapter(ABC):
     def __init__(self, config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
         self.config: dict[str, Any] = dict(config or {})
         self.device = torch.device(device)
-        self.weights_label = "unknown"  # "official", "random-init", "xbench-reference", "none"
+        self.weights_label = "unknown"  # "official", "random-init", "xbench-reference", "user-checkpoint", "none"
 
     # -- contract --------------------------------------------------------------------
     input_size: int = 224
