@@ -7,6 +7,8 @@ For every (dataset, model) of a run config:
   a drawn region (e.g. CheXlocalize classes that are recognition-only) and
   negatives take no part in grounding; cases the runner skipped (missing image)
   are left out of every metric and counted;
+* maps of models whose official transform crops are first placed in the part of
+  the image they cover (:mod:`xbench.windows`);
 * stored native-grid maps go through :func:`xbench.metrics.grounding_scores`
   (bilinear upsampling, per-map min–max, pointing, Dice/IoU at the fixed τ and
   over the τ grid) and :func:`xbench.metrics.score_table` (class / dataset /
@@ -36,6 +38,7 @@ from .errors import XBenchError
 from .metrics import BEST_TAU, grounding_scores, score_table
 from .results import ResultStore, _atomic_write_bytes, write_table
 from .runner import open_dataset
+from .windows import is_whole_image, place_maps
 
 
 def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -80,7 +83,13 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
             counts["pairs"][finding] = {"evaluated": 0, "missing_prediction": int((~keep).sum())}
             continue
         ids = case_ids[rows[keep]]
-        maps = preds.maps[[position[i] for i in ids], c].astype(np.float32)
+        at = [position[i] for i in ids]
+        maps = preds.maps[at, c].astype(np.float32)
+        windows, sizes = preds.windows[at], preds.sizes[at]
+        cropped = np.isfinite(windows).all(axis=1) & ~is_whole_image(np.nan_to_num(windows), sizes)
+        if cropped.any():  # the model saw only part of these images: place their maps (xbench.windows)
+            maps = place_maps(maps, np.where(cropped[:, None], windows, np.c_[np.zeros((len(at), 2)), sizes]), sizes,
+                              cfg.grid)
         scores = grounding_scores(maps, masks[keep], grid=cfg.grid, threshold=cfg.fixed_threshold,
                                   ties=cfg.pointing_ties, case_ids=list(ids), findings=[finding] * len(ids))
         frame = scores.to_frame(list(ids), finding)

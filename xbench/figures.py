@@ -158,11 +158,12 @@ def visual_comparison(output_dir: str | Path, dataset: "BaseDataset", models: Se
                       seed: int = 0, findings: Sequence[str] | None = None) -> plt.Figure:
     """Fig. 2 from a run's store: ``n_cases`` positive (case, finding) pairs drawn with ``seed``, one per finding in turn.
 
-    Each model's stored native-grid map is upsampled bilinearly to the image size and min–max
-    normalised (the metric conventions), then overlaid on the image with the GT region outlined.
+    Each model's stored native-grid map is upsampled bilinearly to the image size (placed in its
+    input window for cropping models, :mod:`xbench.windows`) and min–max normalised (the metric conventions), then overlaid on the image with the GT region outlined.
     """
     from .metrics import normalize_maps, upsample_maps
     from .results import ResultStore
+    from .windows import is_whole_image, place_maps
 
     store = ResultStore(output_dir)
     preds = {m: store.read(dataset.name, m) for m in models}
@@ -188,8 +189,15 @@ def visual_comparison(output_dir: str | Path, dataset: "BaseDataset", models: Se
         row = []
         for m in models:
             i = position[m].get(sample.case_id)
-            native = preds[m].maps[i, c].astype(np.float32)[None] if i is not None else np.zeros((1, 2, 2), np.float32)
-            row.append(normalize_maps(upsample_maps(native, image.shape))[0])
+            if i is None:
+                row.append(np.zeros(image.shape, np.float32))
+                continue
+            native, window = preds[m].maps[i, c].astype(np.float32)[None], preds[m].windows[i]
+            if np.isfinite(window).all() and not is_whole_image(window[None], np.array([image.shape]))[0]:
+                placed = place_maps(native, window[None], np.array([image.shape]), image.shape)
+            else:
+                placed = upsample_maps(native, image.shape)
+            row.append(normalize_maps(placed)[0])
         images.append(image)
         maps.append(row)
         masks.append(sample.mask(finding))

@@ -4,7 +4,8 @@ Layout under a run's output folder::
 
     store/<dataset>/<model>/meta.json           what produced the chunks (config, code version, findings)
     store/<dataset>/<model>/chunk-00003.npz     case_ids, scores (N, C) float32, probs (N, C) float32,
-                                                 maps (N, C, h, w) float16, skipped_ids
+                                                 maps (N, C, h, w) float16, sizes (N, 2), windows (N, 4),
+                                                 skipped_ids, skipped_reasons
 
 Cases are split into fixed chunks of ``chunk_size`` consecutive dataset rows.
 A chunk file is written to a temporary name and renamed (atomic on POSIX), so an
@@ -36,6 +37,8 @@ class StoredPredictions:
     scores: np.ndarray  # (N, C) float32, the model's raw score
     probs: np.ndarray  # (N, C) float32, probability used for F1 / accuracy
     maps: np.ndarray  # (N, C, h, w) float16, native grid
+    sizes: np.ndarray  # (N, 2) int, (H, W) of each image as read
+    windows: np.ndarray  # (N, 4) float, (y0, x0, y1, x1): the part of the image the model input covers
     skipped: dict[str, str]  # case_id -> reason
     meta: dict[str, Any]
 
@@ -84,15 +87,22 @@ class ResultStore:
         return self.chunk_path(dataset, model, chunk).exists()
 
     def write_chunk(self, dataset: str, model: str, chunk: int, *, case_ids: Iterable[str], scores: np.ndarray,
-                    probs: np.ndarray, maps: np.ndarray, skipped: dict[str, str]) -> Path:
-        """Write one chunk atomically (temporary file + rename)."""
+                    probs: np.ndarray, maps: np.ndarray, skipped: dict[str, str], sizes: np.ndarray | None = None,
+                    windows: np.ndarray | None = None) -> Path:
+        """Write one chunk atomically (temporary file + rename).
+
+        ``sizes`` / ``windows`` default to "unknown size, whole image" (NaN), which the
+        evaluation treats as a plain resize of the whole image.
+        """
         path = self.chunk_path(dataset, model, chunk)
         ids = np.asarray(list(case_ids), dtype=str)
+        sizes = np.full((len(ids), 2), -1, np.int64) if sizes is None else np.asarray(sizes, np.int64)
+        windows = np.full((len(ids), 4), np.nan) if windows is None else np.asarray(windows, np.float64)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
         os.close(fd)
         try:
             np.savez(tmp, case_ids=ids, scores=np.asarray(scores, np.float32), probs=np.asarray(probs, np.float32),
-                     maps=np.asarray(maps, np.float16), skipped_ids=np.asarray(list(skipped), dtype=str),
+                     maps=np.asarray(maps, np.float16), sizes=sizes, windows=windows, skipped_ids=np.asarray(list(skipped), dtype=str),
                      skipped_reasons=np.asarray(list(skipped.values()), dtype=str))
             os.replace(tmp, path)
         finally:
@@ -124,7 +134,8 @@ class ResultStore:
         n_cls, grid = len(meta["findings"]), tuple(meta["grid"])
         if not parts:
             empty = np.zeros((0, n_cls), np.float32)
-            return StoredPredictions(np.zeros(0, str), empty, empty, np.zeros((0, n_cls, *grid), np.float16), {}, meta)
+            return StoredPredictions(np.zeros(0, str), empty, empty, np.zeros((0, n_cls, *grid), np.float16),
+                                     np.zeros((0, 2), np.int64), np.zeros((0, 4)), {}, meta)
         skipped: dict[str, str] = {}
         for p in parts:
             skipped.update(zip(p["skipped_ids"].tolist(), p["skipped_reasons"].tolist()))
@@ -133,6 +144,9 @@ class ResultStore:
             scores=np.concatenate([p["scores"] for p in parts]),
             probs=np.concatenate([p["probs"] for p in parts]),
             maps=np.concatenate([p["maps"] for p in parts]),
+            sizes=np.concatenate([p["sizes"] if "sizes" in p.files else np.full((len(p["case_ids"]), 2), -1) for p in parts]),
+            windows=np.concatenate([p["windows"] if "windows" in p.files else np.full((len(p["case_ids"]), 4), np.nan)
+                                    for p in parts]),
             skipped=skipped,
             meta=meta,
         )

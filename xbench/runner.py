@@ -43,7 +43,7 @@ from .results import ResultStore, _atomic_write_bytes
 
 
 class _Inputs(Dataset):
-    """Dataset rows → (row, case_id, pixels or None, skip reason or None)."""
+    """Dataset rows → (row, case_id, pixels or None, skip reason or None, (H, W), input window)."""
 
     def __init__(self, dataset: BaseDataset, adapter: Adapter, skip_missing: bool):
         self.dataset, self.adapter, self.skip_missing = dataset, adapter, skip_missing
@@ -51,15 +51,15 @@ class _Inputs(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, row: int) -> tuple[int, str, torch.Tensor | None, str | None]:
+    def __getitem__(self, row: int) -> tuple[Any, ...]:
         sample = self.dataset[row]
         try:
-            pixels = self.adapter.preprocess(sample.image())
+            image = sample.image()
         except (MissingFileError, FormatError) as exc:
             if not self.skip_missing:
                 raise
-            return row, sample.case_id, None, f"{type(exc).__name__}: {exc}"
-        return row, sample.case_id, pixels, None
+            return row, sample.case_id, None, f"{type(exc).__name__}: {exc}", None, None
+        return row, sample.case_id, self.adapter.preprocess(image), None, image.shape, self.adapter.input_window(image.shape)
 
 
 def _collate(items: list[Any]) -> list[Any]:
@@ -167,9 +167,10 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     started = time.perf_counter()
     for items in loader:
         chunk = items[0][0] // cfg.chunk_size
-        acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "skipped": {}})
+        acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [], "windows": [],
+                                         "skipped": {}})
         ok = [it for it in items if it[2] is not None]
-        for _, case_id, _, reason in items:
+        for _, case_id, _, reason, _, _ in items:
             if reason is not None:
                 acc["skipped"][case_id] = reason
                 reasons[reason.split(":")[0]] += 1
@@ -179,6 +180,8 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                 pred = adapter.predict(pixels, prompts)
             scores = pred.scores.float().cpu().numpy()
             acc["ids"] += [it[1] for it in ok]
+            acc["sizes"] += [it[4] for it in ok]
+            acc["windows"] += [it[5] for it in ok]
             acc["scores"].append(scores)
             acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
             acc["maps"].append(pred.maps.float().cpu().numpy().astype(np.float16))
@@ -192,6 +195,8 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                 scores=np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
                 probs=np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
                 maps=np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), np.float16),
+                sizes=np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
+                windows=np.asarray(acc["windows"], np.float64).reshape(-1, 4),
                 skipped=acc["skipped"],
             )
             counts["chunks_written"] += 1

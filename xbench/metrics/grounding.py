@@ -1,7 +1,7 @@
 """Grounding metrics: does a saliency map point at / overlap the radiologist's region?
 
 Conventions shared by every function here (stated once, tested in
-``tests/metrics/test_grounding.py``):
+``tests/metrics/test_metrics_grounding.py``):
 
 * **Inputs.** ``maps`` is float ``(N, h, w)`` at the model's native grid (e.g.
   14×14), NumPy or torch; it is cast to float32. ``masks`` is bool (or 0/1)

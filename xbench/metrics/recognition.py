@@ -1,6 +1,6 @@
 """Recognition metrics per class: AUC, AUPRC, F1, accuracy, Hamming accuracy.
 
-Conventions (tested in ``tests/metrics/test_recognition.py``):
+Conventions (tested in ``tests/metrics/test_metrics_recognition.py``):
 
 * ``y_true`` is ``(N, C)`` with 1 = positive, 0 = negative, NaN = unknown (not
   annotated); ``y_score`` is ``(N, C)`` float. A 1-D pair of arrays is one class.

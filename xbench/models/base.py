@@ -79,6 +79,16 @@ class Adapter(ABC):
     def saliency(self, pixels: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         return self.predict(pixels, prompts).maps
 
+    def input_window(self, size: tuple[int, int]) -> tuple[float, float, float, float]:
+        """The part of an original ``(H, W)`` image that the model input — and so its map — covers.
+
+        ``(y0, x0, y1, x1)`` in original pixels; it may reach outside the image where the
+        official transform pads. Default: the whole image (plain resize). Adapters whose
+        transform crops (CLIP, BiomedCLIP, CARZero) override it, and the evaluation places
+        their maps into this window of the evaluation grid (:mod:`xbench.windows`).
+        """
+        return (0.0, 0.0, float(size[0]), float(size[1]))
+
     def to_probability(self, scores: torch.Tensor | np.ndarray) -> np.ndarray:
         """Scores → probabilities in [0, 1] (sigmoid for ``score_rule == "logit"``)."""
         s = np.asarray(scores, dtype=np.float64)
@@ -95,6 +105,30 @@ class Adapter(ABC):
             "weights": self.weights_label,
             "verified": self.verified,
         }
+
+
+def resize_crop_window(size: tuple[int, int], crop: int, mode: str = "shortest") -> tuple[float, float, float, float]:
+    """Window of torchvision/open_clip ``Resize`` + ``CenterCrop(crop)`` in original pixels.
+
+    ``mode`` as open_clip's ``resize_mode``: ``"shortest"`` (shorter side to ``crop``, then centre
+    crop: the window is a centred square of the shorter side), ``"longest"`` (longer side to
+    ``crop``, then centre pad: a centred square of the longer side, reaching into the padding) or
+    ``"squash"`` (both sides to ``crop``: the whole image). Crop offsets use torchvision's
+    ``int(round((resized - crop) / 2))`` in resized pixels.
+    """
+    h, w = float(size[0]), float(size[1])
+    if mode == "squash":
+        return (0.0, 0.0, h, w)
+    side = min(h, w) if mode == "shortest" else max(h, w)
+    if mode not in ("shortest", "longest"):
+        raise ValueError(f"resize mode must be shortest, longest or squash, got {mode!r}")
+    out = []
+    for extent in (h, w):
+        resized = int(crop * extent / side) if extent != side else crop
+        offset = int(round((resized - crop) / 2.0)) * extent / resized if resized else 0.0
+        out.append(offset)
+    y0, x0 = out
+    return (y0, x0, y0 + side, x0 + side)
 
 
 # -- weights ---------------------------------------------------------------------------

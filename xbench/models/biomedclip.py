@@ -61,7 +61,7 @@ from PIL import Image
 from transformers import BertConfig
 
 from xbench.errors import CheckpointError, FormatError, MissingFileError
-from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, resize_crop_window
 
 WEIGHTS_SOURCE = "https://huggingface.co/microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224"
 CONFIG_FILE = "open_clip_config.json"
@@ -208,6 +208,7 @@ class BiomedCLIPAdapter(Adapter):
             mean=tuple(pre.get("mean", open_clip.OPENAI_DATASET_MEAN)),
             std=tuple(pre.get("std", open_clip.OPENAI_DATASET_STD)),
             resize_mode=pre.get("resize_mode"), interpolation=pre.get("interpolation"))
+        self.resize_mode = pre.get("resize_mode") or "shortest"
         self.weights_label = weights_label
         self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -279,6 +280,10 @@ class BiomedCLIPAdapter(Adapter):
             raise ValueError(f"BiomedCLIP preprocess expects a grey (H, W) image, got shape {image.shape}")
         rgb = Image.fromarray(np.round(image * 255).astype(np.uint8)).convert("RGB")
         return self.transform(rgb)
+
+    def input_window(self, size: tuple[int, int]) -> tuple[float, float, float, float]:
+        """open_clip's validation resize/crop (``resize_mode`` of the config; default shortest side + centre crop)."""
+        return resize_crop_window(size, self.input_size, self.resize_mode)
 
     def encode_text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token ids ``(N, context_length)`` → L2-normalised text embeddings ``(N, 512)``."""

@@ -797,6 +797,25 @@ class CARZeroAdapter(Adapter):
         """XBench image ``(H, W)`` float32 in [0, 1] -> ``(3, 224, 224)`` float32 (:func:`preprocess_stages`)."""
         return preprocess_stages(image)["pixel_values"]
 
+    def input_window(self, size: tuple[int, int]) -> tuple[float, float, float, float]:
+        """Window of :func:`resize_and_pad` + ``CenterCrop(224)`` in original pixels.
+
+        The longer side becomes 256 and the shorter one is zero-padded to 256, so the 224 crop
+        covers a centred square of ``224/256`` of the longer side (7/8), reaching into the padding
+        along the shorter side of a non-square image.
+        """
+        h, w = int(size[0]), int(size[1])
+        longest = max(h, w)
+        top = int(round((RESIZE - CROP) / 2.0))
+        window = []
+        for extent in (h, w):
+            resized = RESIZE if extent == longest else int(float(extent) * float(RESIZE / float(longest)))
+            pad_before = (RESIZE - resized) // 2
+            start = (top - pad_before) * extent / resized
+            window.append((start, start + CROP * extent / resized))
+        (y0, y1), (x0, x1) = window
+        return (y0, x0, y1, x1)
+
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Official ``process_text``: :func:`clean_text`, then ``(input_ids, attention_mask, token_type_ids)`` ``(n, 97)`` int64."""
         enc = self.tokenizer([clean_text(t) for t in texts], truncation=True, padding="max_length", max_length=MAX_WORDS)

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from xbench.errors import CheckpointError, MissingFileError
-from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict
+from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict, resize_crop_window
 
 ARCHITECTURE = "ViT-B-16-quickgelu"  # open_clip config of OpenAI's ViT-B/16 (QuickGELU activations)
 CHECKPOINT_FILES = ("open_clip_pytorch_model.bin", "open_clip_model.safetensors", "ViT-B-16.pt")
@@ -221,6 +221,10 @@ class CLIPAdapter(Adapter):
             raise ValueError(f"CLIP preprocess expects a grey (H, W) image, got shape {image.shape}")
         rgb = Image.fromarray(np.round(image * 255).astype(np.uint8)).convert("RGB")
         return self.transform(rgb)
+
+    def input_window(self, size: tuple[int, int]) -> tuple[float, float, float, float]:
+        """Shorter side to 224 then centre crop: the map covers a centred square of the shorter side."""
+        return resize_crop_window(size, self.input_size, "shortest")
 
     def encode_text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token ids ``(N, 77)`` → L2-normalised text embeddings ``(N, 512)``."""
