@@ -120,3 +120,9 @@ def pick_datasets(tidy: pd.DataFrame, wanted: Sequence[str]) -> list[str]:
     """The ``wanted`` datasets present in the run, or every dataset of the run when none is."""
     present = list(dict.fromkeys(tidy["dataset"]))
     return [d for d in wanted if d in present] or present
+
+
+def per_class(tidy: pd.DataFrame, dataset: str, metric: str = "pointing") -> pd.DataFrame:
+    """Tables 2–5: one row per class of ``dataset``, one column per model (aggregate rows dropped)."""
+    table = wide(tidy, rows="finding", columns=["model"], metrics=[metric], dataset=dataset)
+    return table.drop(index=[i for i in table.index if str(i).startswith("(")])

@@ -72,9 +72,7 @@ Deviations
 from __future__ import annotations
 
 import json
-import re
 import warnings
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,155 +81,28 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torchvision
-from PIL import Image
 from torch import nn
 
 from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
-
-# The 75 entities of MedKLIP, in the official `original_class` order (MAVL test scripts).
-ENTITIES: tuple[str, ...] = (
-    "normal", "clear", "sharp", "sharply", "unremarkable", "intact", "stable", "free",
-    "effusion", "opacity", "pneumothorax", "edema", "atelectasis", "tube", "consolidation", "process",
-    "abnormality", "enlarge", "tip", "low", "pneumonia", "line", "congestion", "catheter", "cardiomegaly",
-    "fracture", "air", "tortuous", "lead", "disease", "calcification", "prominence", "device",
-    "engorgement", "picc", "clip", "elevation", "expand", "nodule", "wire", "fluid", "degenerative",
-    "pacemaker", "thicken", "marking", "scar", "hyperinflate", "blunt", "loss", "widen", "collapse",
-    "density", "emphysema", "aerate", "mass", "crowd", "infiltrate", "obscure", "deformity", "hernia",
-    "drainage", "distention", "shift", "stent", "pressure", "lesion", "finding", "borderline",
-    "hardware", "dilation", "chf", "redistribution", "aspiration", "tail_abnorm_obs", "excluded_obs",
+from .medklip import (  # MAVL is built on MedKLIP's code base: same entities, transform and text helpers
+    D_MODEL, ENTITIES, GRID, INPUT_SIZE, SYNONYMS, TAIL_ENTITY, TEXT_ENCODER_SOURCE,
+    TEXT_LENGTH, bert_from_state, canonical_class, encode_cls, layer_mean, load_text_encoder, normalize_uint8,
+    resize_uint8, toy_token_ids,
 )
+
 # Aspect order of gpt4_mimic.json (alphabetical); concept index c = 1 + aspect index.
 ASPECTS: tuple[str, ...] = ("border", "fluid", "location", "opacity", "other", "patterns", "shape", "texture")
 N_CONCEPTS = 1 + len(ASPECTS)
 MAP_CONCEPTS = (0, 6, 7, 8)  # description, patterns, shape, texture (Zero-shot_grounding/test.py)
 NORMAL_ENTITIES = (0, 1)  # 'normal', 'clear': references of the 'text' score mode
 
-# Prompt name (lower case) -> entity or unseen-class key.  Official: MedKLIP/MAVL CXR14 test.py
-# (infiltration, pleural thickening, fibrosis), MAVL classification test.py (CheXpert list, PadChest
-# 'pleural effusion', 'covid19').  Entries marked "XBench" have no official mapping.
-SYNONYMS: dict[str, str] = {
-    "pleural effusion": "effusion",
-    "infiltration": "infiltrate",
-    "pleural thickening": "thicken",
-    "fibrosis": "tail_abnorm_obs",
-    "no finding": "normal",
-    "enlarged cardiomediastinum": "enlarge",
-    "lung opacity": "opacity",
-    "airspace opacity": "opacity",
-    "lung lesion": "lesion",
-    "pleural other": "abnormality",
-    "support devices": "device",
-    "covid-19": "covid19",
-    "covid 19": "covid19",
-    "covid": "covid19",
-    "covid-19 pneumonia": "covid19",
-    "pulmonary fibrosis": "tail_abnorm_obs",  # XBench: as official 'fibrosis'
-    "mediastinal shift": "shift",  # XBench: the 'shift' description is the mediastinal shift
-    "rib fracture": "fracture",  # XBench: the 'fracture' description is a rib fracture
-    "clavicle fracture": "fracture",  # XBench
-    "other lesion": "lesion",  # XBench
-    "nodule or mass": "nodule",  # XBench (VinDr-CXR 'Nodule/Mass')
-    "nodule/mass": "nodule",  # XBench
-    "diffuse nodules": "nodule",  # XBench (ChestX-Det 'Diffuse Nodule')
-    "diffuse nodule": "nodule",  # XBench
-}
 
-TAIL_ENTITY = "tail_abnorm_obs"
-INPUT_SIZE = 224
-GRID = (14, 14)
-TEXT_LENGTH = 64
-IMAGE_MEAN = (0.485, 0.456, 0.406)
-IMAGE_STD = (0.229, 0.224, 0.225)
-D_MODEL = 256
-BERT_VOCAB = 28996
 SCORE_MODES = ("auto", "feature", "text")
 CHECKPOINT_SOURCE = "https://drive.google.com/drive/folders/1EN-oHVk513qmoehWypkrJ2Ero5PoUmId (CVPR2024_MAVL download.sh)"
 DESCRIPTIONS_SOURCE = ("https://github.com/HieuPhan33/CVPR2024_MAVL/blob/main/"
                        "Zero-shot_grounding/observation%20explanation.json")
 CONCEPTS_SOURCE = "https://github.com/HieuPhan33/CVPR2024_MAVL/blob/main/Pretrain/concept_gen/gpt4_mimic.json"
-TEXT_ENCODER_SOURCE = "https://huggingface.co/emilyalsentzer/Bio_ClinicalBERT"
-
-
-# -- preprocessing ------------------------------------------------------------------------
-def resize_uint8(image: np.ndarray, size: int = INPUT_SIZE) -> np.ndarray:
-    """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(size, size)`` uint8, the official pre-ToTensor image.
-
-    ``round(image · 255)`` then PIL ``BILINEAR`` resize (antialiased; aspect ratio not kept).
-    """
-    image = np.asarray(image)
-    if image.ndim != 2:
-        raise ValueError(f"expected a grey image of shape (H, W), got shape {image.shape}")
-    grey = np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
-    return np.asarray(Image.fromarray(grey, mode="L").resize((size, size), Image.BILINEAR))
-
-
-def normalize_uint8(image_uint8: np.ndarray) -> torch.Tensor:
-    """``(S, S)`` uint8 → ``(3, S, S)`` float32: ``/255`` (ToTensor), grey → RGB, ImageNet ``(x − mean) / std``."""
-    x = torch.from_numpy(np.array(image_uint8, dtype=np.uint8)).to(torch.float32).div(255)  # a writable copy
-    x = x.unsqueeze(0).expand(3, -1, -1)
-    mean = torch.tensor(IMAGE_MEAN, dtype=torch.float32).view(3, 1, 1)
-    std = torch.tensor(IMAGE_STD, dtype=torch.float32).view(3, 1, 1)
-    return (x - mean) / std
-
-
-# -- text -------------------------------------------------------------------------------------
-def toy_token_ids(texts: Sequence[str], length: int = TEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
-    """Vocabulary-free ids for random-init models: ``[CLS]=101``, ``1000 + crc32(word) % 27000`` per
-    ``[a-z0-9]+`` word (lower-cased, truncated to ``length − 2``), ``[SEP]=102``, 0-padded.
-
-    Returns ``input_ids`` and ``attention_mask``, both int64 ``(len(texts), length)``.
-    """
-    ids = torch.zeros(len(texts), length, dtype=torch.int64)
-    for row, text in enumerate(texts):
-        words = re.findall("[a-z0-9]+", text.lower())[: length - 2]
-        seq = [101] + [1000 + zlib.crc32(w.encode("utf-8")) % 27000 for w in words] + [102]
-        ids[row, : len(seq)] = torch.tensor(seq)
-    return ids, (ids != 0).to(torch.int64)
-
-
-def encode_cls(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 16) -> torch.Tensor:
-    """``bert(input_ids, attention_mask).last_hidden_state[:, 0]`` for every row → ``(N, hidden)`` float32.
-
-    Rows are encoded in length-sorted chunks, each trimmed to its longest row (padding keys are
-    masked, so [CLS] is unchanged up to float32 noise); no ``token_type_ids`` (zeros), as official.
-    """
-    device = next(bert.parameters()).device
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    lengths = attention_mask.sum(1)
-    order = torch.argsort(lengths, descending=True, stable=True)
-    out = torch.empty(len(input_ids), bert.config.hidden_size, device=device)
-    with torch.no_grad():
-        for start in range(0, len(order), chunk):
-            rows = order[start:start + chunk]
-            width = max(int(lengths[rows].max()), 1)
-            hidden = bert(input_ids=input_ids[rows, :width], attention_mask=attention_mask[rows, :width]).last_hidden_state
-            out[rows] = hidden[:, 0, :]
-    return out
-
-
-def bert_from_state(state: Mapping[str, torch.Tensor] | None = None, seed: int = 0) -> nn.Module:
-    """Bio_ClinicalBERT-sized ``BertModel`` (vocab 28996, BERT-base) in eval mode.
-
-    ``state`` (un-prefixed ``BertModel`` keys) is loaded strictly; without it the weights are the
-    seeded transformers initialisation (global RNG state is restored afterwards).
-    """
-    from transformers import BertConfig, BertModel
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        bert = BertModel(BertConfig(vocab_size=BERT_VOCAB))
-    if state is not None:
-        load_state_strict(bert, state, "Bio_ClinicalBERT text encoder")
-    return bert.eval()
-
-
-def load_text_encoder(folder: str | Path) -> tuple[nn.Module, Any]:
-    """Local Bio_ClinicalBERT folder → (``BertModel`` in eval mode, ``BertTokenizer``); never calls a hub."""
-    from transformers import BertModel, BertTokenizer
-
-    bert = BertModel.from_pretrained(str(folder), local_files_only=True).eval()
-    return bert, BertTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def _read_json(path: Path) -> Any:
@@ -272,15 +143,6 @@ def assemble_concept_book(description_cls: torch.Tensor, aspect_cls: torch.Tenso
     if aspect_cls.shape[0] != d * len(ASPECTS):
         raise ValueError(f"expected {d * len(ASPECTS)} aspect rows for {d} diseases, got {aspect_cls.shape[0]}")
     return torch.cat([description_cls[:, None], aspect_cls.view(d, len(ASPECTS), -1)], dim=1).reshape(d * N_CONCEPTS, -1)
-
-
-def canonical_class(prompt: str) -> str:
-    """Prompt name → entity or unseen-class key: lower case, ``SYNONYMS`` applied (``"Pleural Effusion"`` → ``"effusion"``)."""
-    key = " ".join(prompt.strip().lower().split())
-    if key in ENTITIES:
-        return key
-    key = key.replace("_", " ")
-    return SYNONYMS.get(key, key)
 
 
 # -- network ---------------------------------------------------------------------------------
@@ -403,14 +265,6 @@ def official_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor
     if not isinstance(state, Mapping):
         raise TypeError(f"checkpoint['model'] must be a state dict, got {type(state).__name__}")
     return {k.replace("module.", ""): v for k, v in state.items() if "temp" not in k and isinstance(v, torch.Tensor)}
-
-
-def layer_mean(attention: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Official map: ``(ws[-4] + ws[-3] + ws[-2] + ws[-1]) / 4`` (summed in this order)."""
-    total = attention[0]
-    for weights in attention[1:]:
-        total = total + weights
-    return total / len(attention)
 
 
 def text_mode_scores(global_logits: torch.Tensor) -> torch.Tensor:
