@@ -21,3 +21,23 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture
 def shared() -> Path:
     return shared_path()
+
+
+@pytest.fixture(scope="session")
+def phantom_cache(tmp_path_factory) -> Path:
+    """One phantom cache for the whole session (``XBENCH_CACHE``), so splits are generated once and ~/.cache stays clean."""
+    cache = tmp_path_factory.getbasetemp() / "xbench-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XBENCH_CACHE", str(cache))
+        yield cache
+
+
+def tiny_run(output_dir: Path, *, cases: int = 22, models: list | None = None, **changes) -> dict:
+    """Raw run config of a small phantom run with the prior baselines (3 chunks of 8, batch 3, 64x64 grid)."""
+    return {
+        "output_dir": str(output_dir),
+        "datasets": [{"name": "phantom", "split": "test", "cases": cases}],
+        "models": models or ["center_prior", "random_prior", {"name": "anatomical_prior", "fit_split": "prior"}],
+        "grid": [64, 64], "chunk_size": 8, "batch_size": 3, "bootstrap": {"replicates": 20, "seed": 0},
+        **changes,
+    }

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 
 import xbench
+from conftest import tiny_run
 from xbench.config import RunConfig
 from xbench.errors import XBenchError, XBenchWarning
 from xbench.evaluate import evaluate_run, load_tables
@@ -27,20 +28,10 @@ MODELS = ["center_prior", "random_prior", "anatomical_prior"]
 
 
 def config(output_dir: Path) -> RunConfig:
-    return RunConfig.from_dict({
-        "output_dir": str(output_dir),
-        "datasets": [{"name": "phantom", "split": "test", "cases": CASES}],
-        "models": ["center_prior", "random_prior", {"name": "anatomical_prior", "fit_split": "prior"}],
-        "grid": list(GRID), "chunk_size": 8, "batch_size": 3, "bootstrap": {"replicates": 20, "seed": 0},
-    })
+    return RunConfig.from_dict(tiny_run(output_dir, cases=CASES))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def phantom_cache(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "xbench-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XBENCH_CACHE", str(cache))
-        yield cache
+pytestmark = pytest.mark.usefixtures("phantom_cache")
 
 
 @pytest.fixture(scope="module")

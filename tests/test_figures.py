@@ -21,12 +21,7 @@ MODELS = ["center_prior", "random_prior"]
 CASES = 22
 
 
-@pytest.fixture(scope="module", autouse=True)
-def phantom_cache(tmp_path_factory):
-    cache = tmp_path_factory.getbasetemp() / "xbench-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XBENCH_CACHE", str(cache))
-        yield cache
+pytestmark = pytest.mark.usefixtures("phantom_cache")
 
 
 @pytest.fixture(scope="module")

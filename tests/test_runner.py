@@ -20,6 +20,7 @@ import torch
 import yaml
 
 import xbench
+from conftest import tiny_run
 from xbench.config import RunConfig
 from xbench.errors import MissingFileError, XBenchError, XBenchWarning
 from xbench.models.priors import AnatomicalPrior, CenterPrior, RandomPrior
@@ -32,12 +33,7 @@ TABLE_FILES = ["metrics.csv", "metrics.parquet", "pairs.parquet", "curves.csv", 
 
 
 def tiny_raw(output_dir: Path) -> dict:
-    return {
-        "output_dir": str(output_dir),
-        "datasets": [{"name": "phantom", "split": "test", "cases": CASES}],
-        "models": ["center_prior", "random_prior", {"name": "anatomical_prior", "fit_split": "prior"}],
-        "grid": [64, 64], "chunk_size": CHUNK, "batch_size": 3, "bootstrap": {"replicates": 20, "seed": 0},
-    }
+    return tiny_run(output_dir, cases=CASES)
 
 
 def tiny_config(output_dir: Path, **changes) -> RunConfig:
@@ -65,13 +61,7 @@ def assert_same_tables(a: Path, b: Path) -> None:
     pd.testing.assert_frame_equal(pd.read_csv(a / "tables" / "curves.csv"), pd.read_csv(b / "tables" / "curves.csv"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def phantom_cache(tmp_path_factory):
-    """One phantom cache for the session (same folder in every module), set for this module's tests."""
-    cache = tmp_path_factory.getbasetemp() / "xbench-cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XBENCH_CACHE", str(cache))
-        yield cache
+pytestmark = pytest.mark.usefixtures("phantom_cache")
 
 
 @pytest.fixture(scope="module")
