@@ -86,7 +86,7 @@ from torch import nn
 from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
 from .medklip import (  # MAVL is built on MedKLIP's code base: same entities, transform and text helpers
-    D_MODEL, ENTITIES, GRID, INPUT_SIZE, SYNONYMS, TAIL_ENTITY, TEXT_ENCODER_SOURCE,
+    D_MODEL, ENTITIES, GRID, QueryDecoder, INPUT_SIZE, SYNONYMS, TAIL_ENTITY, TEXT_ENCODER_SOURCE,
     TEXT_LENGTH, bert_from_state, canonical_class, encode_cls, layer_mean, load_text_encoder, normalize_uint8,
     resize_uint8, toy_token_ids,
 )
@@ -174,53 +174,6 @@ class AttentionPool2d(nn.Module):
             use_separate_proj_weight=True, training=self.training, need_weights=False,
         )
         return out[0]
-
-
-class DecoderLayer(nn.Module):
-    """Pre-norm DETR decoder layer on sequence-first tensors, self-attention on.
-
-    ``x += SelfAttn(norm1(x))``; ``x += CrossAttn(norm2(x), memory, memory)``;
-    ``x += linear2(relu(linear1(norm3(x))))``.  Returns the new queries and the cross-attention
-    weights ``(B, Q, T)`` (head average, softmax over the ``T`` memory tokens).
-    """
-
-    def __init__(self, d_model: int = D_MODEL, heads: int = 4, ffn: int = 1024, dropout: float = 0.1):
-        super().__init__()
-        self.multihead_attn = nn.MultiheadAttention(d_model, heads, dropout=dropout)
-        self.linear1 = nn.Linear(d_model, ffn)
-        self.dropout = nn.Dropout(dropout)
-        self.linear2 = nn.Linear(ffn, d_model)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.self_attn = nn.MultiheadAttention(d_model, heads, dropout=dropout)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.norm3 = nn.LayerNorm(d_model)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
-
-    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.norm1(x)
-        x = x + self.dropout1(self.self_attn(h, h, h)[0])
-        h, weights = self.multihead_attn(self.norm2(x), memory, memory)
-        x = x + self.dropout2(h)
-        x = x + self.dropout3(self.linear2(self.dropout(F.relu(self.linear1(self.norm3(x))))))
-        return x, weights
-
-
-class QueryDecoder(nn.Module):
-    """``layers`` pre-norm decoder layers and a final LayerNorm; returns queries and every layer's cross-attention."""
-
-    def __init__(self, layers: int = 4, d_model: int = D_MODEL):
-        super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(d_model) for _ in range(layers))
-        self.norm = nn.LayerNorm(d_model)
-
-    def forward(self, queries: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        attention = []
-        for layer in self.layers:
-            queries, weights = layer(queries, memory)
-            attention.append(weights)
-        return self.norm(queries), attention
 
 
 class MAVLNet(nn.Module):
