@@ -1,6 +1,7 @@
 """The ``xbench`` command line: run / evaluate / merge / list, argument and config errors (exit code 2, stderr)."""
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -140,3 +141,14 @@ def test_unknown_command_is_a_usage_error(capsys):
         main(["frobnicate"])
     assert exit_.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_manifest_check_and_build_through_the_cli(tmp_path, capsys):
+    from conftest import shared_path
+
+    os.symlink(shared_path("annotations", "chestx_det10", "test.json"), tmp_path / "test.json")
+    assert main(["manifest", "check", "chestx_det10", "--root", str(tmp_path)]) == 1  # images/ are absent
+    out = capsys.readouterr().out
+    assert "MISSING" in out and "cases: 542 (expected 542)" in out
+    assert main(["manifest", "build", "chestx_det10", "--root", str(tmp_path), "--out", str(tmp_path / "cases.csv")]) == 0
+    assert len(pd.read_csv(tmp_path / "cases.csv")) == 542
