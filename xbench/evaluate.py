@@ -41,11 +41,15 @@ from .runner import open_dataset
 from .windows import is_whole_image, place_maps
 
 
-def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Finding → (row indices, bool masks ``(n, *grid)``) of the positive cases with a non-empty region."""
+def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
+    """Finding → (row indices, bool masks ``(n, *grid)``, number of positives without a region).
+
+    Only positive cases whose region is non-empty at the grid are grounding pairs; positives with
+    no drawn region (or one that vanishes at the grid) are counted, not scored. Classes marked
+    ``localized: false`` in the manifest (recognition-only) have no entry.
+    """
     labels = dataset.labels()
     localized = {c["name"]: c.get("localized", True) for c in dataset.manifest.get("classes", [])}
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     rows = np.flatnonzero((labels == 1).any(axis=1))
     found: dict[str, tuple[list[int], list[np.ndarray]]] = {f: ([], []) for f in dataset.findings if localized.get(f, True)}
     for r in tqdm(rows, desc=f"ground truth {dataset.name}", unit="case", disable=not progress):
@@ -56,12 +60,14 @@ def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool 
                 if mask.any():
                     idx.append(int(r))
                     masks.append(mask)
+    out: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
     for f, (idx, masks) in found.items():
-        out[f] = (np.asarray(idx, int), np.stack(masks) if masks else np.zeros((0, *grid), bool))
+        positives = int((labels[:, dataset.findings.index(f)] == 1).sum())
+        out[f] = (np.asarray(idx, int), np.stack(masks) if masks else np.zeros((0, *grid), bool), positives - len(idx))
     return out
 
 
-def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str, tuple[np.ndarray, np.ndarray]],
+def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str, tuple[np.ndarray, np.ndarray, int]],
                   store: ResultStore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     """Tidy metrics, per-pair rows, τ curves and counts of one (dataset, model)."""
     preds = store.read(dataset.name, model, expected_chunks=math.ceil(len(dataset) / cfg.chunk_size))
@@ -77,10 +83,11 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
     for c, finding in enumerate(dataset.findings):
         if finding not in gt:
             continue
-        rows, masks = gt[finding]
+        rows, masks, no_region = gt[finding]
         keep = np.array([case_ids[r] in position for r in rows], bool)
+        counts["pairs"][finding] = {"evaluated": int(keep.sum()), "missing_prediction": int((~keep).sum()),
+                                    "positive_without_region": no_region}
         if not keep.any():
-            counts["pairs"][finding] = {"evaluated": 0, "missing_prediction": int((~keep).sum())}
             continue
         ids = case_ids[rows[keep]]
         at = [position[i] for i in ids]
@@ -95,7 +102,6 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
         frame = scores.to_frame(list(ids), finding)
         frame["area_fraction"] = frame["gt_area"] / float(cfg.grid[0] * cfg.grid[1])
         frames.append(frame)
-        counts["pairs"][finding] = {"evaluated": int(len(ids)), "missing_prediction": int((~keep).sum())}
     pairs = pd.concat(frames, ignore_index=True) if frames else None
 
     inferred = np.array([cid in position for cid in case_ids], bool)
