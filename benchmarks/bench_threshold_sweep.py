@@ -12,8 +12,9 @@ below 3 GB. For every block, in the same run:
   224×224 maps (no resize; normalising a normalised map is the identity),
   against the brute-force 101 passes alone.
 
-Prints the times, the ratios and the largest absolute difference between the
-two results (must be 0: the fast path is exact), then best-τ Dice/IoU.
+Both paths resize with the same :func:`xbench.metrics.upsample_maps`. Prints the
+machine load, the times, the ratios and the largest absolute difference between
+the two results (must be 0: the fast path is exact), then best-τ Dice/IoU.
 
 Usage::
 
@@ -22,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -111,6 +113,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
+    load_start = os.getloadavg()
 
     fast, fast_sweep, prep, loop = Clock(), Clock(), Clock(), Clock()
     diff = 0.0
@@ -142,6 +145,9 @@ def main() -> None:
     brute = Clock()
     brute.wall, brute.cpu = prep.wall + loop.wall, prep.cpu + loop.cpu
     best = best_threshold(np.concatenate(dice_fast), np.concatenate(iou_fast))
+    load_end = os.getloadavg()
+    print(f"load average (1/5/15 min) at start {load_start[0]:.2f}/{load_start[1]:.2f}/{load_start[2]:.2f}, "
+          f"at end {load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} on {os.cpu_count()} CPUs")
     print(f"pairs: {args.pairs}, maps {NATIVE[0]}x{NATIVE[1]} -> grid {GRID[0]}x{GRID[1]}, "
           f"{THRESHOLDS.size} thresholds, torch threads {args.threads}")
     print(f"brute: upsample+normalise once      {prep}")

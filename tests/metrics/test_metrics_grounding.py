@@ -21,7 +21,7 @@ from xbench.metrics import (
     pointing_game,
     upsample_maps,
 )
-from xbench.metrics._sweep import float32_ceil
+from xbench.metrics._sweep import bilinear_weights, float32_ceil, upsample_chunk
 
 
 def m(*rows) -> np.ndarray:
@@ -72,6 +72,57 @@ def test_upsample_accepts_torch_keeps_constant_maps_and_same_size_is_identity():
     assert up.shape == (2, 224, 224) and (up == np.float32(0.1)).all()
     with pytest.raises(ValueError, match=r"\(N, h, w\)"):
         upsample_maps(x[0])
+
+
+def test_bilinear_weights_by_hand():
+    # 2 → 4: source positions max((o + 0.5) / 2 - 0.5, 0) = 0, 0.25, 0.75, 1.25 (the last clamps to pixel 1)
+    np.testing.assert_array_equal(
+        bilinear_weights(2, 4), [[1.0, 0.0], [0.75, 0.25], [0.25, 0.75], [0.0, 1.0]]
+    )
+    w = bilinear_weights(14, 224)
+    assert w.shape == (224, 14) and w.dtype == np.float32 and not w.flags.writeable
+    assert ((w != 0).sum(axis=1) <= 2).all() and (w >= 0).all()
+    assert (w.astype(np.float64).sum(axis=1) == 1.0).all()  # power-of-two ratio: exact
+    w = bilinear_weights(13, 224)
+    np.testing.assert_allclose(w.astype(np.float64).sum(axis=1), 1.0, rtol=0, atol=2**-23)
+    # downsampling 5 → 2: positions 0.75 and 3.25
+    np.testing.assert_allclose(bilinear_weights(5, 2), [[0.25, 0.75, 0, 0, 0], [0, 0, 0, 0.75, 0.25]])
+
+
+@pytest.mark.parametrize(
+    "native, size",
+    [((14, 14), (224, 224)), ((13, 13), (224, 224)), ((16, 16), (224, 224)), ((7, 9), (224, 300)),
+     ((37, 19), (224, 500)), ((14, 14), (100, 77)), ((30, 20), (7, 5)), ((1, 4), (3, 9)), ((14, 14), (14, 224))],
+)
+def test_upsample_matches_torch_interpolate_on_random_maps(native, size):
+    rng = np.random.default_rng(sum(native) + sum(size))
+    x = rng.random((8, *native), dtype=np.float32)
+    ref = torch.nn.functional.interpolate(
+        torch.from_numpy(x)[:, None], size=size, mode="bilinear", align_corners=False
+    )[:, 0].numpy()
+    out = upsample_maps(x, size=size)
+    assert out.shape == (8, *size) and out.dtype == np.float32
+    assert np.abs(out - ref).max() <= 1e-6
+
+
+def test_upsample_of_a_map_does_not_depend_on_its_chunk():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(11, 14, 14)).astype(np.float32)
+    whole = upsample_maps(x, size=(224, 224))
+    one_by_one = np.concatenate([upsample_chunk(x[i : i + 1], (224, 224)) for i in range(11)])
+    by_three = np.concatenate([upsample_chunk(x[i : i + 3], (224, 224)) for i in range(0, 11, 3)])
+    np.testing.assert_array_equal(one_by_one, whole)
+    np.testing.assert_array_equal(by_three, whole)
+
+
+def test_upsample_constant_maps_stay_exact_and_nonfinite_maps_become_nan():
+    x = np.full((3, 13, 13), 0.1, np.float32)  # 13 → 224: float32 weights need not sum to 1
+    x[1] = 7.3
+    x[2, 4, 5] = np.inf
+    up = upsample_maps(x, size=(224, 224))
+    assert (up[0] == np.float32(0.1)).all() and (up[1] == np.float32(7.3)).all()
+    assert np.isnan(up[2]).all()
+    assert (normalize_maps(up[:2]) == 0).all()
 
 
 # -- normalisation ---------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Chunked engine behind the grounding metrics: upsample, normalise, count.
 
-One pass over each (map, mask) pair gives every count the public functions in
+Bilinear resizing is ``Wy @ map @ Wx.T`` with cached 1-D weight matrices
+(:func:`bilinear_weights`, :func:`upsample_chunk`). One pass over each
+(map, mask) pair gives every count the public functions in
 :mod:`xbench.metrics.grounding` need: the pointing-game hit, ``|B(τ) ∩ G|`` and
 ``|B(τ)|`` for a whole threshold grid, and ``|G|``. Pairs are processed
 ``chunk_size`` at a time, so memory stays bounded whatever ``N`` is, and the
@@ -28,13 +30,13 @@ let ``k(v) = #{i : t_i ≤ v}``; then ``v ≥ t_i ⟺ i < k(v)``, so a histogram
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import XBenchWarning
 
@@ -116,21 +118,71 @@ def float32_ceil(t: np.ndarray) -> np.ndarray:
     return c
 
 
-def upsample_chunk(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+@functools.lru_cache(maxsize=32)
+def bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
+    """``(n_out, n_in)`` float32 matrix of 1-D linear interpolation, ``align_corners=False``.
+
+    Row ``o`` samples the source at ``s = max((o + ½) · n_in / n_out − ½, 0)``
+    (half-pixel centres; positions before the first centre clamp to it) and puts
+    weight ``1 − λ`` on ``i0 = ⌊s⌋`` and ``λ = s − i0`` on ``i1 = min(i0 + 1,
+    n_in − 1)`` (past the last centre both land on the last pixel, whose weight
+    is then their sum). The arithmetic follows torch's CPU kernel of
+    ``interpolate(mode="bilinear", align_corners=False)`` (``UpSample.h``:
+    ``area_pixel_compute_source_index``, ``guard_index_and_lambda``): float32
+    ``scale = n_in / n_out``, ``s`` rounded to float32 once from the exact
+    ``scale · (o + ½) − ½`` (torch's fused multiply–add), ``λ`` and ``1 − λ`` in
+    float32. Each row sums to 1 up to the float32 rounding of ``1 − λ``
+    (exactly 1 for power-of-two ratios such as 14 → 224). Cached, read-only.
+    """
+    f32 = np.float32
+    scale = f32(n_in) / f32(n_out)
+    # float32 × float32 is exact in float64, so this rounds once, like an FMA
+    src = (np.float64(scale) * (np.arange(n_out) + 0.5) - 0.5).astype(f32)
+    src = np.maximum(src, f32(0.0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    lam = np.clip(src - i0.astype(f32), f32(0.0), f32(1.0))
+    rows = np.arange(n_out)
+    w = np.zeros((n_out, n_in))
+    np.add.at(w, (rows, i0), (f32(1.0) - lam).astype(np.float64))
+    np.add.at(w, (rows, np.minimum(i0 + 1, n_in - 1)), lam.astype(np.float64))
+    w = w.astype(f32)
+    w.flags.writeable = False
+    return w
+
+
+def upsample_chunk(x: np.ndarray, size: tuple[int, int], out: np.ndarray | None = None) -> np.ndarray:
     """Bilinear (``align_corners=False``) resize of float32 ``(k, h, w)`` to ``(k, H, W)``.
 
-    Identity when the size already matches. A map constant on its native grid is
-    returned exactly constant (bilinear weights summing to one in float32 could
-    otherwise leave ulp-level ripples that min–max normalisation would blow up).
+    ``out[i] = Wy @ x[i] @ Wx.T`` with ``Wy = bilinear_weights(h, H)`` and
+    ``Wx = bilinear_weights(w, W)``: separable bilinear interpolation as two
+    float32 matrix products (NumPy ``matmul``; every map is one pair of
+    fixed-shape products, so its result does not depend on the other maps of
+    the chunk). Identity (a copy) when the size already matches. A map constant
+    on its native grid is returned exactly constant (float32 rounding of
+    ``c·(1 - λ) + c·λ`` could otherwise leave ulp-level ripples that min–max
+    normalisation would blow up); a resized map holding NaN or inf is all NaN.
+    ``out``, if given, is a C-contiguous float32 ``(k, H, W)`` buffer to fill.
     """
     if x.shape[1:] == tuple(size):
-        return x.copy()
-    t = torch.from_numpy(x)
-    out = F.interpolate(t[None], size=tuple(size), mode="bilinear", align_corners=False)[0].numpy()
+        if out is None:
+            return x.copy()
+        out[...] = x
+        return out
     flat = x.reshape(len(x), -1)
-    const = flat.min(axis=1) == flat.max(axis=1)
+    lo = flat.min(axis=1)  # NaN and ±inf show up in the min or the max
+    hi = flat.max(axis=1)
+    bad = ~(np.isfinite(lo) & np.isfinite(hi))
+    if bad.any():
+        x = np.where(bad[:, None, None], np.float32(0.0), x)  # no 0 · inf in the products
+    wy = bilinear_weights(x.shape[1], size[0])
+    wx = bilinear_weights(x.shape[2], size[1])
+    # each output is a convex combination of finite inputs: no inf, no NaN
+    out = np.matmul(wy, np.matmul(x, wx.T), out=out)
+    const = lo == hi
     if const.any():
-        out[const] = flat[const, :1, None]
+        out[const] = lo[const, None, None]
+    if bad.any():
+        out[bad] = np.nan
     return out
 
 
@@ -212,6 +264,7 @@ def count_pairs(
         key8 = np.empty((k, n_pix), np.uint8)
         m8 = np.empty((k, n_pix), np.uint8)
 
+    up_buf = np.empty((min(chunk_size, n), *size), np.float32)
     for s in range(0, n, chunk_size):
         e = min(n, s + chunk_size)
         x = maps[s:e]
@@ -219,7 +272,7 @@ def count_pairs(
         if not ok.all():
             x = x.copy()
             x[~ok] = 0.0
-        up = upsample_chunk(x, size).reshape(e - s, n_pix)
+        up = upsample_chunk(x, size, out=up_buf[: e - s]).reshape(e - s, n_pix)
         g = flat_masks[s:e]
 
         lo = up.min(axis=1)

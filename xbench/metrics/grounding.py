@@ -11,7 +11,10 @@ Conventions shared by every function here (stated once, tested in
 * **Resize first.** Each map is resized to ``(H, W)`` with bilinear
   interpolation, ``align_corners=False`` (:func:`upsample_maps`), before anything
   else — the cheXlocalize rule (``eval.py``/``heatmap_to_segmentation.py`` resize
-  to the image with ``F.interpolate(..., 'bilinear', align_corners=False)``).
+  to the image with ``F.interpolate(..., 'bilinear', align_corners=False)``);
+  XBench evaluates that formula as two float32 matrix products per map, which
+  is about 4× faster than torch's CPU kernel and equal to it up to float32
+  rounding.
 * **Normalise.** Per-map min–max to [0, 1] in float32 (:func:`normalize_maps`);
   a constant map becomes all zeros.
 * **Binarise.** ``B(τ) = {u : v_u ≥ τ}`` on the normalised map ``v`` with ``≥``
@@ -86,11 +89,22 @@ def upsample_maps(maps, size: tuple[int, int] = DEFAULT_GRID) -> np.ndarray:
 
     Notes
     -----
-    ``torch.nn.functional.interpolate(mode="bilinear", align_corners=False)``
-    (half-pixel centres, edge values replicated), as cheXlocalize. When ``(h, w)``
-    already equals ``size`` the maps are returned unchanged (a copy). A map that
-    is constant on its native grid is returned exactly constant. NaN/inf values
-    are propagated, not checked (the metric functions check them).
+    Bilinear interpolation with ``align_corners=False`` (half-pixel centres)
+    and border clamping — the ``torch.nn.functional.interpolate(mode="bilinear",
+    align_corners=False)`` formula that cheXlocalize uses — computed as a
+    separable linear map: ``out[i] = Wy @ maps[i] @ Wx.T`` in float32, where
+    ``Wy`` ``(H, h)`` and ``Wx`` ``(W, w)`` hold the 1-D interpolation weights
+    (:func:`xbench.metrics._sweep.bilinear_weights`: at most two non-zeros per
+    row, ``1 − λ`` and ``λ``, with source positions and ``λ`` rounded as torch
+    rounds them). This is the library's single definition of the resize: every
+    metric, and the brute-force references in the tests and the benchmark, go
+    through it. Results may differ from torch's own kernel by float32 rounding
+    (a few ulps; ≤ 1.2e-7 on maps in [0, 1] in the tests); a map's result does
+    not depend on the other maps passed with it. When ``(h, w)`` already equals
+    ``size`` the maps are returned unchanged (a copy). A map that is constant on
+    its native grid is returned exactly constant (the float32 weights of a row
+    need not sum to exactly 1). When resized, a map holding any NaN or inf is
+    returned all NaN (the metric functions reject or skip such maps first).
 
     Examples
     --------
