@@ -8,6 +8,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("XBENCH_SHARED", REPO.parent / "shared"))
+TEST_DEVICE = os.environ.get("XBENCH_TEST_DEVICE", "cpu")
 
 
 def shared_path(*parts: str) -> Path:
@@ -21,6 +22,28 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture
 def shared() -> Path:
     return shared_path()
+
+
+@pytest.fixture(scope="session")
+def test_device():
+    """Device the model parity tests build their adapters on: ``XBENCH_TEST_DEVICE`` (default ``cpu``).
+
+    Outputs are moved back to the CPU and compared with the same tolerances. On CUDA, TF32 is turned
+    off for the session (float32 matmuls and convolutions stay full precision) and restored afterwards.
+    """
+    import torch
+
+    device = torch.device(TEST_DEVICE)
+    if device.type != "cuda":
+        yield device
+        return
+    if not torch.cuda.is_available():
+        pytest.fail(f"XBENCH_TEST_DEVICE={TEST_DEVICE!r} but torch sees no CUDA device")
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield device
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
 @pytest.fixture(scope="session")

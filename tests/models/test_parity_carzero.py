@@ -71,18 +71,20 @@ def checkpoint(case):
 
 
 @pytest.fixture(scope="module")
-def adapter(case, checkpoint, threads):
+def adapter(case, checkpoint, threads, test_device):
     tokenizer = BertTokenizer.from_pretrained(str(case["dir"]), local_files_only=True)
-    return CARZeroAdapter.from_official_checkpoint(checkpoint, tokenizer, read_vocab(case["dir"] / "vocab.txt"))
+    return CARZeroAdapter.from_official_checkpoint(checkpoint, tokenizer, read_vocab(case["dir"] / "vocab.txt"),
+                                                   device=test_device)
 
 
 @pytest.fixture(scope="module")
 def outputs(adapter, case):
-    """One forward pass through the public pieces: prompts -> text, stored pixels -> image, fusion."""
+    """One forward pass through the public pieces: prompts -> text, stored pixels -> image, fusion (results on the CPU)."""
     words, sentence = adapter.encode_prompts(CLASSES)
     tokens = adapter.encode_image(case["tensors"]["pixel_values"])
-    return {"words": words, "sentence": sentence, "tokens": tokens,
-            "out": adapter.forward_features(tokens, words, sentence)}
+    out = adapter.forward_features(tokens, words, sentence)
+    return {"words": words.cpu(), "sentence": sentence.cpu(), "tokens": tokens.cpu(),
+            "out": type(out)(**{k: v.cpu() for k, v in vars(out).items()})}
 
 
 def strict(case, name):
@@ -269,10 +271,10 @@ def test_missing_weights_name_the_files(tmp_path, monkeypatch):
 
 # -- random init ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def random_adapter(threads):
+def random_adapter(threads, test_device):
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv("XBENCH_WEIGHTS", raising=False)
-        return create_model("carzero", random_init=True, seed=3)
+        return create_model("carzero", device=test_device, random_init=True, seed=3)
 
 
 def test_random_init_predicts_full_size_outputs(random_adapter):

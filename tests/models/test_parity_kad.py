@@ -59,14 +59,21 @@ def _read_png(path) -> np.ndarray:
     return read_image(path)
 
 
+def _cpu(value):
+    """A captured output (tensor, or tuple / list of them) moved from the test device to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    return type(value)(_cpu(v) for v in value)
+
+
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
-def run(request):
+def run(request, test_device):
     torch.set_num_threads(2)
     name = request.param
     folder = shared_path("parity", name)
     fx = load_file(str(folder / "case.safetensors"))
     case = json.loads((folder / "case.json").read_text())
-    adapter = KADAdapter.from_official_checkpoint(_checkpoint(name), HashWordTokenizer(), VARIANTS[name])
+    adapter = KADAdapter.from_official_checkpoint(_checkpoint(name), HashWordTokenizer(), VARIANTS[name], test_device)
     captured: dict[str, object] = {}
     net = adapter.network
     hooks = [
@@ -85,7 +92,7 @@ def run(request):
     for hook in hooks:
         hook.remove()
     return SimpleNamespace(name=name, folder=folder, fx=fx, case=case, adapter=adapter, pixels=pixels,
-                           prediction=prediction, captured=captured)
+                           prediction=prediction, captured={k: _cpu(v) for k, v in captured.items()})
 
 
 def _strict(case: dict, tensor: str) -> dict[str, float]:
@@ -190,7 +197,7 @@ def test_deduplicated_file_loads_from_aliases(run):
     ckpt = _checkpoint(run.name)
     ckpt["image_encoder"] = {k: v for k, v in ckpt["image_encoder"].items() if not k.startswith("res_features.")}
     ckpt["model"] = {k: v for k, v in ckpt["model"].items() if not k.startswith("decoder_norm.")}
-    adapter = KADAdapter.from_official_checkpoint(ckpt, HashWordTokenizer(), VARIANTS[run.name])
+    adapter = KADAdapter.from_official_checkpoint(ckpt, HashWordTokenizer(), VARIANTS[run.name], run.adapter.device)
     for (key, ours), theirs in zip(adapter.network.state_dict().items(), run.adapter.network.state_dict().values()):
         assert torch.equal(ours, theirs), key
 
@@ -213,8 +220,8 @@ def test_missing_weights_name_the_files(tmp_path, monkeypatch):
         xbench.create_model("kad_512", weights=tmp_path)
 
 
-def test_random_init_build_via_registry():
-    model = xbench.create_model("kad", random_init=True, seed=3)
+def test_random_init_build_via_registry(test_device):
+    model = xbench.create_model("kad", device=test_device, random_init=True, seed=3)
     assert model.weights_label == "random-init" and model.input_size == 224 and model.grid == (14, 14)
     image = np.random.default_rng(0).random((300, 260), dtype=np.float32)
     pixels = model.preprocess(image)[None]

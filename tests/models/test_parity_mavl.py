@@ -46,7 +46,7 @@ def _rows(diseases: list[int]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def run():
+def run(test_device):
     torch.set_num_threads(1)  # 2 threads are slower on the shared CI machine
     folder = shared_path("parity", "mavl")
     fx = load_file(str(folder / "case.safetensors"))
@@ -54,13 +54,14 @@ def run():
     schema = json.loads((folder / "schema.json").read_text())
     text_schema = json.loads((folder / "text_schema.json").read_text())
     checkpoint = {"model": build_state(schema["state_dict"])}
-    adapter = MAVLAdapter.from_official_checkpoint(checkpoint, bert_from_state(build_state(text_schema["state_dict"])))
+    adapter = MAVLAdapter.from_official_checkpoint(checkpoint, bert_from_state(build_state(text_schema["state_dict"])),
+                                                   device=test_device)
     book = assemble_concept_book(adapter.encode_text_ids(fx["disease_input_ids"], fx["disease_attention_mask"]),
-                                 adapter.encode_text_ids(fx["concept_input_ids"], fx["concept_attention_mask"]))
+                                 adapter.encode_text_ids(fx["concept_input_ids"], fx["concept_attention_mask"])).cpu()
     adapter.set_entity_book(book)
     pixels = torch.stack([adapter.preprocess(_read_png(shared_path("samples", s))) for s in SAMPLES])
     prediction = adapter.predict(pixels, CLASSES)
-    features = adapter.forward_features(fx["pixel_values"], book)
+    features = {k: v.cpu() for k, v in adapter.forward_features(fx["pixel_values"], book).items()}
     return SimpleNamespace(fx=fx, case=case, checkpoint=checkpoint, adapter=adapter, book=book, pixels=pixels,
                            prediction=prediction, features=features)
 
@@ -95,7 +96,7 @@ def test_concept_book_and_queries(run):
 @pytest.mark.slow
 def test_image_branches(run):
     with torch.no_grad():
-        trunk = run.adapter.net.backbone(run.fx["pixel_values"][:1])[0, :256]
+        trunk = run.adapter.net.backbone(run.fx["pixel_values"][:1].to(run.adapter.device))[0, :256].cpu()
     torch.testing.assert_close(trunk, run.fx["trunk_features_img0_ch0_255"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(run.features["memory"], run.fx["image_tokens"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(run.features["global"], run.fx["image_global"], atol=1e-4, rtol=1e-4)
@@ -123,7 +124,8 @@ def test_feature_mode_scores(run):
 def test_text_mode_scores(run):
     torch.testing.assert_close(run.features["global_logits"], run.fx["global_logits"], **_strict(run.case, "global_logits"))
     torch.testing.assert_close(run.features["scores_text"], run.fx["scores_text_mode_all"], **_strict(run.case, "scores_text_mode_all"))
-    text = MAVLAdapter(run.adapter.net, run.adapter.text_encoder, config={"params": {"score_mode": "text"}})
+    text = MAVLAdapter(run.adapter.net, run.adapter.text_encoder, config={"params": {"score_mode": "text"}},
+                       device=run.adapter.device)
     text.set_entity_book(run.book)
     pred = text.predict(run.fx["pixel_values"], CLASSES)
     torch.testing.assert_close(pred.scores, run.fx["scores_text_mode"], **_strict(run.case, "scores_text_mode"))
@@ -175,14 +177,14 @@ def test_truncated_checkpoint_names_missing_key(run):
 @pytest.mark.slow
 def test_unseen_class_with_texts_is_appended_and_scored_in_text_mode(run):
     texts = {**run.adapter.texts, "covid19": ["covid description", *[f"{a}: covid" for a in ASPECTS]]}
-    adapter = MAVLAdapter(run.adapter.net, run.adapter.text_encoder, texts=texts)
+    adapter = MAVLAdapter(run.adapter.net, run.adapter.text_encoder, texts=texts, device=run.adapter.device)
     adapter.set_entity_book(run.book)
     diseases, cols = adapter.resolve(["COVID-19", "pneumonia"])
     assert len(diseases) == 76 and cols == [75, 20]
     out = adapter.forward_features(run.fx["pixel_values"], adapter.concept_book(diseases))
     pred = adapter.predict(run.fx["pixel_values"], ["COVID-19", "pneumonia"])
-    torch.testing.assert_close(pred.scores[:, 0], out["scores_text"][:, 75])  # auto: unseen -> text mode
-    torch.testing.assert_close(pred.scores[:, 1], out["scores_feature"][:, 20])  # entity -> feature mode
+    torch.testing.assert_close(pred.scores[:, 0], out["scores_text"][:, 75].cpu())  # auto: unseen -> text mode
+    torch.testing.assert_close(pred.scores[:, 1], out["scores_feature"][:, 20].cpu())  # entity -> feature mode
     # without the texts the class falls back to tail_abnorm_obs with a warning
     with pytest.warns(XBenchWarning, match="tail_abnorm_obs"):
         assert run.adapter.resolve(["COVID-19"])[1] == [ENTITIES.index("tail_abnorm_obs")]
@@ -218,9 +220,9 @@ def test_missing_weights_name_the_files_and_publisher(tmp_path):
 
 
 @pytest.mark.slow
-def test_random_init_predict_shapes_text_response_and_determinism():
+def test_random_init_predict_shapes_text_response_and_determinism(test_device):
     torch.set_num_threads(1)
-    model = xbench.create_model("mavl", random_init=True, seed=0)
+    model = xbench.create_model("mavl", device=test_device, random_init=True, seed=0)
     assert model.weights_label == "random-init"
     rng = np.random.default_rng(0)
     pixels = torch.stack([model.preprocess(rng.random((256, 300), dtype=np.float32)) for _ in range(2)])

@@ -39,7 +39,7 @@ def _strict(case: dict, name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def run():
+def run(test_device):
     torch.set_num_threads(1)  # 2 threads are slower on the shared CI machine
     folder = shared_path("parity", "medklip")
     fx = load_file(str(folder / "case.safetensors"))
@@ -47,12 +47,13 @@ def run():
     schema = json.loads((folder / "schema.json").read_text())
     text_schema = json.loads((folder / "text_schema.json").read_text())
     checkpoint = {"model": build_state(schema["state_dict"])}
-    adapter = MedKLIPAdapter.from_official_checkpoint(checkpoint, bert_from_state(build_state(text_schema["state_dict"])))
-    book = adapter.encode_text_ids(fx["disease_input_ids"], fx["disease_attention_mask"])
+    adapter = MedKLIPAdapter.from_official_checkpoint(checkpoint, bert_from_state(build_state(text_schema["state_dict"])),
+                                                      device=test_device)
+    book = adapter.encode_text_ids(fx["disease_input_ids"], fx["disease_attention_mask"]).cpu()
     adapter.set_entity_book(book)
     pixels = torch.stack([adapter.preprocess(_read_png(shared_path("samples", s))) for s in SAMPLES])
     prediction = adapter.predict(pixels, CLASSES)
-    features = adapter.forward_features(fx["pixel_values"], book)
+    features = {k: v.cpu() for k, v in adapter.forward_features(fx["pixel_values"], book).items()}
     return SimpleNamespace(fx=fx, case=case, schema=schema, checkpoint=checkpoint, adapter=adapter, book=book,
                            pixels=pixels, prediction=prediction, features=features)
 
@@ -78,15 +79,16 @@ def test_preprocess_matches_official_transform(run):
 def test_text_path_reproduces_disease_book_and_queries(run):
     torch.testing.assert_close(run.book, run.fx["disease_book"], atol=1e-4, rtol=1e-4)
     with torch.no_grad():
-        queries = run.adapter.net.disease_embedding_layer(run.book)
+        queries = run.adapter.net.disease_embedding_layer(run.book.to(run.adapter.device)).cpu()
     torch.testing.assert_close(queries, run.fx["query_embed"], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.shared
 def test_image_path_reproduces_trunk_and_tokens(run):
     with torch.no_grad():
-        trunk = run.adapter.net.res_features(run.fx["pixel_values"][:1])[0]
-        tokens = run.adapter.net.image_tokens(run.fx["pixel_values"])
+        pixels = run.fx["pixel_values"].to(run.adapter.device)
+        trunk = run.adapter.net.res_features(pixels[:1])[0].cpu()
+        tokens = run.adapter.net.image_tokens(pixels).cpu()
     torch.testing.assert_close(trunk, run.fx["trunk_features_img0"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(tokens, run.fx["image_tokens"], atol=1e-4, rtol=1e-4)
 
@@ -141,7 +143,7 @@ def test_wrong_checkpoint_names_unexpected_and_misshaped_keys(run):
 @pytest.mark.shared
 def test_unprefixed_state_dict_loads_the_same_weights(run):
     bare = {k.removeprefix("module."): v for k, v in run.checkpoint["model"].items()}
-    adapter = MedKLIPAdapter.from_official_checkpoint(bare, run.adapter.text_encoder)
+    adapter = MedKLIPAdapter.from_official_checkpoint(bare, run.adapter.text_encoder, device=run.adapter.device)
     assert adapter.weights_label == "official"
     assert torch.equal(adapter.net.classifier.weight, run.adapter.net.classifier.weight)
 
@@ -163,7 +165,8 @@ def test_resolve_appends_described_unseen_class_and_falls_back_for_others(run):
     with pytest.warns(XBenchWarning, match="tail_abnorm_obs"):
         queries, cols = run.adapter.resolve(["aortic enlargement"])
     assert queries == list(ENTITIES) and cols == [ENTITIES.index("tail_abnorm_obs")]
-    strict = MedKLIPAdapter(run.adapter.net, run.adapter.text_encoder, config={"params": {"unseen_fallback": None}})
+    strict = MedKLIPAdapter(run.adapter.net, run.adapter.text_encoder, config={"params": {"unseen_fallback": None}},
+                            device=run.adapter.device)
     with pytest.raises(UnknownNameError, match="aortic enlargement"):
         strict.resolve(["aortic enlargement"])
 
@@ -209,9 +212,9 @@ def test_missing_weights_name_the_files_and_publisher(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def random_model():
+def random_model(test_device):
     torch.set_num_threads(1)
-    return xbench.create_model("medklip", random_init=True, seed=0)
+    return xbench.create_model("medklip", device=test_device, random_init=True, seed=0)
 
 
 def test_random_init_predict_shapes_text_response_and_determinism(random_model):
