@@ -1,29 +1,40 @@
-"""The committed reference models as known-answer tests of the pipeline (phantom test split, 60 cases)."""
+"""The committed reference models as known-answer tests of the pipeline (phantom test split, 100 cases).
+
+The grounding / recognition targets are asserted with the very evaluation that
+writes ``train_config.yaml`` (:func:`xbench.train_reference.evaluate`), on a
+100-case test split generated here; the pointing game is cross-checked with
+:func:`xbench.metrics.pointing_game`.
+"""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import roc_auc_score
 
 import xbench
 from xbench.errors import CheckpointError, MissingFileError, XBenchWarning
 from xbench.metrics import pointing_game
 from xbench.models.reference import GRID, INPUT_SIZE, PatchSimAdapter, XAttnAdapter, preprocess, tokenize
-from xbench.train_reference import centre_prior_map
+from xbench.train_reference import evaluate, evaluate_centre_prior
 
+CASES = 100
 LARGE = ["Cardiomegaly", "Pleural Effusion"]
 SMALL_THIN = ["Nodule", "Pneumothorax"]
 
 
 @pytest.fixture(scope="module")
-def phantom(tmp_path_factory):
-    return xbench.load_dataset("phantom", root=tmp_path_factory.mktemp("phantom"), split="test", cases=60)
+def phantom(phantom_cache):
+    return xbench.load_dataset("phantom", split="test", cases=CASES)  # generated into the session's XBENCH_CACHE
 
 
 @pytest.fixture(scope="module")
 def pixels(phantom):
     return torch.stack([preprocess(s.image()) for s in phantom])
+
+
+@pytest.fixture(scope="module")
+def prior(phantom):
+    return evaluate_centre_prior(phantom)
 
 
 @pytest.fixture(scope="module", params=["ref_patchsim", "ref_xattn"])
@@ -32,6 +43,12 @@ def outputs(request, phantom, pixels):
     model = xbench.create_model(request.param)
     prompts = [phantom.prompts[f] for f in phantom.findings]
     return request.param, model, model.predict(pixels, prompts)
+
+
+@pytest.fixture(scope="module")
+def metrics(outputs, phantom):
+    _, model, _ = outputs
+    return evaluate(model, phantom)
 
 
 def _pointing(phantom, maps, finding):
@@ -45,38 +62,59 @@ def test_contract_shapes_and_ranges(outputs, pixels):
     name, model, pred = outputs
     assert model.weights_label == "xbench-reference"
     assert pixels.shape[1:] == (3, INPUT_SIZE, INPUT_SIZE)
-    assert pred.scores.shape == (60, 6) and pred.maps.shape == (60, 6, *GRID)
+    assert pred.scores.shape == (CASES, 6) and pred.maps.shape == (CASES, 6, *GRID)
     assert pred.scores.dtype == torch.float32 and torch.isfinite(pred.maps).all()
     assert ((pred.scores >= 0) & (pred.scores <= 1)).all()
     if name == "ref_xattn":  # head- and layer-averaged softmax attention: each map sums to 1
-        torch.testing.assert_close(pred.maps.sum((-1, -2)), torch.ones(60, 6))
+        torch.testing.assert_close(pred.maps.sum((-1, -2)), torch.ones(CASES, 6))
     else:  # cosine similarities
         assert pred.maps.abs().max() <= 1.0 + 1e-5
 
 
-def test_recognition_auc(outputs, phantom):
+def test_recognition_auc(metrics):
+    aucs = {f: m["auc"] for f, m in metrics.items()}
+    assert np.mean(list(aucs.values())) >= 0.85, aucs
+    for finding in LARGE:
+        assert aucs[finding] >= 0.95, aucs
+
+
+def test_pointing_agrees_with_xbench_metrics(outputs, phantom, metrics):
     _, _, pred = outputs
-    labels = phantom.labels()
-    aucs = [roc_auc_score(labels[:, c], pred.scores[:, c]) for c in range(len(phantom.findings))]
-    assert np.mean(aucs) >= 0.8
-    for c in (phantom.findings.index(f) for f in LARGE):
-        assert aucs[c] >= 0.95
+    for finding in LARGE + SMALL_THIN:
+        assert _pointing(phantom, pred.maps.numpy(), finding) == pytest.approx(metrics[finding]["pointing"], abs=1e-4)
 
 
-def test_grounding_beats_centre_prior_on_large_findings(outputs, phantom):
-    _, _, pred = outputs
-    prior = np.broadcast_to(centre_prior_map((256, 256)), (60, 6, 256, 256))
-    model_large = np.mean([_pointing(phantom, pred.maps.numpy(), f) for f in LARGE])
-    prior_large = np.mean([_pointing(phantom, prior, f) for f in LARGE])
-    assert model_large >= prior_large + 0.1
+def test_grounding_beats_centre_prior_on_large_findings(metrics, prior):
+    """Each large finding: pointing >= prior + 0.3 and Dice@best above the prior's (measured on 300 cases:
+    ref_patchsim 1.0 / 1.0 pointing, ref_xattn 0.89 / 0.56; the prior 0.0 / 0.0)."""
+    for finding in LARGE:
+        assert metrics[finding]["pointing"] >= prior[finding]["pointing"] + 0.3, (finding, metrics, prior)
+        assert metrics[finding]["dice_best"] > prior[finding]["dice_best"], (finding, metrics[finding], prior[finding])
 
 
-def test_weaker_on_small_and_thin_findings(outputs, phantom):
+def test_weaker_on_small_and_thin_findings(metrics):
     """The paper's finding 1: grounding degrades from large to small / thin findings."""
-    _, _, pred = outputs
-    large = np.mean([_pointing(phantom, pred.maps.numpy(), f) for f in LARGE + ["Consolidation"]])
-    small = np.mean([_pointing(phantom, pred.maps.numpy(), f) for f in SMALL_THIN])
-    assert large > small + 0.1
+    large = np.mean([metrics[f]["pointing"] for f in LARGE])
+    small = np.mean([metrics[f]["pointing"] for f in SMALL_THIN])
+    assert large > small + 0.25, metrics
+    assert np.mean([metrics[f]["dice_best"] for f in LARGE]) > np.mean([metrics[f]["dice_best"] for f in SMALL_THIN])
+
+
+@torch.no_grad()
+def test_patchsim_logit_is_pooled_positive_minus_negative_similarity():
+    """Logit = log-mean-exp_n(s cos(p_n, t_pos)) - log-mean-exp_n(s cos(p_n, t_neg)); map = cos(p_n, t_pos)."""
+    model = PatchSimAdapter.from_config({"params": {"random_init": True, "seed": 1}}, None).model
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, INPUT_SIZE, INPUT_SIZE, generator=gen)
+    pos = torch.nn.functional.normalize(torch.randn(3, 96, generator=gen), dim=-1)
+    neg = torch.nn.functional.normalize(torch.randn(3, 96, generator=gen), dim=-1)
+    logits, maps = model.forward_features(x, pos, neg)
+    patches = torch.nn.functional.normalize(model.image(x).flatten(2).transpose(1, 2), dim=-1).double()
+    s = model.log_scale.exp().double()
+    cos_pos, cos_neg = patches @ pos.double().T, patches @ neg.double().T  # (2, 256, 3)
+    expected = torch.log(torch.exp(s * cos_pos).mean(1)) - torch.log(torch.exp(s * cos_neg).mean(1))
+    torch.testing.assert_close(logits.double(), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(maps.double(), cos_pos.transpose(1, 2).reshape(2, 3, *GRID), atol=1e-5, rtol=1e-5)
 
 
 def test_maps_respond_to_the_prompt(outputs, pixels):

@@ -31,13 +31,22 @@ in [0, 1]) is resized to 128x128 with ``torch.nn.functional.interpolate``
     Each class has positive and negative prompt embeddings
     (:data:`POSITIVE_TEMPLATES` / :data:`NEGATIVE_TEMPLATES`; at inference the
     L2-normalised mean over templates, as in CLIP prompt ensembling). Each patch
-    token ``p`` (L2-normalised) gets the CheXzero positive-vs-negative logit
-    ``scale * (cos(p, t_pos) - cos(p, t_neg))``; the image logit pools them by
-    log-mean-exp over the 256 patches (a smooth maximum: multiple-instance
-    pooling); score = ``sigmoid`` of it. Map = ``cos(patch, t_pos)`` per patch,
-    raw (in [-1, 1], no normalisation). Deviation from plain CLIP, on purpose:
-    with a mean-pooled image embedding the map did not localise on the phantom
-    (pointing 0.0 on effusion), with log-mean-exp pooling it does.
+    token ``p_n`` (L2-normalised) is compared with both prompts; each similarity
+    is pooled over the 256 patches by log-mean-exp at the learned temperature
+    ``s`` (a smooth maximum: multiple-instance pooling),
+    ``pool(t) = log(mean_n exp(s * cos(p_n, t)))``, and the image logit is the
+    CheXzero-style positive-vs-negative contrast ``pool(t_pos) - pool(t_neg)``;
+    score = ``sigmoid`` of it. Map = ``cos(patch, t_pos)`` per patch, raw (in
+    [-1, 1], no normalisation). Deviations from plain CLIP, on purpose: with a
+    mean-pooled image embedding the map did not localise on the phantom
+    (pointing 0.0 on effusion); pooling the per-patch *difference*
+    ``s * (cos(p, t_pos) - cos(p, t_neg))`` localised only for some seeds
+    (the evidence then lived in the difference, not in the positive
+    similarity that the map shows). Pooling each prompt's similarity
+    separately makes the patches that raise the score exactly those with the
+    highest map values; with the recipe of :mod:`xbench.train_reference`
+    (4,000 cases, 30 epochs) pointing on cardiomegaly and effusion was >= 0.85
+    for each of seeds 0, 1 and 2 (300 test cases, CPU).
 
 ``ref_xattn`` (:class:`XAttnModel`, map source "cross-attention")
     MedKLIP/KAD-like query decoder: each prompt's text embedding (bare prompt, no
@@ -110,6 +119,7 @@ class TextEncoder(nn.Module):
         self.proj = nn.Linear(width, dim)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.to(self.words.weight.device)  # tokenize() builds ids on the CPU
         pad = ids == 0
         x = self.layer(self.words(ids) + self.positions, src_key_padding_mask=pad)
         keep = (~pad).unsqueeze(-1).to(x.dtype)
@@ -153,7 +163,7 @@ def _warn_unknown(prompts: Sequence[str], unknown: list[list[str]]) -> None:
 
 # -- the two architectures -----------------------------------------------------------------------
 class PatchSimModel(nn.Module):
-    """``ref_patchsim``: mean-pooled patch tokens vs positive/negative prompt embeddings."""
+    """``ref_patchsim``: patch tokens vs positive/negative prompt embeddings, log-mean-exp pooled per prompt."""
 
     def __init__(self, dim: int = 96):
         super().__init__()
@@ -179,9 +189,10 @@ class PatchSimModel(nn.Module):
         patches = F.normalize(tokens.flatten(2).transpose(1, 2), dim=-1)  # (B, N, D)
         scale = self.log_scale.exp().clamp(max=100.0)
         positive_sim = patches @ positive.T  # (B, N, C) cosine = the map
-        patch_logits = scale * (positive_sim - patches @ negative.T)
-        logits = torch.logsumexp(patch_logits, dim=1) - float(np.log(patch_logits.shape[1]))  # log-mean-exp pooling
-        return logits, positive_sim.transpose(1, 2).reshape(b, -1, h, w)
+        log_n = float(np.log(h * w))
+        pooled_pos = torch.logsumexp(scale * positive_sim, dim=1) - log_n  # log-mean-exp over patches
+        pooled_neg = torch.logsumexp(scale * (patches @ negative.T), dim=1) - log_n
+        return pooled_pos - pooled_neg, positive_sim.transpose(1, 2).reshape(b, -1, h, w)
 
 
 class _DecoderLayer(nn.Module):
