@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from xbench.metrics import DATASET_LEVEL
-from xbench.tables import model_flags, pick_datasets, render, wide, write_table
+from xbench.tables import model_flags, model_notes, per_class, pick_datasets, render, wide, write_table
 
 METRICS = ["pointing", "dice@best", "best_tau"]
 VALUES = {  # (model, dataset, metric) → value; the baseline has the highest pointing on d1
@@ -144,3 +144,27 @@ def test_model_flags_and_pick_datasets():
     t = tidy()
     assert pick_datasets(t, ["d2", "zzz"]) == ["d2"]
     assert pick_datasets(t, ["zzz"]) == ["d1", "d2"]
+
+
+def test_per_class_tables_rank_each_row_across_models():
+    rows = [("m1", "A", 0.9), ("m2", "A", 0.5), ("prior", "A", 0.95), ("m1", "B", 0.1), ("m2", "B", 0.7), ("prior", "B", 0.0)]
+    tidy_rows = pd.DataFrame([{"model": m, "dataset": "d", "finding": f, "metric": "pointing", "value": v,
+                               "ci_low": v - 0.01, "ci_high": v + 0.01, "n": 10} for m, f, v in rows])
+    table = per_class(tidy_rows, "d")
+    text = render(table, fmt="md", baselines=["prior"], models_on="columns")
+    line_a = next(line for line in text.splitlines() if line.startswith("| A "))
+    line_b = next(line for line in text.splitlines() if line.startswith("| B "))
+    assert "**0.900**" in line_a and "<u>0.500</u>" in line_a and "**0.950**" not in line_a  # baseline not ranked
+    assert "**0.700**" in line_b and "<u>0.100</u>" in line_b
+    assert "prior (baseline) / pointing" in text.splitlines()[0]
+    with pytest.raises(ValueError, match="models_on"):
+        render(table, fmt="md", models_on="diagonal")
+
+
+def test_model_notes_label_random_init_models(table):
+    models = pd.DataFrame({"model": ["a", "b"], "weights": ["random-init", "official"], "map_source": ["similarity"] * 2,
+                           "verified": [True, True]})
+    notes = model_notes(models)
+    assert notes == {"a": "random-init weights"}
+    text = render(table, fmt="md", notes={table.index[0]: "random-init weights"})
+    assert f"{table.index[0]} (random-init weights)" in text

@@ -202,5 +202,7 @@ def visual_comparison(output_dir: str | Path, dataset: "BaseDataset", models: Se
         maps.append(row)
         masks.append(sample.mask(finding))
         row_labels.append(f"{sample.case_id}\n{finding}")
-    return overlay_grid(images, maps, masks, row_labels=row_labels, col_labels=list(models),
+    col_labels = [f"{m}\n(random-init weights)" if preds[m].meta["model_info"].get("weights") == "random-init" else m
+                  for m in models]
+    return overlay_grid(images, maps, masks, row_labels=row_labels, col_labels=col_labels,
                         title=f"Saliency maps vs radiologist regions — {data_label([dataset.name])}")

@@ -9,7 +9,7 @@ never ranked, and rows of unverified models carry a dagger.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -52,15 +52,40 @@ def _ranks(values: pd.Series, eligible: pd.Series) -> pd.Series:
     return rank
 
 
+def _mark(name: str, baselines: Sequence[str], unverified: Sequence[str], notes: Mapping[str, str]) -> str:
+    text = f"{name}†" if name in unverified else (f"{name} (baseline)" if name in baselines else str(name))
+    return f"{text} ({notes[name]})" if name in notes else text
+
+
 def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
-           digits: int = 3) -> str:
-    """Markdown (``fmt="md"``) or LaTeX (``fmt="tex"``) text of a :func:`wide` table: ``value [low, high]`` cells."""
+           models_on: str = "rows", notes: Mapping[str, str] | None = None, digits: int = 3) -> str:
+    """Markdown (``fmt="md"``) or LaTeX (``fmt="tex"``) text of a :func:`wide` table: ``value [low, high]`` cells.
+
+    ``models_on="rows"`` (Table 1, recognition): models are the rows and each column is ranked;
+    ``models_on="columns"`` (per-class Tables 2–5): models are the first column level and each
+    row is ranked across models. ``notes`` adds a parenthesised note to a model's name
+    (:func:`model_notes`: random-init weights).
+    """
+    notes = dict(notes or {})
+    if models_on not in ("rows", "columns"):
+        raise ValueError(f"models_on must be 'rows' or 'columns', got {models_on!r}")
     value_cols = [c for c in table.columns if c[-1] == "value"]
-    eligible = ~table.index.to_series().isin(baselines)
+    ranks = pd.DataFrame(0, index=table.index, columns=pd.MultiIndex.from_tuples(value_cols))
+    if models_on == "rows":
+        eligible = ~table.index.to_series().isin(baselines)
+        for col in value_cols:
+            if col[-2] not in UNRANKED_METRICS:
+                ranks[col] = _ranks(table[col], eligible)
+    else:
+        ranked = [c for c in value_cols if c[-2] not in UNRANKED_METRICS]
+        eligible = pd.Series([c[0] not in baselines for c in ranked], index=pd.MultiIndex.from_tuples(ranked))
+        for idx in table.index:
+            row = pd.Series([table.at[idx, c] for c in ranked], index=eligible.index, dtype=float)
+            for c, r in _ranks(row, eligible).items():
+                ranks.at[idx, c] = r
     cells = pd.DataFrame(index=table.index)
     for col in value_cols:
         base = col[:-1]
-        ranks = _ranks(table[col], eligible) if col[-2] not in UNRANKED_METRICS else pd.Series(0, index=table.index)
         texts = []
         for idx in table.index:
             v = table.at[idx, col]
@@ -69,20 +94,21 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
                 texts.append("–")
                 continue
             s = f"{v:.{digits}f}"
-            if ranks[idx] == 1:
+            if ranks.at[idx, col] == 1:
                 s = f"**{s}**" if fmt == "md" else rf"\textbf{{{s}}}"
-            elif ranks[idx] == 2:
+            elif ranks.at[idx, col] == 2:
                 s = f"<u>{s}</u>" if fmt == "md" else rf"\underline{{{s}}}"
             if np.isfinite(lo) and np.isfinite(hi):
                 s += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
             texts.append(s)
-        cells[" / ".join(str(p) for p in base)] = texts
-    names = [f"{i}†" if i in unverified else (f"{i} (baseline)" if i in baselines else str(i)) for i in cells.index]
-    cells.index = names
+        head = [_mark(base[0], baselines, unverified, notes) if models_on == "columns" else str(base[0]), *map(str, base[1:])]
+        cells[" / ".join(head)] = texts
+    if models_on == "rows":
+        cells.index = [_mark(i, baselines, unverified, notes) for i in cells.index]
     if fmt == "md":
         head = "| " + " | ".join([table.index.name or "", *cells.columns]) + " |"
         sep = "|" + "---|" * (len(cells.columns) + 1)
-        body = ["| " + " | ".join([idx, *row]) + " |" for idx, row in zip(cells.index, cells.to_numpy())]
+        body = ["| " + " | ".join([str(idx), *row]) + " |" for idx, row in zip(cells.index, cells.to_numpy())]
         note = "\n\nBold: best; underlined: second best (baselines not ranked). [95 % bootstrap CI]."
         if unverified:
             note += " †: unverified re-implementation (no public code or weights)."
@@ -96,16 +122,16 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
 
 
 def write_table(table: pd.DataFrame, stem: str | Path, *, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
-                caption: str = "") -> list[Path]:
+                models_on: str = "rows", notes: Mapping[str, str] | None = None, caption: str = "") -> list[Path]:
     """Write ``<stem>.csv`` (numbers), ``<stem>.md`` and ``<stem>.tex``; returns the paths."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     flat = table.copy()
     flat.columns = [" / ".join(str(p) for p in c) for c in flat.columns]
     flat.to_csv(stem.with_suffix(".csv"))
-    md = (f"**{caption}**\n\n" if caption else "") + render(table, fmt="md", baselines=baselines, unverified=unverified)
-    stem.with_suffix(".md").write_text(md)
-    stem.with_suffix(".tex").write_text(render(table, fmt="tex", baselines=baselines, unverified=unverified))
+    opts = {"baselines": baselines, "unverified": unverified, "models_on": models_on, "notes": notes}
+    stem.with_suffix(".md").write_text((f"**{caption}**\n\n" if caption else "") + render(table, fmt="md", **opts))
+    stem.with_suffix(".tex").write_text(render(table, fmt="tex", **opts))
     return [stem.with_suffix(s) for s in (".csv", ".md", ".tex")]
 
 
@@ -114,6 +140,11 @@ def model_flags(models: pd.DataFrame) -> tuple[list[str], list[str]]:
     baselines = models.loc[models["map_source"] == "prior", "model"].tolist()
     unverified = models.loc[~models["verified"].astype(bool), "model"].tolist()
     return baselines, unverified
+
+
+def model_notes(models: pd.DataFrame) -> dict[str, str]:
+    """Model → note for tables and figures: models run without trained weights are labelled ``random-init weights``."""
+    return {m: "random-init weights" for m in models.loc[models["weights"] == "random-init", "model"]}
 
 
 def pick_datasets(tidy: pd.DataFrame, wanted: Sequence[str]) -> list[str]:
