@@ -77,9 +77,10 @@ def discrepancy(tidy: pd.DataFrame, *, dataset: str, title: str) -> plt.Figure:
     for ax, model in zip(axes.flat, models):
         sub = pts[pts["model"] == model]
         ax.scatter(sub["x"], sub["y"], s=25)
-        for _, r in sub.iterrows():
-            if np.isfinite(r["x"]) and np.isfinite(r["y"]):
-                ax.annotate(str(r["finding"]), (r["x"], r["y"]), fontsize=6, xytext=(2, 2), textcoords="offset points")
+        placed = sub.dropna(subset=["x", "y"]).assign(kx=lambda d: d["x"].round(2), ky=lambda d: d["y"].round(2))
+        for (kx, ky), same in placed.groupby(["kx", "ky"]):  # classes on one spot share one label
+            ax.annotate("\n".join(same["finding"].astype(str)), (same["x"].iloc[0], same["y"].iloc[0]), fontsize=6,
+                        xytext=(3, -2), textcoords="offset points", va="top")
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("AUC")
         ax.set_ylabel("pointing")
