@@ -61,8 +61,19 @@ def test_chunk_round_trip_keeps_values_and_dtypes(store):
 def test_chunk_files_are_plain_npz(store):
     path = store.write_chunk("toy", "m", 0, case_ids=["a", "b"], skipped={}, **chunk_arrays(2, 0))
     with np.load(path) as data:
-        assert set(data.files) == {"case_ids", "scores", "probs", "maps", "skipped_ids", "skipped_reasons"}
+        assert set(data.files) == {"case_ids", "scores", "probs", "maps", "sizes", "windows", "skipped_ids",
+                                   "skipped_reasons"}
         assert data["skipped_ids"].shape == (0,)
+        # without sizes / windows: "unknown size, whole image" markers the evaluation understands
+        assert (data["sizes"] == -1).all() and np.isnan(data["windows"]).all()
+
+
+def test_sizes_and_windows_round_trip(store):
+    sizes, windows = np.array([[512, 512], [1024, 800]]), np.array([[0, 0, 512, 512], [111.0, 0, 911.0, 800]])
+    store.write_chunk("toy", "m", 0, case_ids=["a", "b"], skipped={}, sizes=sizes, windows=windows, **chunk_arrays(2, 0))
+    got = store.read("toy", "m")
+    np.testing.assert_array_equal(got.sizes, sizes)
+    np.testing.assert_array_equal(got.windows, windows)
 
 
 def test_write_leaves_no_temporary_file(store):
