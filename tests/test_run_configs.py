@@ -33,3 +33,16 @@ def test_every_model_config_names_its_weights_and_rules():
         assert len(cfg["grid"]) == 2, name
         for entry in (cfg.get("weights") or {}).values():
             assert "path" in entry and "source" in entry, name
+
+
+def test_weight_file_takes_the_config_name_and_publisher(tmp_path):
+    from xbench.errors import MissingFileError
+    from xbench.models.base import weight_file
+
+    config = {"weights": {"checkpoint": {"path": "renamed.pt", "source": "https://publisher.example/ckpt"}}}
+    with pytest.raises(MissingFileError, match="renamed.pt.*publisher.example"):
+        weight_file(tmp_path, config, "checkpoint", "default.pt", "checkpoint")
+    (tmp_path / "renamed.pt").write_bytes(b"x")
+    assert weight_file(tmp_path, config, "checkpoint", "default.pt", "checkpoint") == tmp_path / "renamed.pt"
+    with pytest.raises(MissingFileError, match="default.pt.*fallback.example"):
+        weight_file(tmp_path, {}, "checkpoint", "default.pt", "checkpoint", "https://fallback.example")

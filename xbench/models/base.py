@@ -150,6 +150,14 @@ def require_file(folder: Path, relative: str, what: str, source: str | None) -> 
     return path
 
 
+def weight_file(folder: str | Path, config: Mapping[str, Any], key: str, default_path: str, what: str,
+                default_source: str | None = None) -> Path:
+    """The file ``weights.<key>`` of a model config inside ``folder`` (the config's ``path`` and ``source``
+    win over the defaults); absent → :class:`MissingFileError` naming it and its publisher."""
+    entry = (config.get("weights") or {}).get(key) or {}
+    return require_file(Path(folder), entry.get("path", default_path), what, entry.get("source", default_source))
+
+
 def load_checkpoint(path: str | Path) -> Any:
     """Load a ``.pt/.pth/.ckpt`` (``torch.load(weights_only=True)``) or ``.safetensors`` file on CPU.
 

@@ -84,7 +84,7 @@ from torch import nn
 from transformers import BertConfig, BertModel, BertTokenizer
 
 from ..errors import CheckpointError, MissingFileError
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, weight_file
 
 __all__ = [
     "CARZeroAdapter",
@@ -759,8 +759,8 @@ class CARZeroAdapter(Adapter):
         ckpt_spec, tok_spec = files.get("checkpoint", {}), files.get("text_encoder", {})
         ckpt_name, tok_name = ckpt_spec.get("path", "CARZero_best_model.ckpt"), tok_spec.get("path", "BioClinicalMPBERT/")
         if weights_dir is not None:
-            ckpt_path = require_file(Path(weights_dir), ckpt_name, "CARZero checkpoint", ckpt_spec.get("source"))
-            tok_dir = require_file(Path(weights_dir), tok_name, "BioClinicalMPBERT tokenizer folder", tok_spec.get("source"))
+            ckpt_path = weight_file(weights_dir, config, "checkpoint", ckpt_name, "CARZero checkpoint")
+            tok_dir = weight_file(weights_dir, config, "text_encoder", tok_name, "BioClinicalMPBERT tokenizer folder")
             vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", tok_spec.get("source"))
             tokenizer = BertTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
             bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None

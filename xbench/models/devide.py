@@ -52,7 +52,7 @@ from torch import nn
 from transformers import BertConfig
 
 from ..errors import MissingFileError, XBenchWarning
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
 from .kad import (IMAGENET_MEAN, IMAGENET_STD, TQN, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state,
                   build_uninitialised, canonical_text_state, canonical_tqn_state, checkpoint_containers, make_tokenizer,
                   max_normalised_maps, normalize_uint8, prompt_text, resize_uint8, seeded_build)
@@ -141,12 +141,10 @@ class DeViDeAdapter(Adapter):
         """User checkpoint + Med-KEBERT tokenizer from ``weights_dir``, or ``params.random_init`` (seeded)."""
         params = dict(config.get("params", {}))
         files = config.get("weights", {})
-        ckpt_spec, tok_spec = files.get("checkpoint", {}), files.get("text_encoder", {})
+        ckpt_spec = files.get("checkpoint", {})
         if weights_dir is not None:
-            ckpt_path = require_file(weights_dir, ckpt_spec.get("path", "devide.pt"), "DeViDe checkpoint (user-supplied)",
-                                     ckpt_spec.get("source"))
-            tok_dir = require_file(weights_dir, tok_spec.get("path", "Med-KEBERT/"), "Med-KEBERT tokenizer folder",
-                                   tok_spec.get("source"))
+            ckpt_path = weight_file(weights_dir, config, "checkpoint", "devide.pt", "DeViDe checkpoint (user-supplied)")
+            tok_dir = weight_file(weights_dir, config, "text_encoder", "Med-KEBERT/", "Med-KEBERT tokenizer folder")
             adapter = cls.from_checkpoint(load_checkpoint(ckpt_path), MedKEBERTTokenizer(tok_dir), config, device)
             adapter.weights_label = "user-checkpoint"
             return adapter

@@ -80,7 +80,7 @@ from torch import nn
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from ..errors import CheckpointError, MissingFileError
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -496,10 +496,9 @@ class KADAdapter(Adapter):
         files = config.get("weights", {})
         ckpt_spec, tok_spec = files.get("checkpoint", {}), files.get("text_encoder", {})
         if weights_dir is not None:
-            ckpt_path = require_file(weights_dir, ckpt_spec.get("path", "best_valid.pt"),
-                                     f"{config.get('title', 'KAD')} checkpoint", ckpt_spec.get("source"))
-            tok_dir = require_file(weights_dir, tok_spec.get("path", "Med-KEBERT/"), "Med-KEBERT tokenizer folder",
-                                   tok_spec.get("source"))
+            ckpt_path = weight_file(weights_dir, config, "checkpoint", "best_valid.pt",
+                                    f"{config.get('title', 'KAD')} checkpoint")
+            tok_dir = weight_file(weights_dir, config, "text_encoder", "Med-KEBERT/", "Med-KEBERT tokenizer folder")
             adapter = cls.from_official_checkpoint(load_checkpoint(ckpt_path), MedKEBERTTokenizer(tok_dir), config, device)
             adapter.weights_label = "official"
             return adapter

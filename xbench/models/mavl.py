@@ -84,7 +84,7 @@ import torchvision
 from torch import nn
 
 from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
 from .medklip import (  # MAVL is built on MedKLIP's code base: same entities, transform and text helpers
     D_MODEL, ENTITIES, GRID, QueryDecoder, INPUT_SIZE, SYNONYMS, TAIL_ENTITY, TEXT_ENCODER_SOURCE,
     TEXT_LENGTH, bert_from_state, canonical_class, encode_cls, layer_mean, load_text_encoder, normalize_uint8,
@@ -279,17 +279,12 @@ class MAVLAdapter(Adapter):
             adapter = cls(net, bert_from_state(seed=int(params.get("seed", 0))), None, None, config, device)
             adapter.weights_label = "random-init"
             return adapter
-        folder, weights = Path(weights_dir), config.get("weights", {})
-
-        def need(key: str, path: str, what: str, source: str) -> Path:
-            entry = weights.get(key, {})  # the config's file name and publisher win over the defaults
-            return require_file(folder, entry.get("path", path), what, entry.get("source", source))
-
-        ckpt = need("checkpoint", "checkpoint_full_40.pth", "MAVL checkpoint", CHECKPOINT_SOURCE)
-        desc = need("descriptions", "observation explanation.json",
-                    "MAVL disease descriptions", DESCRIPTIONS_SOURCE)
-        concepts = need("concepts", "gpt4_mimic.json", "MAVL aspect concepts", CONCEPTS_SOURCE)
-        text = need("text_encoder", "Bio_ClinicalBERT/", "Bio_ClinicalBERT folder", TEXT_ENCODER_SOURCE)
+        ckpt = weight_file(weights_dir, config, "checkpoint", "checkpoint_full_40.pth", "MAVL checkpoint", CHECKPOINT_SOURCE)
+        desc = weight_file(weights_dir, config, "descriptions", "observation explanation.json",
+                           "MAVL disease descriptions", DESCRIPTIONS_SOURCE)
+        concepts = weight_file(weights_dir, config, "concepts", "gpt4_mimic.json", "MAVL aspect concepts", CONCEPTS_SOURCE)
+        text = weight_file(weights_dir, config, "text_encoder", "Bio_ClinicalBERT/", "Bio_ClinicalBERT folder",
+                           TEXT_ENCODER_SOURCE)
         bert, tokenizer = load_text_encoder(text)
         return cls.from_official_checkpoint(load_checkpoint(ckpt), bert, tokenizer=tokenizer,
                                             texts=read_texts(desc, concepts), config=config, device=device)

@@ -84,7 +84,7 @@ from PIL import Image
 from torch import nn
 
 from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
 
 # The 75 entities, in the order of `original_class` / `disease_name` of the official code and of
 # the official `observation explanation.json` (MedKLIP test.py, model_MedKLIP.py).
@@ -404,16 +404,11 @@ class MedKLIPAdapter(Adapter):
             adapter = cls(net, bert_from_state(seed=int(params.get("seed", 0))), None, None, config, device)
             adapter.weights_label = "random-init"
             return adapter
-        folder, weights = Path(weights_dir), config.get("weights", {})
-
-        def need(key: str, path: str, what: str, source: str) -> Path:
-            entry = weights.get(key, {})  # the config's file name and publisher win over the defaults
-            return require_file(folder, entry.get("path", path), what, entry.get("source", source))
-
-        ckpt = need("checkpoint", "checkpoint_final.pth", "MedKLIP checkpoint", CHECKPOINT_SOURCE)
-        desc = need("descriptions", "observation explanation.json",
-                    "MedKLIP entity descriptions", DESCRIPTIONS_SOURCE)
-        text = need("text_encoder", "Bio_ClinicalBERT/", "Bio_ClinicalBERT folder", TEXT_ENCODER_SOURCE)
+        ckpt = weight_file(weights_dir, config, "checkpoint", "checkpoint_final.pth", "MedKLIP checkpoint", CHECKPOINT_SOURCE)
+        desc = weight_file(weights_dir, config, "descriptions", "observation explanation.json",
+                           "MedKLIP entity descriptions", DESCRIPTIONS_SOURCE)
+        text = weight_file(weights_dir, config, "text_encoder", "Bio_ClinicalBERT/", "Bio_ClinicalBERT folder",
+                           TEXT_ENCODER_SOURCE)
         bert, tokenizer = load_text_encoder(text)
         return cls.from_official_checkpoint(load_checkpoint(ckpt), bert, tokenizer=tokenizer,
                                             descriptions=read_descriptions(desc), config=config, device=device)
