@@ -1,5 +1,7 @@
 """BiomedCLIP (ViT-B/16 + PubMedBERT) from a local folder, with no hub call: zero-shot scores and similarity maps.
 
+Score and map rules are CLIP's (:class:`xbench.models.clip.PromptPairCLIP`): copy ``clip.py`` along with this file.
+
 Citation
     Zhang et al., "BiomedCLIP: a multimodal biomedical foundation model pretrained from fifteen million scientific
     image-text pairs", arXiv 2303.00915 (2023).
@@ -45,7 +47,7 @@ Unseen classes
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +59,11 @@ from open_clip.hf_model import HFTextEncoder
 from open_clip.model import CLIPTextCfg, CLIPVisionCfg
 from open_clip.timm_model import TimmModel
 from open_clip.tokenizer import HFTokenizer
-from PIL import Image
 from transformers import BertConfig
 
 from xbench.errors import CheckpointError, FormatError, MissingFileError
-from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, resize_crop_window
+from xbench.models.base import load_checkpoint, load_state_strict, require_file, resize_crop_window
+from xbench.models.clip import PromptPairCLIP  # the shared prompt-pair score and similarity-map rules
 
 WEIGHTS_SOURCE = "https://huggingface.co/microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224"
 CONFIG_FILE = "open_clip_config.json"
@@ -71,7 +73,6 @@ DEFAULT_VOCAB_SIZE = 30522  # BiomedBERT-base uncased vocabulary size
 WORD_EMBEDDING_KEY = "text.transformer.embeddings.word_embeddings.weight"
 STALE_BUFFER_KEYS = ("text.transformer.embeddings.position_ids",)  # saved by transformers < 4.31, not a weight
 LEGACY_TEXT_KEYS = {"proj": "hf_proj_type", "pooler_type": "hf_pooler_type"}  # pre-rename open_clip config keys
-DEFAULT_TEMPLATES = {"positive": "a chest x-ray showing {}", "negative": "a chest x-ray with no {}"}
 
 
 # -- network ----------------------------------------------------------------------------
@@ -164,7 +165,7 @@ def biomedclip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tens
 
 
 # -- adapter ----------------------------------------------------------------------------
-class BiomedCLIPAdapter(Adapter):
+class BiomedCLIPAdapter(PromptPairCLIP):
     """BiomedCLIP adapter; see the module docstring for files, score and map rules.
 
     Parameters
@@ -193,11 +194,7 @@ class BiomedCLIPAdapter(Adapter):
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu",
                  weights_label: str = "unknown"):
         super().__init__(config, device)
-        self.templates: dict[str, str] = {**DEFAULT_TEMPLATES, **self.config.get("params", {}).get("templates", {})}
-        for role in ("positive", "negative"):
-            if "{}" not in self.templates[role]:
-                raise ValueError(
-                    f"BiomedCLIP params.templates.{role} must contain '{{}}', got {self.templates[role]!r}")
+        self._set_templates()
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.input_size = int(self.model.visual.image_size[0])
@@ -210,7 +207,6 @@ class BiomedCLIPAdapter(Adapter):
             resize_mode=pre.get("resize_mode"), interpolation=pre.get("interpolation"))
         self.resize_mode = pre.get("resize_mode") or "shortest"
         self.weights_label = weights_label
-        self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -272,35 +268,13 @@ class BiomedCLIPAdapter(Adapter):
         return HFTokenizer(str(folder), context_length=int(text_cfg.get("context_length", 256)),
                            local_files_only=True, config=bert_config(), **(text_cfg.get("tokenizer_kwargs") or {}))
 
-    # -- inputs ---------------------------------------------------------------------------------
-    def preprocess(self, image: np.ndarray) -> torch.Tensor:
-        """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(3, 224, 224)`` float32 (see the module docstring)."""
-        image = np.asarray(image)
-        if image.ndim != 2:
-            raise ValueError(f"BiomedCLIP preprocess expects a grey (H, W) image, got shape {image.shape}")
-        rgb = Image.fromarray(np.round(image * 255).astype(np.uint8)).convert("RGB")
-        return self.transform(rgb)
+    def logit_scale(self) -> torch.Tensor:
+        """The checkpoint's learned scale, ``exp(logit_scale)``."""
+        return self.model.logit_scale.exp()
 
     def input_window(self, size: tuple[int, int]) -> tuple[float, float, float, float]:
         """open_clip's validation resize/crop (``resize_mode`` of the config; default shortest side + centre crop)."""
         return resize_crop_window(size, self.input_size, self.resize_mode)
-
-    def encode_text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token ids ``(N, context_length)`` → L2-normalised text embeddings ``(N, 512)``."""
-        return F.normalize(self.model.encode_text(input_ids.to(self.device)), dim=-1)
-
-    def text_embeddings(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positive and negative prompt embeddings ``(C, 512)`` each, L2-normalised (cached per prompt name)."""
-        todo = [p for p in dict.fromkeys(prompts) if p not in self._text_cache]
-        if todo:
-            texts = [self.templates[role].format(p) for role in ("positive", "negative") for p in todo]
-            with torch.no_grad():
-                emb = self.encode_text_ids(self.tokenizer(texts))
-            for i, prompt in enumerate(todo):
-                self._text_cache[prompt] = (emb[i], emb[len(todo) + i])
-        pos = torch.stack([self._text_cache[p][0] for p in prompts])
-        neg = torch.stack([self._text_cache[p][1] for p in prompts])
-        return pos, neg
 
     def image_features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pooled image embedding ``(B, 512)`` and projected patch tokens ``(B, h·w, 512)``, both L2-normalised.
@@ -313,22 +287,3 @@ class BiomedCLIPAdapter(Adapter):
         pooled = head(trunk.forward_head(tokens))
         patches = head(tokens[:, trunk.num_prefix_tokens:])
         return F.normalize(pooled, dim=-1), F.normalize(patches, dim=-1)
-
-    # -- inference ----------------------------------------------------------------------------
-    @torch.no_grad()
-    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        """Scores ``(B, C)`` (positive-prompt probability) and raw cosine maps ``(B, C, 14, 14)``, float32 on CPU."""
-        prompts = list(prompts)
-        if not prompts:
-            raise ValueError("BiomedCLIP predict: prompts is empty")
-        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, self.input_size, self.input_size):
-            raise ValueError(
-                f"BiomedCLIP predict expects pixels (B, 3, {self.input_size}, {self.input_size}), "
-                f"got {tuple(pixels.shape)}")
-        pos, neg = self.text_embeddings(prompts)
-        image, patches = self.image_features(pixels.to(self.device, torch.float32))
-        scale = self.model.logit_scale.exp()
-        logits = scale * torch.stack([image @ pos.T, image @ neg.T], dim=-1)  # (B, C, 2)
-        scores = logits.softmax(dim=-1)[..., 0]
-        maps = torch.einsum("bnd,cd->bcn", patches, pos).reshape(len(pixels), len(prompts), *self.grid)
-        return Prediction(scores=scores.float().cpu(), maps=maps.float().cpu())

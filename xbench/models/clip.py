@@ -141,8 +141,79 @@ def maskclip_value_path(block: torch.nn.Module, tokens: torch.Tensor) -> torch.T
     return attn.out_proj(values)
 
 
+# -- shared by the open_clip-family adapters (CLIP here, BiomedCLIP in biomedclip.py) --------------
+class PromptPairCLIP(Adapter):
+    """Score and map rules of CLIP-style models with a positive and a negative prompt per class.
+
+    Score = softmax over (positive, negative) of ``logit_scale() · cos(image, prompt)``, positive's
+    probability; map = cosine between each projected patch token and the positive prompt, raw, at the
+    native grid. Subclasses set ``model`` (with ``encode_text``), ``tokenizer``, ``transform`` and
+    ``templates`` and implement :meth:`image_features` and :meth:`logit_scale`.
+    """
+
+    map_source = "similarity"
+    score_rule = "probability"
+
+    def _set_templates(self) -> None:
+        """``params.templates`` over :data:`DEFAULT_TEMPLATES`; each needs a ``{}`` for the class name."""
+        self.templates: dict[str, str] = {**DEFAULT_TEMPLATES, **self.config.get("params", {}).get("templates", {})}
+        for role in ("positive", "negative"):
+            if "{}" not in self.templates[role]:
+                raise ValueError(f"{self.name} params.templates.{role} must contain '{{}}', got {self.templates[role]!r}")
+        self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def preprocess(self, image: np.ndarray) -> torch.Tensor:
+        """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(3, 224, 224)`` float32 (see the module docstring)."""
+        image = np.asarray(image)
+        if image.ndim != 2:
+            raise ValueError(f"{self.name} preprocess expects a grey (H, W) image, got shape {image.shape}")
+        rgb = Image.fromarray(np.round(image * 255).astype(np.uint8)).convert("RGB")
+        return self.transform(rgb)
+
+    def encode_text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids ``(N, context_length)`` → L2-normalised text embeddings ``(N, 512)``."""
+        return F.normalize(self.model.encode_text(input_ids.to(self.device)), dim=-1)
+
+    def text_embeddings(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positive and negative prompt embeddings ``(C, 512)`` each, L2-normalised (cached per prompt name)."""
+        todo = [p for p in dict.fromkeys(prompts) if p not in self._text_cache]
+        if todo:
+            texts = [self.templates[role].format(p) for role in ("positive", "negative") for p in todo]
+            with torch.no_grad():
+                emb = self.encode_text_ids(self.tokenizer(texts))
+            for i, prompt in enumerate(todo):
+                self._text_cache[prompt] = (emb[i], emb[len(todo) + i])
+        pos = torch.stack([self._text_cache[p][0] for p in prompts])
+        neg = torch.stack([self._text_cache[p][1] for p in prompts])
+        return pos, neg
+
+    def image_features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pooled image embedding ``(B, 512)`` and projected patch tokens ``(B, h·w, 512)``, both L2-normalised."""
+        raise NotImplementedError
+
+    def logit_scale(self) -> float | torch.Tensor:
+        """Multiplier of the cosines before the prompt softmax."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        """Scores ``(B, C)`` (positive-prompt probability) and raw cosine maps ``(B, C, h, w)``, float32 on CPU."""
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError(f"{self.name} predict: prompts is empty")
+        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, self.input_size, self.input_size):
+            raise ValueError(f"{self.name} predict expects pixels (B, 3, {self.input_size}, {self.input_size}), "
+                             f"got {tuple(pixels.shape)}")
+        pos, neg = self.text_embeddings(prompts)
+        image, patches = self.image_features(pixels.to(self.device, torch.float32))
+        logits = self.logit_scale() * torch.stack([image @ pos.T, image @ neg.T], dim=-1)  # (B, C, 2)
+        scores = logits.softmax(dim=-1)[..., 0]
+        maps = torch.einsum("bnd,cd->bcn", patches, pos).reshape(len(pixels), len(prompts), *self.grid)
+        return Prediction(scores=scores.float().cpu(), maps=maps.float().cpu())
+
+
 # -- adapter ---------------------------------------------------------------------------
-class CLIPAdapter(Adapter):
+class CLIPAdapter(PromptPairCLIP):
     """CLIP ViT-B/16 (OpenAI) adapter; see the module docstring for the score and map rules.
 
     Parameters
@@ -171,17 +242,13 @@ class CLIPAdapter(Adapter):
         self.map_variant: str = params.get("map_variant", "naive")
         if self.map_variant not in MAP_VARIANTS:
             raise ValueError(f"CLIP params.map_variant must be one of {MAP_VARIANTS}, got {self.map_variant!r}")
-        self.templates: dict[str, str] = {**DEFAULT_TEMPLATES, **params.get("templates", {})}
-        for role in ("positive", "negative"):
-            if "{}" not in self.templates[role]:
-                raise ValueError(f"CLIP params.templates.{role} must contain '{{}}', got {self.templates[role]!r}")
+        self._set_templates()
         self.model = model.to(self.device).eval()
         self.grid = tuple(self.model.visual.grid_size)
         self.tokenizer = open_clip.get_tokenizer(ARCHITECTURE)
         self.transform = open_clip.image_transform(
             self.input_size, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN, std=open_clip.OPENAI_DATASET_STD)
         self.weights_label = weights_label
-        self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -213,35 +280,13 @@ class CLIPAdapter(Adapter):
         load_state_strict(model, clip_state_dict(checkpoint), where)
         return cls(model, config, device, weights_label="official")
 
-    # -- inputs ----------------------------------------------------------------------------
-    def preprocess(self, image: np.ndarray) -> torch.Tensor:
-        """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(3, 224, 224)`` float32 (see the module docstring)."""
-        image = np.asarray(image)
-        if image.ndim != 2:
-            raise ValueError(f"CLIP preprocess expects a grey (H, W) image, got shape {image.shape}")
-        rgb = Image.fromarray(np.round(image * 255).astype(np.uint8)).convert("RGB")
-        return self.transform(rgb)
+    def logit_scale(self) -> float:
+        """OpenAI's fixed zero-shot scale, 100."""
+        return LOGIT_SCALE
 
     def input_window(self, size: tuple[int, int]) -> tuple[float, float, float, float]:
         """Shorter side to 224 then centre crop: the map covers a centred square of the shorter side."""
         return resize_crop_window(size, self.input_size, "shortest")
-
-    def encode_text_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token ids ``(N, 77)`` → L2-normalised text embeddings ``(N, 512)``."""
-        return F.normalize(self.model.encode_text(input_ids.to(self.device)), dim=-1)
-
-    def text_embeddings(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positive and negative prompt embeddings ``(C, 512)`` each, L2-normalised (cached per prompt name)."""
-        todo = [p for p in dict.fromkeys(prompts) if p not in self._text_cache]
-        if todo:
-            texts = [self.templates[role].format(p) for role in ("positive", "negative") for p in todo]
-            with torch.no_grad():
-                emb = self.encode_text_ids(self.tokenizer(texts))
-            for i, prompt in enumerate(todo):
-                self._text_cache[prompt] = (emb[i], emb[len(todo) + i])
-        pos = torch.stack([self._text_cache[p][0] for p in prompts])
-        neg = torch.stack([self._text_cache[p][1] for p in prompts])
-        return pos, neg
 
     def image_features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pooled image embedding ``(B, 512)`` and projected patch tokens ``(B, h·w, 512)``, both L2-normalised.
@@ -258,19 +303,3 @@ class CLIPAdapter(Adapter):
         patches = visual.ln_post(last) @ visual.proj
         return F.normalize(out["image_features"], dim=-1), F.normalize(patches, dim=-1)
 
-    # -- inference ----------------------------------------------------------------------------
-    @torch.no_grad()
-    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        """Scores ``(B, C)`` (positive-prompt probability) and raw cosine maps ``(B, C, 14, 14)``, float32 on CPU."""
-        prompts = list(prompts)
-        if not prompts:
-            raise ValueError("CLIP predict: prompts is empty")
-        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, self.input_size, self.input_size):
-            raise ValueError(f"CLIP predict expects pixels (B, 3, {self.input_size}, {self.input_size}), "
-                             f"got {tuple(pixels.shape)}")
-        pos, neg = self.text_embeddings(prompts)
-        image, patches = self.image_features(pixels.to(self.device, torch.float32))
-        logits = LOGIT_SCALE * torch.stack([image @ pos.T, image @ neg.T], dim=-1)  # (B, C, 2)
-        scores = logits.softmax(dim=-1)[..., 0]
-        maps = torch.einsum("bnd,cd->bcn", patches, pos).reshape(len(pixels), len(prompts), *self.grid)
-        return Prediction(scores=scores.float().cpu(), maps=maps.float().cpu())
