@@ -58,7 +58,7 @@ import pandas as pd
 from ..errors import FormatError, MissingFileError, UnknownNameError
 from .base import BaseDataset, Box, EncodedMask, Polygon, Region
 from .images import image_size
-from .records import check_split, csv_records
+from .records import csv_records
 from .regions import decode_coco_rle, validate_box
 
 __all__ = ["CheXlocalize"]
@@ -95,7 +95,6 @@ class CheXlocalize(BaseDataset):
         super().__init__(root, split, manifest=manifest, on_error=on_error)
 
     def _read_index(self) -> pd.DataFrame:
-        check_split(self)
         classes = self.manifest.get("classes", [])
         self.localized = [c["name"] for c in classes if c.get("localized", True)]
         self._by_json = {alias: c["name"] for c in classes if c.get("localized", True)
@@ -130,7 +129,6 @@ class CheXlocalize(BaseDataset):
         for column in ("Path", *self.findings):
             if column not in header:
                 raise FormatError(path, f"missing column; header: {header}", line=1, field=column)
-        images_dir = self.root / str(self.manifest["files"]["images"]["path"]).format(split=self.split)
         records: list[dict[str, Any]] = []
         seen: set[str] = set()
         for line, row in rows:
@@ -159,7 +157,12 @@ class CheXlocalize(BaseDataset):
             if relative.parts and relative.parts[0] == "CheXpert-v1.0":
                 relative = PurePosixPath(*relative.parts[1:])
             view = record.get("AP/PA") or ("LATERAL" if case_id.endswith("lateral") else None)
-            records.append({"case_id": case_id, "image_path": str(images_dir / relative), "view": view,
+            try:
+                image = self.image_path(relative)
+            except FormatError as exc:
+                self.fail(path, exc.message, line=line, field="Path", reason="Path outside the dataset root")
+                continue
+            records.append({"case_id": case_id, "image_path": str(image), "view": view,
                             **{f"label:{f}": _VALUES[record[f]] for f in self.findings}})
         return pd.DataFrame(records, columns=["case_id", "image_path", "view", *[f"label:{f}" for f in self.findings]])
 
