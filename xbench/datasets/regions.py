@@ -253,19 +253,27 @@ def siim_rle_runs(rle: str, height: int = 1024, width: int = 1024) -> tuple[np.n
     text = rle.strip()
     if text == "-1":
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    try:
-        values = np.array([int(tok) for tok in text.split()], dtype=np.int64)
-    except ValueError as exc:
-        raise ValueError(f"RLE has a non-integer token: {exc}") from None
-    if len(values) % 2:
-        raise ValueError(f"RLE needs (offset, length) pairs, got an odd number of values ({len(values)})")
+    total = height * width
+    tokens = text.split()
+    parsed: list[int] = []
+    for number, token in enumerate(tokens):
+        try:
+            value = int(token) if len(token) <= 20 else None
+        except ValueError:
+            raise ValueError(f"RLE has a non-integer token {token[:30]!r} at pair {number // 2 + 1}") from None
+        if value is None or value > total:  # no run can exceed the image: bounds every later sum (no int64 overflow)
+            raise ValueError(f"RLE value {token[:30]}{'...' if len(token) > 30 else ''} at pair {number // 2 + 1} is larger "
+                             f"than the {height}x{width} image ({total} pixels)")
+        parsed.append(value)
+    if len(parsed) % 2:
+        raise ValueError(f"RLE needs (offset, length) pairs, got an odd number of values ({len(parsed)})")
+    values = np.array(parsed, dtype=np.int64)
     offsets, lengths = values[0::2], values[1::2]
     if (offsets < 0).any():
         raise ValueError(f"RLE has a negative offset at pair {int(np.argmax(offsets < 0)) + 1}")
     if (lengths <= 0).any():
         raise ValueError(f"RLE has a non-positive run length at pair {int(np.argmax(lengths <= 0)) + 1}")
     ends = np.cumsum(offsets + lengths)
-    total = height * width
     if ends[-1] > total:
         raise ValueError(f"RLE runs past the end of the {height}x{width} image (last run ends at {int(ends[-1])} > {total})")
     return ends - lengths, ends
