@@ -54,14 +54,12 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def write_frame(df: Any, path: str | Path, **kwargs: Any) -> Path:
-    """Write a DataFrame atomically as CSV or Parquet, chosen by ``path``'s suffix (``index=False`` by default)."""
+    """Write a DataFrame atomically: Parquet when ``path`` ends in ``.parquet``, else CSV (``index=False`` by default)."""
     path = Path(path)
     kwargs.setdefault("index", False)
     if path.suffix == ".parquet":
         return atomic_write(path, lambda tmp: df.to_parquet(tmp, **kwargs))
-    if path.suffix == ".csv":
-        return atomic_write(path, lambda tmp: df.to_csv(tmp, **kwargs))
-    raise ValueError(f"write_frame writes .csv or .parquet, got {path}")
+    return atomic_write(path, lambda tmp: df.to_csv(tmp, **kwargs))
 
 
 def check_writable(folder: str | Path, what: str = "output folder") -> Path:

@@ -32,13 +32,13 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from . import __version__
+from .atomic import atomic_write_bytes, check_writable
 from .config import DatasetSpec, ModelSpec, RunConfig
 from .datasets import BaseDataset, load_dataset
 from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
+from .fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
-from .atomic import atomic_write_bytes, check_writable
-from .fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
 from .results import ResultStore
 
 

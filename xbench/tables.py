@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .atomic import atomic_write_text, write_frame
+
 UNRANKED_METRICS = {"best_tau"}
 
 
@@ -128,10 +130,10 @@ def write_table(table: pd.DataFrame, stem: str | Path, *, baselines: Sequence[st
     stem.parent.mkdir(parents=True, exist_ok=True)
     flat = table.copy()
     flat.columns = [" / ".join(str(p) for p in c) for c in flat.columns]
-    flat.to_csv(stem.with_suffix(".csv"))
+    write_frame(flat, stem.with_suffix(".csv"), index=True)
     opts = {"baselines": baselines, "unverified": unverified, "models_on": models_on, "notes": notes}
-    stem.with_suffix(".md").write_text((f"**{caption}**\n\n" if caption else "") + render(table, fmt="md", **opts))
-    stem.with_suffix(".tex").write_text(render(table, fmt="tex", **opts))
+    atomic_write_text(stem.with_suffix(".md"), (f"**{caption}**\n\n" if caption else "") + render(table, fmt="md", **opts))
+    atomic_write_text(stem.with_suffix(".tex"), render(table, fmt="tex", **opts))
     return [stem.with_suffix(s) for s in (".csv", ".md", ".tex")]
 
 
