@@ -148,7 +148,9 @@ def image_size(path: str | Path) -> tuple[int, int]:
     try:
         with Image.open(path) as img:
             width, height = img.size
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError as exc:
+        raise _bomb(path, exc, None) from exc
+    except (UnidentifiedImageError, OSError) as exc:
         raise FormatError(path, f"not a readable image: {exc}") from exc
     _check_pixels(path, width * height, f"{width} x {height}", None)
     return int(height), int(width)
@@ -213,8 +215,17 @@ def _read_pillow(path: Path, limit: int | None = None) -> np.ndarray:
                 raise FormatError(path, "floating-point (mode 'F') images have no defined range; save as 8- or 16-bit")
             grey = img if mode == "L" else img.convert("L")
             return np.asarray(grey, dtype=np.float32) / np.float32(255.0)
-    except (UnidentifiedImageError, OSError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError as exc:
+        raise _bomb(path, exc, limit) from exc
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise FormatError(path, f"not a readable image: {exc}") from exc
+
+
+def _bomb(path: Path, exc: Exception, limit: int | None) -> FormatError:
+    """Pillow refused the header itself (beyond twice its own limit): above our bound too."""
+    limit = max_pixels() if limit is None else int(limit)
+    return FormatError(path, f"header claims too many pixels ({exc}), above the bound of {limit:,} "
+                       "(max_pixels / XBENCH_MAX_PIXELS); not decoded")
 
 
 def _check_dicom_pixels(path: Path, ds, limit: int | None) -> None:
