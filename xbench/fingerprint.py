@@ -12,8 +12,8 @@ chunk); resume and merge compare them, so results computed from other bytes are 
   manifest's ``files`` entries that are files; image folders are not hashed: image content is large and is
   covered by the annotation files naming them).
 
-Hashing cache: within one process, a file's sha256 is computed once per ``(resolved path, size, mtime_ns)``;
-a rewritten file (new size or mtime) is hashed again.
+Hashing cache: within one process, a file's sha256 is computed once per ``(resolved path, size, mtime_ns,
+inode)``; a rewritten or replaced file (new size, mtime or inode) is hashed again.
 """
 from __future__ import annotations
 
@@ -29,15 +29,15 @@ from .registry import model_config
 __all__ = ["file_sha256", "weight_files", "model_fingerprint", "dataset_fingerprint", "run_fingerprint", "digest",
            "diff_keys", "fit_key", "fitted_is_current", "refit"]
 
-_CACHE: dict[tuple[str, int, int], str] = {}
+_CACHE: dict[tuple[str, int, int, int], str] = {}
 _REFERENCE_WEIGHTS = Path(__file__).resolve().parent / "reference_weights"
 
 
 def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, cached per (resolved path, size, mtime_ns) for the life of the process."""
+    """sha256 of a file's bytes, cached per (resolved path, size, mtime_ns, inode) for the life of the process."""
     real = Path(path).resolve()
     stat = real.stat()
-    key = (str(real), stat.st_size, stat.st_mtime_ns)
+    key = (str(real), stat.st_size, stat.st_mtime_ns, stat.st_ino)
     if key not in _CACHE:
         _CACHE[key] = sha256(real)
     return _CACHE[key]

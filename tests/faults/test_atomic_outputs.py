@@ -34,7 +34,6 @@ def read_only(tmp_path, monkeypatch) -> Path:
     folder = tmp_path / "readonly"
     folder.mkdir()
     folder.chmod(0o555)
-    yield_folder = folder
     if os.geteuid() == 0:
         def denied(path) -> bool:
             return Path(path).resolve() == folder.resolve() or folder.resolve() in Path(path).resolve().parents
@@ -47,13 +46,13 @@ def read_only(tmp_path, monkeypatch) -> Path:
             return real_mkstemp(*args, dir=dir, **kwargs)
 
         def mkdir(self, *args, **kwargs):
-            if denied(self) and not self.resolve() == folder.resolve():
+            if denied(self) and self.resolve() != folder.resolve():
                 raise PermissionError(errno.EACCES, "Permission denied", str(self))
             return real_mkdir(self, *args, **kwargs)
 
         monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
         monkeypatch.setattr(Path, "mkdir", mkdir)
-    yield yield_folder
+    yield folder
     folder.chmod(0o755)
 
 

@@ -17,6 +17,8 @@ from conftest import tiny_run
 from xbench.config import RunConfig
 from xbench.errors import XBenchError, XBenchWarning
 from xbench.evaluate import evaluate_run
+from xbench.fingerprint import file_sha256
+from xbench.models.priors import RandomPrior
 from xbench.results import ResultStore
 from xbench.runner import run
 
@@ -84,7 +86,6 @@ def test_object_array_with_a_forged_index_is_refused_without_unpickling(base, tm
     object_chunk(chunk)
     index = store.index_path(chunk)
     entry = json.loads(index.read_text())
-    from xbench.fingerprint import file_sha256
     entry.update(size=chunk.stat().st_size, sha256=file_sha256(chunk))  # the attacker also fixes the index
     index.write_text(json.dumps(entry))
     with pytest.raises(XBenchError, match=r"chunk-00000\.npz.*(cannot be read|dtype object)"):
@@ -98,7 +99,6 @@ def test_broken_meta_is_named_then_rewritten_keeping_intact_chunks(base, tmp_pat
     with pytest.raises(XBenchError, match=r"random_prior/meta\.json is damaged"):
         evaluate_run(config(out), progress=False)
     calls = []
-    from xbench.models.priors import RandomPrior
     original = RandomPrior.predict
     monkeypatch.setattr(RandomPrior, "predict", lambda self, *a: calls.append(1) or original(self, *a))
     with pytest.warns(XBenchWarning, match=r"meta\.json is damaged"):
