@@ -94,7 +94,7 @@ class BaseDataset(Sequence[Sample], ABC):
         or are skipped and counted in :attr:`skipped`.
 
     The base owns what every loader shares: the split is checked against the manifest's
-    ``splits`` before :meth:`_read_index` runs; file paths come from :meth:`file` (annotation
+    ``splits`` (when it lists any) before :meth:`_read_index` runs; file paths come from :meth:`file` (annotation
     files), :meth:`folder` and :meth:`image_path` (files named by the annotations); images are read
     by :meth:`read_image` (``nested_images = True``: found by file name below the images folder).
 
@@ -119,8 +119,8 @@ class BaseDataset(Sequence[Sample], ABC):
         classes = manifest.get("classes", [])
         self.findings: list[str] = [c["name"] for c in classes]
         self.prompts: dict[str, str] = {c["name"]: c.get("prompt", c["name"].lower()) for c in classes}
-        splits = manifest.get("splits") or {}
-        if split not in splits:
+        splits = manifest.get("splits")
+        if splits and split not in splits:  # a manifest without ``splits`` (an ad-hoc source) has one unnamed split
             raise UnknownNameError(f"split of dataset {self.name!r}", split, splits)
         self._bases: list[Path] | None = None
         self._image_folder: ImageFolder | None = None
