@@ -41,8 +41,15 @@ def _scan(dirs: list[Path]) -> dict[str, Path]:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a malformed file raises :class:`FormatError` naming it."""
     path = Path(path)
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(path.read_text())
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise FormatError(path, f"not UTF-8 text (byte {raw[exc.start:exc.start + 1]!r} at offset {exc.start}); "
+                          "save the file as UTF-8", line=line) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise FormatError(path, f"invalid YAML: {exc}", line=mark.line + 1 if mark else None) from exc
