@@ -95,7 +95,7 @@ class PreflightReport:
         lines = [f"preflight of {self.source}: {'OK' if self.ok else f'{len(self.problems)} PROBLEM(S)'}"]
         for d in self.datasets:
             total = d.images_present + len(d.images_missing)
-            lines.append(f"dataset {d.name} [{d.split}] at {d.root}: {d.cases} cases; image files {d.images_present} "
+            lines.append(f"dataset {d.name} [{d.split}] at {d.root or '(no root)'}: {d.cases} cases; image files {d.images_present} "
                          f"of {total} present, {len(d.images_missing)} missing")
             lines += [f"  {f}" for f in d.files]
             if d.decoded:
@@ -278,12 +278,13 @@ def preflight(cfg: RunConfig, *, hashes: bool = True, decode: bool = True) -> Pr
     return report
 
 
-def runnable_models(cfg: RunConfig, left_out: dict[str, str] | None = None) -> tuple[list[ModelSpec], dict[str, str]]:
-    """The models of ``cfg`` a run uses, and the optional ones left out (name → why), each logged once."""
+def runnable_models(cfg: RunConfig, left_out: dict[str, str] | None = None, *,
+                    announce: bool = True) -> tuple[list[ModelSpec], dict[str, str]]:
+    """The models of ``cfg`` a run uses, and the optional ones left out (name → why; logged when ``announce``)."""
     if left_out is None:
         left_out = {m.name: f"optional model left out: weight files absent ({', '.join(model_weights(m)[2])})"
                     for m in cfg.models if m.optional and check_model(cfg, m).status == "left-out"}
-    for name, why in left_out.items():
+    for name, why in left_out.items() if announce else ():
         log.warning("%s: %s", name, why)
     return [m for m in cfg.models if m.name not in left_out], left_out
 

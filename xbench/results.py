@@ -104,6 +104,7 @@ class ResultStore:
             np.savez(tmp, case_ids=ids, scores=np.asarray(scores, np.float32), probs=np.asarray(probs, np.float32),
                      maps=np.asarray(maps, np.float16), sizes=sizes, windows=windows, skipped_ids=np.asarray(list(skipped), dtype=str),
                      skipped_reasons=np.asarray(list(skipped.values()), dtype=str))
+            os.chmod(tmp, _file_mode())
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
@@ -152,10 +153,19 @@ class ResultStore:
         )
 
 
+def _file_mode() -> int:
+    """Permission bits a plain ``open(..., "w")`` would give under the current umask (0644 under umask 022);
+    ``tempfile.mkstemp`` alone creates 0600 files."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "wb") as fh:
         fh.write(data)
+    os.chmod(tmp, _file_mode())
     os.replace(tmp, path)
 
 

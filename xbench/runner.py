@@ -39,7 +39,7 @@ from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
 from .logs import progress_bar
-from .results import ResultStore, _atomic_write_bytes
+from .results import ResultStore, _atomic_write_bytes, _file_mode
 
 
 class _Inputs(Dataset):
@@ -95,6 +95,7 @@ def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None 
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
             cls.fit(fit_data).save(tmp)
+            os.chmod(tmp, 0o777 & ~(_file_mode() ^ 0o666))  # mkdtemp gives 0700: follow the umask
             os.rename(tmp, folder)
         except OSError:
             if not folder.exists():
