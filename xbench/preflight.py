@@ -4,7 +4,7 @@
 
 * every dataset: the manifest's files under the root (SHA-256 where the manifest gives one), the loader
   opening with the config's options, image files present / missing (counted, case ids kept), one image
-  decoded and its size compared to the manifest's ``image_size`` (else the case table's size), and every
+  decoded and its size compared to the manifest's ``image_size`` (else the case table's size; a uniform rescale is a note, another aspect ratio a problem), and every
   ``fit_split`` named by a model existing in the manifest;
 * every model: its weight files (the ``weights:`` entries of its YAML, in the folder given by ``weights:`` /
   ``$XBENCH_WEIGHTS/<name>`` / the package's ``reference_weights/<name>``), or an explicit, labelled
@@ -188,9 +188,13 @@ def check_dataset(cfg: RunConfig, spec: DatasetSpec, *, hashes: bool = True, dec
             return out
         want = tuple(manifest["image_size"]) if manifest.get("image_size") else tuple(sample.size)
         out.decoded = f"{sample.case_id}: {image.shape[0]}x{image.shape[1]} (expected {want[0]}x{want[1]})"
-        if tuple(image.shape) != want:
-            out.problems.append(f"image of case {sample.case_id} is {image.shape[0]}x{image.shape[1]}, the manifest's "
-                                f"grid is {want[0]}x{want[1]}: regions would be drawn on another grid")
+        got = tuple(image.shape)
+        if got != want and got[0] * want[1] == got[1] * want[0]:
+            out.notes.append(f"image of case {sample.case_id} is {got[0]}x{got[1]}, a uniform rescale of the manifest's "
+                             f"{want[0]}x{want[1]} grid: regions are placed relative to the image")
+        elif got != want:
+            out.problems.append(f"image of case {sample.case_id} is {got[0]}x{got[1]}, the manifest's grid is "
+                                f"{want[0]}x{want[1]} (another aspect ratio): regions would land in the wrong place")
     return out
 
 
