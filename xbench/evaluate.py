@@ -105,6 +105,12 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
     pairs = pd.concat(frames, ignore_index=True) if frames else None
 
     inferred = np.array([cid in position for cid in case_ids], bool)
+    if not inferred.any():
+        reasons = sorted({r.split(":")[0] for r in preds.skipped.values()})
+        first = next(iter(preds.skipped.values()), "no chunk holds a prediction")
+        raise XBenchError(f"{dataset.name} × {model}: no case can be evaluated — {len(preds.skipped)} of {len(dataset)} "
+                          f"cases were skipped at inference ({', '.join(reasons) or 'none recorded'}; first: {first}). "
+                          "Place the missing files and run again: only the skipped cases are inferred.")
     labels = pd.DataFrame(dataset.labels()[inferred], index=case_ids[inferred], columns=dataset.findings)
     probs = pd.DataFrame(preds.probs[[position[i] for i in case_ids[inferred]]], index=labels.index, columns=dataset.findings)
     tidy = score_table(pairs, model=model, dataset=dataset.name, labels=labels, scores=probs, findings=dataset.findings,
@@ -133,11 +139,14 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     """Compute and write every table of a run (see the module docstring); returns the tidy table."""
     out = Path(cfg.output_dir) / "tables"
     store = ResultStore(cfg.output_dir)
+    from .preflight import runnable_models
+
     tidy, pairs, curves, log, models = [], [], [], [], {}
+    run_models, left_out = runnable_models(cfg, announce=False)
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
         gt = ground_truth(dataset, cfg.grid, progress=progress)
-        for mspec in cfg.models:
+        for mspec in run_models:
             t, p, c, counts = evaluate_pair(cfg, dataset, mspec.name, gt, store)
             tidy.append(t)
             pairs.append(p)
@@ -149,6 +158,8 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     pair_table = pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs) else pd.DataFrame()
     pair_table.to_parquet(out / "pairs.parquet", index=False)
     pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True).to_csv(out / "curves.csv", index=False)
+    for name, why in left_out.items():  # optional models without weights: a row saying so
+        models[name] = {"name": name, "weights": "absent", "note": why}
     pd.DataFrame(list(models.values())).to_csv(out / "models.csv", index=False)
     _atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
     return table
