@@ -91,13 +91,15 @@ def _add_beyond_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="one self-contained HTML report of an evaluated run (from the store alone)")
     p.add_argument("--run", required=True, help="the run's output folder")
     p.add_argument("--out", help="default: <run>/report.html")
+    p.add_argument("--grid", type=int, nargs=2, metavar=("H", "W"), help="evaluation grid (default: from the tables)")
+    p.add_argument("--cases-per-class", type=int, default=24, help="cases per class in the overlay browser")
 
 
 def _score_or_report(args: argparse.Namespace) -> int:
     if args.command == "report":
         from .report import build_report
 
-        print(f"report in {build_report(args.run, args.out)}")
+        print(f"report in {build_report(args.run, args.out, grid=args.grid, max_cases_per_class=args.cases_per_class)}")
         return 0
     import yaml
 
