@@ -3,7 +3,9 @@
 Convention: the content is written to a temporary file in the destination's folder and renamed over the
 destination (``os.replace``, atomic on POSIX). A reader therefore sees the old file or the new one, never a
 truncated one; a failed write (disk full, killed process) leaves the old file (or none) and no temporary.
-A failure is raised as :class:`~xbench.errors.OutputError` naming the destination.
+A failure is raised as :class:`~xbench.errors.OutputError` naming the destination. Files get the permission
+bits a plain ``open(..., "w")`` would give under the current umask (0644 under umask 022), folders those of
+``mkdir`` (0755); ``tempfile`` alone would create 0600 / 0700.
 """
 from __future__ import annotations
 
@@ -16,7 +18,15 @@ from typing import Any
 
 from .errors import OutputError
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "write_frame", "check_writable", "replace_folder"]
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "write_frame", "check_writable", "replace_folder",
+           "file_mode"]
+
+
+def file_mode(folder: bool = False) -> int:
+    """Permission bits of a new file (``0o666``) or folder (``0o777``) under the current umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
 
 
 def atomic_write(path: str | Path, writer: Callable[[Path], Any]) -> Path:
@@ -34,6 +44,7 @@ def atomic_write(path: str | Path, writer: Callable[[Path], Any]) -> Path:
     tmp = Path(name)
     try:
         writer(tmp)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except OSError as exc:
         raise OutputError(path, exc) from exc
@@ -95,6 +106,7 @@ def replace_folder(folder: str | Path, fill: Callable[[Path], Any]) -> Path:
     old = folder.with_name(f".{folder.name}-old-{os.getpid()}")
     try:
         fill(tmp)
+        os.chmod(tmp, file_mode(folder=True))
         if folder.exists():
             shutil.rmtree(old, ignore_errors=True)
             os.replace(folder, old)

@@ -106,6 +106,12 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
     pairs = pd.concat(frames, ignore_index=True) if frames else None
 
     inferred = np.array([cid in position for cid in case_ids], bool)
+    if not inferred.any():
+        reasons = sorted({r.split(":")[0] for r in preds.skipped.values()})
+        first = next(iter(preds.skipped.values()), "no chunk holds a prediction")
+        raise XBenchError(f"{dataset.name} × {model}: no case can be evaluated — {len(preds.skipped)} of {len(dataset)} "
+                          f"cases were skipped at inference ({', '.join(reasons) or 'none recorded'}; first: {first}). "
+                          "Place the missing files and run again: only the skipped cases are inferred.")
     labels = pd.DataFrame(dataset.labels()[inferred], index=case_ids[inferred], columns=dataset.findings)
     probs = pd.DataFrame(preds.probs[[position[i] for i in case_ids[inferred]]], index=labels.index, columns=dataset.findings)
     tidy = score_table(pairs, model=model, dataset=dataset.name, labels=labels, scores=probs, findings=dataset.findings,
@@ -134,11 +140,14 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     """Compute and write every table of a run (see the module docstring); returns the tidy table."""
     out = Path(cfg.output_dir) / "tables"
     store = ResultStore(cfg.output_dir)
+    from .preflight import runnable_models
+
     tidy, pairs, curves, log, models = [], [], [], [], {}
+    run_models, left_out = runnable_models(cfg, announce=False)
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
         gt = ground_truth(dataset, cfg.grid, progress=progress)
-        for mspec in cfg.models:
+        for mspec in run_models:
             t, p, c, counts = evaluate_pair(cfg, dataset, mspec.name, gt, store)
             tidy.append(t)
             pairs.append(p)
@@ -150,6 +159,8 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     pair_table = pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs) else pd.DataFrame()
     write_frame(pair_table, out / "pairs.parquet")  # every table atomically: a full disk leaves no truncated file
     write_frame(pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True), out / "curves.csv")
+    for name, why in left_out.items():  # optional models without weights: a row saying so
+        models[name] = {"name": name, "weights": "absent", "note": why}
     write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
     atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
     return table

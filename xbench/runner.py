@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
 from . import __version__
 from .atomic import atomic_write_bytes, check_writable
@@ -39,6 +38,7 @@ from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from .fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
+from .logs import progress_bar
 from .results import ResultStore
 
 
@@ -144,18 +144,18 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
 
     n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
     index, count = shard
-    todo = [k for k in range(n_chunks) if k % count == index and not store.has_chunk(dspec.name, mspec.name, k)]
+    mine = [k for k in range(n_chunks) if k % count == index]
+    todo = _rows_to_infer(store, dspec.name, mspec.name, dataset, mine, cfg.chunk_size)
     counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.name, "chunks_total": n_chunks,
-                              "chunks_done_before": sum(1 for k in range(n_chunks) if k % count == index) - len(todo),
-                              "chunks_written": 0, "cases_inferred": 0, "cases_skipped": 0, "skip_reasons": {}}
+                              "chunks_done_before": len(mine) - len(todo), "chunks_written": 0, "cases_inferred": 0,
+                              "cases_retried": sum(len(r) for k, r in todo.items() if store.has_chunk(dspec.name, mspec.name, k)),
+                              "cases_skipped": 0, "skip_reasons": {}}
     if not todo:
         return counts
 
     prompts = [dataset.prompts[f] for f in dataset.findings]
-    batches = []
-    for k in todo:
-        rows = list(range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset))))
-        batches += [rows[i:i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
+    batches = [rows[i:i + cfg.batch_size] for rows in todo.values() for i in range(0, len(rows), cfg.batch_size)]
+    remaining = {k: len(rows) for k, rows in todo.items()}
     loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
                         num_workers=cfg.num_workers, collate_fn=_collate)
     amp = (torch.autocast(device.type, dtype=torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
@@ -163,7 +163,8 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
 
     pending: dict[int, dict[str, list]] = {}
     reasons: Counter[str] = Counter()
-    bar = tqdm(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img", disable=not progress)
+    bar = progress_bar(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img",
+                       disable=not progress)
     started = time.perf_counter()
     for items in loader:
         chunk = items[0][0] // cfg.chunk_size
@@ -187,18 +188,20 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
             acc["maps"].append(pred.maps.float().cpu().numpy().astype(np.float16))
         bar.update(len(items))
         bar.set_postfix(img_s=f"{bar.n / max(time.perf_counter() - started, 1e-9):.1f}")
-        last_row = min((chunk + 1) * cfg.chunk_size, len(dataset)) - 1
-        if items[-1][0] == last_row:  # chunk complete: flush it
+        remaining[chunk] -= len(items)
+        if remaining[chunk] == 0:  # every planned row of the chunk seen: flush it
             c, h, w = len(prompts), *adapter.grid
-            store.write_chunk(
-                dspec.name, mspec.name, chunk, case_ids=acc["ids"],
-                scores=np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
-                probs=np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
-                maps=np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), np.float16),
-                sizes=np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
-                windows=np.asarray(acc["windows"], np.float64).reshape(-1, 4),
-                skipped=acc["skipped"],
-            )
+            arrays = {
+                "case_ids": acc["ids"],
+                "scores": np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
+                "probs": np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
+                "maps": np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), np.float16),
+                "sizes": np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
+                "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
+            }
+            if store.has_chunk(dspec.name, mspec.name, chunk):  # a retry of formerly skipped cases: join the chunk
+                arrays = _join_chunk(store.chunk_path(dspec.name, mspec.name, chunk), arrays, dataset)
+            store.write_chunk(dspec.name, mspec.name, chunk, skipped=acc["skipped"], **arrays)
             counts["chunks_written"] += 1
             counts["cases_inferred"] += len(acc["ids"])
             counts["cases_skipped"] += len(acc["skipped"])
@@ -207,16 +210,56 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     counts["skip_reasons"] = dict(reasons)
     if counts["cases_skipped"]:
         warnings.warn(f"{mspec.name} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
-                      f"be read ({dict(reasons)}); they are left out of every metric", XBenchWarning, stacklevel=2)
+                      f"be read ({dict(reasons)}); they are left out of every metric and stay missing in the store: "
+                      "a later run infers them once the files are present", XBenchWarning, stacklevel=2)
     return counts
 
 
+def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: BaseDataset, chunks: list[int],
+                   chunk_size: int) -> dict[int, list[int]]:
+    """Chunk → dataset rows still to infer: every row of an absent chunk, the skipped rows of a present one.
+
+    A case skipped for a missing / unreadable image is recorded in its chunk as skipped, never as done,
+    so a later run infers exactly those cases.
+    """
+    ids = dataset.cases["case_id"].astype(str).tolist()
+    todo: dict[int, list[int]] = {}
+    for k in chunks:
+        rows = list(range(k * chunk_size, min((k + 1) * chunk_size, len(dataset))))
+        if not store.has_chunk(dataset_name, model, k):
+            todo[k] = rows
+            continue
+        with np.load(store.chunk_path(dataset_name, model, k)) as data:
+            skipped = set(data["skipped_ids"].tolist())
+        if skipped:
+            todo[k] = [r for r in rows if ids[r] in skipped]
+    return todo
+
+
+def _join_chunk(path: Path, new: dict[str, Any], dataset: BaseDataset) -> dict[str, Any]:
+    """The arrays of a stored chunk joined with newly inferred cases, in dataset row order."""
+    order = {cid: i for i, cid in enumerate(dataset.cases["case_id"].astype(str))}
+    with np.load(path) as old:
+        keys = ("case_ids", "scores", "probs", "maps", "sizes", "windows")
+        joined = {k: np.concatenate([np.asarray(old[k]), np.asarray(new[k]).astype(old[k].dtype)]) for k in keys}
+    at = np.argsort([order[c] for c in joined["case_ids"].tolist()], kind="stable")
+    return {k: v[at] for k, v in joined.items()}
+
+
 def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False, progress: bool = True,
-        evaluate: bool = True) -> Path:
+        evaluate: bool = True, check: bool = True) -> Path:
     """Infer every (dataset, model) of ``cfg`` into the store, then (unless sharded) compute the metric tables.
 
-    Returns the output folder. A re-run with the same config only evaluates.
+    With ``check`` (default) :func:`xbench.preflight.preflight` runs first and any problem stops the run before a
+    model is built. Optional models without weights are left out (logged; noted in ``run_log.json``).
+    Returns the output folder. A re-run with the same config only evaluates (and infers cases skipped before).
     """
+    from .preflight import preflight, runnable_models, summary
+
+    report = preflight(cfg) if check else None
+    if report is not None:
+        report.raise_for_problems()
+    models, left_out = runnable_models(cfg, report.left_out if report is not None else None)
     out = check_writable(cfg.output_dir, "output_dir")  # read-only / unwritable: a clear error before inference
     dist = _dist_shard() if shard is None else None
     if dist is not None:
@@ -231,13 +274,20 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     log: list[dict[str, Any]] = []
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
-        for mspec in cfg.models:
+        for mspec in models:
             adapter = open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
+            if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
+                raise XBenchError(f"model {mspec.name!r} was built random-init (no weights found) but this config does not "
+                                  "allow random-init models (allow_random_init: true, or params: {random_init: true})")
             entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
                           progress=progress)
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
+            if report is not None:
+                entry["preflight_images"] = summary(report).get(dspec.name)
             log.append(entry)
+        log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
+                for name, why in left_out.items()]
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
     atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
 

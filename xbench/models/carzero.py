@@ -85,6 +85,7 @@ from transformers import BertConfig, BertModel, BertTokenizer
 
 from ..errors import CheckpointError, MissingFileError
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, weight_file
+from .checkpoint import require_tensor_state
 
 __all__ = [
     "CARZeroAdapter",
@@ -584,71 +585,28 @@ class CARZeroModel(nn.Module):
 
 
 # -- checkpoint ----------------------------------------------------------------------------------
-class _Inert:
-    """Stand-in for a non-tensor class named in a checkpoint (OmegaConf, Lightning, ...).
-
-    It records the pickled arguments and state and runs no code of the named package, which need
-    not be installed.
-    """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> _Inert:
-        obj = super().__new__(cls)
-        obj.__dict__["pickled_args"] = args
-        return obj
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        self.__dict__["pickled_state"] = state
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.__dict__.setdefault("pickled_items", {})[key] = value
-
-    def append(self, value: Any) -> None:
-        self.__dict__.setdefault("pickled_list", []).append(value)
-
-    def extend(self, values: Any) -> None:
-        self.__dict__.setdefault("pickled_list", []).extend(values)
-
-
-def _inert_class(qualified: str) -> type:
-    """A fresh :class:`_Inert` subclass that the unpickler accepts in place of ``qualified``."""
-    module, _, name = qualified.rpartition(".")
-    return type(name or qualified, (_Inert,), {"__module__": module or "builtins"})
-
-
 def load_carzero_checkpoint(path: str | Path) -> Any:
-    """Read ``CARZero_best_model.ckpt`` safely (no pickled code runs).
+    """Read ``CARZero_best_model.ckpt`` safely: :func:`xbench.models.checkpoint.read_checkpoint`.
 
-    First ``torch.load(weights_only=True)`` (:func:`~xbench.models.base.load_checkpoint`). The real
-    Lightning file also pickles its OmegaConf training config (``hyper_parameters``) and Lightning
-    bookkeeping, which the weights-only unpickler refuses; then every non-allowlisted global that
-    the file names (``torch.serialization.get_unsafe_globals_in_checkpoint``) is mapped to an inert
-    placeholder class and the file is read again with ``weights_only=True`` under
-    ``torch.serialization.safe_globals``. The tensors of ``state_dict`` are read exactly; the
-    placeholders only hold raw pickled state (``omegaconf`` need not be installed).
+    The real Lightning file also pickles its OmegaConf training config (``hyper_parameters``) and
+    Lightning bookkeeping; those become inert placeholders (reported by a warning, never run,
+    ``omegaconf`` need not be installed); the tensors of ``state_dict`` are read exactly.
     Unreadable files raise :class:`CheckpointError` naming the file.
     """
-    path = Path(path)
-    try:
-        return load_checkpoint(path)
-    except CheckpointError as first:
-        try:
-            names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-            with torch.serialization.safe_globals([(_inert_class(n), n) for n in names]):
-                return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise CheckpointError(f"{path}: cannot be read as a CARZero Lightning checkpoint ({type(exc).__name__}: {exc})") from first
+    return load_checkpoint(path)
 
 
-def official_state(checkpoint: Any) -> dict[str, torch.Tensor]:
-    """``checkpoint['state_dict']`` with keys stripped as the official loader does (``k.split('CARZero.')[-1]``)."""
+def official_state(checkpoint: Any, where: str = "CARZero checkpoint") -> dict[str, torch.Tensor]:
+    """``checkpoint['state_dict']`` with keys stripped as the official loader does (``k.split('CARZero.')[-1]``).
+
+    A non-string key or a non-tensor value raises :class:`CheckpointError` naming ``where`` (the file) and the key.
+    """
     if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
         got = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
-        raise CheckpointError(f"CARZero checkpoint: expected a Lightning dict with a 'state_dict' mapping "
+        raise CheckpointError(f"{where}: expected a Lightning dict with a 'state_dict' mapping "
                               f"(CARZero_best_model.ckpt), got {got}")
-    return {k.split("CARZero.")[-1]: v for k, v in checkpoint["state_dict"].items()}
+    state = require_tensor_state(checkpoint["state_dict"], f"{where}['state_dict']")
+    return {k.split("CARZero.")[-1]: v for k, v in state.items()}
 
 
 def bert_config_from_state(state: Mapping[str, torch.Tensor], bert_config: BertConfig | None = None) -> BertConfig:
@@ -659,16 +617,16 @@ def bert_config_from_state(state: Mapping[str, torch.Tensor], bert_config: BertC
     return config
 
 
-def load_official_checkpoint(model: CARZeroModel, checkpoint: Any) -> None:
+def load_official_checkpoint(model: CARZeroModel, checkpoint: Any, where: str = "CARZero checkpoint") -> None:
     """Load an official (or synthetic) CARZero checkpoint dict into ``model``.
 
     As the official ``load_CARZero``: strip everything up to ``CARZero.``, keep only keys the model
     has (drops e.g. ``position_ids`` of older transformers), then a strict load. Missing keys or
     shape mismatches raise :class:`CheckpointError` listing them (nothing is loaded then).
     """
-    state = official_state(checkpoint)
+    state = official_state(checkpoint, where)
     own = model.state_dict()
-    load_state_strict(model, {k: v for k, v in state.items() if k in own}, "CARZero checkpoint['state_dict']")
+    load_state_strict(model, {k: v for k, v in state.items() if k in own}, f"{where}['state_dict']")
 
 
 # -- adapter -------------------------------------------------------------------------------------
@@ -765,7 +723,7 @@ class CARZeroAdapter(Adapter):
             tokenizer = BertTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
             bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
             return cls.from_official_checkpoint(load_carzero_checkpoint(ckpt_path), tokenizer, read_vocab(vocab_path),
-                                                bert_config, config, device)
+                                                bert_config, config, device, where=str(ckpt_path))
         if not params.get("random_init", False):
             raise MissingFileError(
                 Path("$XBENCH_WEIGHTS") / str(config.get("name", "carzero")) / ckpt_name,
@@ -780,14 +738,15 @@ class CARZeroAdapter(Adapter):
 
     @classmethod
     def from_official_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str], bert_config: BertConfig | None = None,
-                                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu") -> CARZeroAdapter:
+                                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu",
+                                 where: str = "CARZero checkpoint") -> CARZeroAdapter:
         """Adapter from a loaded checkpoint dict (the path a user's ``CARZero_best_model.ckpt`` takes).
 
         The BERT vocabulary size is read from the checkpoint; other BERT sizes come from
         ``bert_config`` (bert-base when ``None``). Mismatches raise :class:`CheckpointError`.
         """
-        model = CARZeroModel(bert_config_from_state(official_state(checkpoint), bert_config))
-        load_official_checkpoint(model, checkpoint)
+        model = CARZeroModel(bert_config_from_state(official_state(checkpoint, where), bert_config))
+        load_official_checkpoint(model, checkpoint, where)
         adapter = cls(model, tokenizer, vocab, config, device)
         adapter.weights_label = "official"
         return adapter
