@@ -24,11 +24,26 @@ def _short_warning(message: Any, category: type[Warning], filename: str, lineno:
     return f"{category.__name__}: {message}"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each message (test capture, notebooks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: D401
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logging(verbosity: int = 0) -> None:
     """Configure the ``xbench`` logger for the command line: ``-1`` quiet, ``0`` info, ``1`` debug."""
     level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
     if not any(getattr(h, "_xbench", False) for h in log.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("xbench: %(message)s"))
         handler._xbench = True  # type: ignore[attr-defined]
         log.addHandler(handler)
