@@ -170,7 +170,7 @@ def test_optional_model_without_weights_is_left_out_with_a_note(tmp_path, monkey
             run(cfg, progress=False)
     assert sum("devide: optional model left out" in r.getMessage() for r in caplog.records) == 1
     models = pd.read_csv(tmp_path / "o" / "tables" / "models.csv")
-    row = models[models["name"] == "devide"].iloc[0]
+    row = models[models["model"] == "devide"].iloc[0]
     assert row["weights"] == "absent" and "optional model left out" in row["note"]
     log = json.loads((tmp_path / "o" / "run_log.json").read_text())
     assert [e["model"] for e in log if e.get("left_out")] == ["devide"]

@@ -15,7 +15,7 @@ import time
 import warnings
 from typing import Any
 
-__all__ = ["setup_logging", "progress_bar", "LineProgress"]
+__all__ = ["setup_logging", "progress_bar", "progress_iter", "LineProgress"]
 
 log = logging.getLogger("xbench")
 
@@ -99,3 +99,15 @@ def progress_bar(*, total: int, desc: str = "", unit: str = "it", disable: bool 
     if getattr(stream, "isatty", lambda: False)():
         return tqdm(total=total, desc=desc, unit=unit)
     return LineProgress(total, desc, unit)
+
+
+def progress_iter(items: Any, *, desc: str = "", unit: str = "it", disable: bool = False) -> Any:
+    """Iterate ``items`` (a sized iterable) with :func:`progress_bar`."""
+    items = list(items) if not hasattr(items, "__len__") else items
+    bar = progress_bar(total=len(items), desc=desc, unit=unit, disable=disable)
+    try:
+        for item in items:
+            yield item
+            bar.update(1)
+    finally:
+        bar.close()
