@@ -97,6 +97,14 @@ def test_cli_reports_a_config_typo_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_an_empty_dataset_is_refused_before_any_model_runs(tmp_path, no_predict):
+    cfg = RunConfig.from_dict(tiny_run(tmp_path / "o", models=["center_prior"],
+                                       datasets=[{"name": "phantom", "split": "test", "cases": 0}]))
+    with pytest.raises(PreflightError, match=r"loader failed: XBenchError: phantom: cases must be >= 1"):
+        run(cfg, progress=False)
+    assert not (tmp_path / "o").exists()
+
+
 # -- late errors now found before any model is built -------------------------------------------------------
 def test_fit_split_that_the_dataset_lacks_is_refused_before_any_model_runs(tmp_path, no_predict):
     cfg = RunConfig.from_dict({"output_dir": str(tmp_path / "o"), "datasets": [{"name": "nih_bbox", "root": str(tmp_path)}],
