@@ -123,6 +123,28 @@ def _typed_like(where: str, field_name: str, value: Any, default: Any) -> None:
         _check_type(where, field_name, value, kind)
 
 
+_SIMPLE = {"int": "int", "float": "float", "bool": "bool", "str": "str", "Path": "path"}
+
+
+def _annotation_allows(where: str, field_name: str, value: Any, annotation: Any) -> bool:
+    """Check ``value`` against a simple annotation such as ``"int | None"``; False when it is not simple."""
+    names = [n.strip() for n in str(annotation).split("|")] if isinstance(annotation, str) else []
+    kinds = [n for n in names if n != "None"]
+    if not names or any(n not in _SIMPLE for n in kinds):
+        return False
+    if value is None and "None" in names:
+        return True
+    for n in kinds:
+        try:
+            _check_type(where, field_name, value, _SIMPLE[n])
+            return True
+        except FormatError:
+            continue
+    if kinds:
+        _check_type(where, field_name, value, _SIMPLE[kinds[0]])  # raises, naming the first expected type
+    return True
+
+
 def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
     key = f"datasets[{index}]"
     if isinstance(item, str) and item:
@@ -138,7 +160,8 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
         raise _unknown(where, f"key(s) of dataset {name!r}:", unknown, [*DATASET_KEYS, *sorted(declared)], key)
     for k, v in options.items():
         default = declared[k].default
-        _typed_like(where, f"{key}.{k}", v, None if default is inspect.Parameter.empty else default)
+        if not _annotation_allows(where, f"{key}.{k}", v, declared[k].annotation):
+            _typed_like(where, f"{key}.{k}", v, None if default is inspect.Parameter.empty else default)
     for k in ("root", "split"):
         if item.get(k) is not None:
             _check_type(where, f"{key}.{k}", item[k], "path" if k == "root" else "str")

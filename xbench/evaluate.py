@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from .atomic import atomic_write_bytes, write_frame
 from .config import RunConfig
 from .datasets import BaseDataset
 from .errors import XBenchError
+from .logs import progress_iter
 from .metrics import BEST_TAU, grounding_scores, score_table
 from .results import ResultStore, write_table
 from .runner import open_dataset
@@ -53,7 +54,7 @@ def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool 
     localized = {c["name"]: c.get("localized", True) for c in dataset.manifest.get("classes", [])}
     rows = np.flatnonzero((labels == 1).any(axis=1))
     found: dict[str, tuple[list[int], list[np.ndarray]]] = {f: ([], []) for f in dataset.findings if localized.get(f, True)}
-    for r in tqdm(rows, desc=f"ground truth {dataset.name}", unit="case", disable=not progress):
+    for r in progress_iter(rows, desc=f"ground truth {dataset.name}", unit="case", disable=not progress):
         sample = dataset[int(r)]
         for f, (idx, masks) in found.items():
             if sample.labels.get(f) == 1 and sample.regions.get(f):
@@ -78,7 +79,8 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
     case_ids = dataset.cases["case_id"].astype(str).to_numpy()
     position = {cid: i for i, cid in enumerate(preds.case_ids.tolist())}
     counts: dict[str, Any] = {"dataset": dataset.name, "model": model, "cases": len(dataset),
-                              "cases_skipped_at_inference": len(preds.skipped), "pairs": {}}
+                              "cases_skipped_at_inference": len(preds.skipped),
+                              "skip_reasons": dict(Counter(r.split(":")[0] for r in preds.skipped.values())), "pairs": {}}
 
     frames = []
     for c, finding in enumerate(dataset.findings):
@@ -160,7 +162,7 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     write_frame(pair_table, out / "pairs.parquet")  # every table atomically: a full disk leaves no truncated file
     write_frame(pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True), out / "curves.csv")
     for name, why in left_out.items():  # optional models without weights: a row saying so
-        models[name] = {"name": name, "weights": "absent", "note": why}
+        models[name] = {"model": name, "weights": "absent", "note": why}
     write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
     atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
     return table

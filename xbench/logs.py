@@ -15,7 +15,7 @@ import time
 import warnings
 from typing import Any
 
-__all__ = ["setup_logging", "progress_bar", "LineProgress"]
+__all__ = ["setup_logging", "progress_bar", "progress_iter", "LineProgress"]
 
 log = logging.getLogger("xbench")
 
@@ -24,11 +24,26 @@ def _short_warning(message: Any, category: type[Warning], filename: str, lineno:
     return f"{category.__name__}: {message}"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each message (test capture, notebooks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: D401
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logging(verbosity: int = 0) -> None:
     """Configure the ``xbench`` logger for the command line: ``-1`` quiet, ``0`` info, ``1`` debug."""
     level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
     if not any(getattr(h, "_xbench", False) for h in log.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("xbench: %(message)s"))
         handler._xbench = True  # type: ignore[attr-defined]
         log.addHandler(handler)
@@ -84,3 +99,15 @@ def progress_bar(*, total: int, desc: str = "", unit: str = "it", disable: bool 
     if getattr(stream, "isatty", lambda: False)():
         return tqdm(total=total, desc=desc, unit=unit)
     return LineProgress(total, desc, unit)
+
+
+def progress_iter(items: Any, *, desc: str = "", unit: str = "it", disable: bool = False) -> Any:
+    """Iterate ``items`` (a sized iterable) with :func:`progress_bar`."""
+    items = list(items) if not hasattr(items, "__len__") else items
+    bar = progress_bar(total=len(items), desc=desc, unit=unit, disable=disable)
+    try:
+        for item in items:
+            yield item
+            bar.update(1)
+    finally:
+        bar.close()

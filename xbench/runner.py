@@ -274,6 +274,8 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     log: list[dict[str, Any]] = []
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
+        if not len(dataset):
+            raise XBenchError(f"dataset {dspec.name} [{dataset.split}] has no cases (check its root, split and options)")
         for mspec in models:
             adapter = open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
             if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
