@@ -81,11 +81,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertModel, BertTokenizer
+from transformers import BertConfig, BertModel
 
 from ..errors import CheckpointError, MissingFileError
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, weight_file
 from .checkpoint import require_tensor_state
+from .text import load_bert_tokenizer
 
 __all__ = [
     "CARZeroAdapter",
@@ -720,7 +721,7 @@ class CARZeroAdapter(Adapter):
             ckpt_path = weight_file(weights_dir, config, "checkpoint", ckpt_name, "CARZero checkpoint")
             tok_dir = weight_file(weights_dir, config, "text_encoder", tok_name, "BioClinicalMPBERT tokenizer folder")
             vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", tok_spec.get("source"))
-            tokenizer = BertTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+            tokenizer = load_bert_tokenizer(tok_dir, source=tok_spec.get("source"))
             bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
             return cls.from_official_checkpoint(load_carzero_checkpoint(ckpt_path), tokenizer, read_vocab(vocab_path),
                                                 bert_config, config, device, where=str(ckpt_path))

@@ -226,11 +226,16 @@ def bert_from_state(state: Mapping[str, torch.Tensor] | None = None, seed: int =
 
 
 def load_text_encoder(folder: str | Path) -> tuple[nn.Module, Any]:
-    """Local Bio_ClinicalBERT folder → (``BertModel`` in eval mode, ``BertTokenizer``); never calls a hub."""
-    from transformers import BertModel, BertTokenizer
+    """Local Bio_ClinicalBERT folder → (``BertModel`` in eval mode, ``BertTokenizer``); never calls a hub.
 
-    bert = BertModel.from_pretrained(str(folder), local_files_only=True).eval()
-    return bert, BertTokenizer.from_pretrained(str(folder), local_files_only=True)
+    The encoder is loaded strictly (:func:`xbench.models.text.load_bert_folder`: a missing or unexpected
+    weight is an error naming it; the unused pooler is not built); the tokenizer accepts every published
+    folder layout (:func:`xbench.models.text.load_bert_tokenizer`).
+    """
+    from .text import load_bert_folder, load_bert_tokenizer
+
+    return (load_bert_folder(folder, use_pooler=False, source=TEXT_ENCODER_SOURCE),
+            load_bert_tokenizer(folder, source=TEXT_ENCODER_SOURCE))
 
 
 def read_descriptions(path: str | Path) -> dict[str, str]:
