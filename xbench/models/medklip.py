@@ -84,7 +84,7 @@ from PIL import Image
 from torch import nn
 
 from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
+from .base import Adapter, Prediction, check_pixels, load_checkpoint, load_state_strict, weight_file
 
 # The 75 entities, in the order of `original_class` / `disease_name` of the official code and of
 # the official `observation explanation.json` (MedKLIP test.py, model_MedKLIP.py).
@@ -506,6 +506,7 @@ class MedKLIPAdapter(Adapter):
 
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (probabilities) and raw 14×14 layer-mean cross-attention maps ``(B, C, 14, 14)``."""
+        check_pixels(pixels, self.input_size, self.name)
         queries, columns = self.resolve(prompts)
         out = self.forward_features(pixels, self.query_book(queries))
         index = torch.tensor(columns, device=out["scores"].device)
