@@ -132,6 +132,14 @@ def resize_crop_window(size: tuple[int, int], crop: int, mode: str = "shortest")
     return (y0, x0, y0 + side, x0 + side)
 
 
+def check_pixels(pixels: torch.Tensor, size: int, name: str) -> None:
+    """``ValueError`` naming the model, the expected ``(B, 3, size, size)`` and the shape received."""
+    shape = tuple(getattr(pixels, "shape", ()))
+    if len(shape) != 4 or shape[1:] != (3, size, size) or shape[0] < 1:
+        raise ValueError(f"{name} predict expects preprocessed pixels of shape (B, 3, {size}, {size}) "
+                         f"(the output of {name}.preprocess, stacked), got {shape}")
+
+
 # -- weights ---------------------------------------------------------------------------
 def weights_dir(name: str, weights: str | Path | None) -> Path | None:
     """The local weights folder for ``name``: ``weights`` if given, else ``$XBENCH_WEIGHTS/<name>`` if it exists."""

@@ -54,7 +54,8 @@ Text input
     :func:`clean_text` (official ``process_text``) and tokenised with ``padding="max_length",
     max_length=97, truncation=True``.
 Preprocessing (``process_img``)
-    8-bit image (``np.round(image * 255)``) -> longest side to 256 with OpenCV ``INTER_AREA`` (other
+    8-bit image (``np.round(image * 255)``; a 16-bit PNG ``v >> 8`` as ``cv2.imread(path, 0)``,
+    :mod:`xbench.models.inputs`) -> longest side to 256 with OpenCV ``INTER_AREA`` (other
     side ``int(side * 256 / longest)``), zero-pad the short side to 256 (floor half before, ceil half
     after) -> grey to RGB -> ``CenterCrop(224)`` -> ``ToTensor`` -> ``Normalize(0.4978, 0.2449)``.
     ``INTER_AREA`` is re-implemented without OpenCV (:func:`resize_area`), bit-exact to OpenCV's
@@ -81,11 +82,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertModel, BertTokenizer
+from transformers import BertConfig, BertModel
 
 from ..errors import CheckpointError, MissingFileError
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, weight_file
 from .checkpoint import require_tensor_state
+from .inputs import to_uint8
+from .text import load_bert_tokenizer
 
 __all__ = [
     "CARZeroAdapter",
@@ -256,8 +259,9 @@ def preprocess_stages(image: np.ndarray) -> dict[str, Any]:
     Parameters
     ----------
     image : numpy.ndarray
-        ``(H, W)`` float32 in [0, 1] at original size; converted with ``np.round(image * 255)`` to
-        the 8-bit image the official ``cv2.imread(path, 0)`` reads (exact for 8-bit sources).
+        ``(H, W)`` float32 in [0, 1] at original size; converted to the 8-bit image the official
+        ``cv2.imread(path, 0)`` reads by :func:`xbench.models.inputs.to_uint8` (rule ``"opencv"``):
+        ``np.round(image * 255)`` for 8-bit sources and DICOM, ``v >> 8`` for 16-bit PNGs.
 
     Returns
     -------
@@ -269,7 +273,7 @@ def preprocess_stages(image: np.ndarray) -> dict[str, Any]:
     image = np.asarray(image)
     if image.ndim != 2:
         raise ValueError(f"expected a grey image of shape (H, W), got shape {image.shape}")
-    u8 = np.clip(np.round(image.astype(np.float32) * 255), 0, 255).astype(np.uint8)
+    u8 = to_uint8(image, "opencv")  # cv2.imread(path, 0): 8-bit files exact, 16-bit PNGs v >> 8
     padded = resize_and_pad(u8, RESIZE)
     top = int(round((RESIZE - CROP) / 2.0))
     cropped = padded[top: top + CROP, top: top + CROP]
@@ -720,7 +724,7 @@ class CARZeroAdapter(Adapter):
             ckpt_path = weight_file(weights_dir, config, "checkpoint", ckpt_name, "CARZero checkpoint")
             tok_dir = weight_file(weights_dir, config, "text_encoder", tok_name, "BioClinicalMPBERT tokenizer folder")
             vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", tok_spec.get("source"))
-            tokenizer = BertTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+            tokenizer = load_bert_tokenizer(tok_dir, source=tok_spec.get("source"))
             bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
             return cls.from_official_checkpoint(load_carzero_checkpoint(ckpt_path), tokenizer, read_vocab(vocab_path),
                                                 bert_config, config, device, where=str(ckpt_path))
