@@ -279,7 +279,7 @@ class ResultStore:
             folder = self.folder(dataset, model)
             folder.mkdir(parents=True, exist_ok=True)
             if not (folder / "meta.json").exists():
-                atomic_write(folder / "meta.json", lambda tmp: shutil.copyfile(meta_file, tmp))
+                atomic_write(folder / "meta.json", lambda tmp, src=meta_file: shutil.copyfile(src, tmp))
             ours = self.meta(dataset, model)
             differ = _differences(ours, theirs, UNCOMPARED_KEYS + LOCAL_KEYS)
             if differ:
