@@ -114,6 +114,22 @@ def test_fit_split_that_the_dataset_lacks_is_refused_before_any_model_runs(tmp_p
     assert not (tmp_path / "o" / "store").exists()
 
 
+def test_fit_split_without_its_annotation_file_is_refused_before_any_model_runs(tmp_path, no_predict):
+    import shutil
+
+    from conftest import shared_path
+
+    root = tmp_path / "det10"
+    root.mkdir()
+    shutil.copy(shared_path("annotations", "chestx_det10", "test.json"), root / "test.json")
+    cfg = RunConfig.from_dict({"output_dir": str(tmp_path / "o"), "datasets": [{"name": "chestx_det10", "root": str(root)}],
+                               "models": ["center_prior", {"name": "anatomical_prior", "fit_split": "train"}],
+                               "on_missing_image": "skip"})
+    with pytest.raises(PreflightError, match=r"fitted on split 'train', whose annotations file .*train.json is missing"):
+        run(cfg, progress=False)
+    assert not (tmp_path / "o" / "store").exists()
+
+
 def test_missing_checkpoint_is_found_before_earlier_models_run(tmp_path, no_predict, monkeypatch):
     monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
     cfg = RunConfig.from_dict(tiny_run(tmp_path / "o", models=["center_prior", "kad"]))

@@ -153,6 +153,13 @@ def check_dataset(cfg: RunConfig, spec: DatasetSpec, *, hashes: bool = True, dec
                     out.problems.append(f"{path}: sha256 {actual[:12]}… differs from the manifest's {entry['sha256'][:12]}… "
                                         "(another release of the file?)")
             out.files.append(f"file {key}: {path}: {state}")
+        for m in cfg.models:  # the fit split's own annotation files
+            if m.fit_split is None or m.fit_split == split or m.fit_split not in (manifest.get("splits") or {}):
+                continue
+            for key, entry in manifests.file_entries(manifest, m.fit_split).items():
+                if key != "images" and not (base / entry["path"]).exists():
+                    out.problems.append(f"model {m.name!r} is fitted on split {m.fit_split!r}, whose {key} file "
+                                        f"{base / entry['path']} is missing")
         if out.problems:
             return out
     try:
