@@ -293,6 +293,9 @@ def test_config_path_env_var_and_bad_folder(user_configs, tmp_path):
     env = {**os.environ, "XBENCH_CONFIG_PATH": str(user_configs), "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-m", "xbench.cli", "list", "models"], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "wide_prior" in out.stdout.split()
+    bad = {**env, "XBENCH_CONFIG_PATH": str(tmp_path / "nowhere")}
+    out = subprocess.run([sys.executable, "-m", "xbench.cli", "list", "models"], env=bad, capture_output=True, text=True)
+    assert out.returncode == 2 and "nowhere is not a folder" in out.stderr and "Traceback" not in out.stderr
     with pytest.raises(XBenchError, match="holds neither models/ nor datasets/"):
         registry.add_search_dir(tmp_path)
 

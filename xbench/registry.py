@@ -56,12 +56,22 @@ def add_search_dir(path: str | Path) -> None:
         sys.path.append(str(folder))
 
 
+_ENV_READ = False
+
+
 def _env_search_path() -> None:
+    """Add the folders of ``$XBENCH_CONFIG_PATH`` (once, on the first look-up, so a bad entry is a clear error
+    where names are looked up rather than at import)."""
+    global _ENV_READ
+    if _ENV_READ:
+        return
+    _ENV_READ = True
     for entry in filter(None, os.environ.get("XBENCH_CONFIG_PATH", "").split(os.pathsep)):
         add_search_dir(entry)
 
 
 def _scan(dirs: list[Path]) -> dict[str, Path]:
+    _env_search_path()
     found: dict[str, Path] = {}
     for folder in dirs:
         for file in sorted(folder.glob("*.yaml")):
@@ -127,6 +137,3 @@ def import_target(target: str) -> Any:
     if not attr:
         raise ValueError(f"class target must look like 'module:Class', got {target!r}")
     return getattr(importlib.import_module(module), attr)
-
-
-_env_search_path()
