@@ -300,6 +300,17 @@ def test_config_path_env_var_and_bad_folder(user_configs, tmp_path):
         registry.add_search_dir(tmp_path)
 
 
+def test_installed_packages_add_config_folders_through_entry_points(user_configs, monkeypatch):
+    import importlib.metadata
+
+    ep = importlib.metadata.EntryPoint(name="mine", value="os.path:curdir", group="xbench.config_path")
+    monkeypatch.setattr(ep.__class__, "load", lambda self: str(user_configs))
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [ep] if group == "xbench.config_path" else [])
+    monkeypatch.setattr(registry, "_ENV_READ", False)
+    monkeypatch.delenv("XBENCH_CONFIG_PATH", raising=False)
+    assert "wide_prior" in registry.list_models()
+
+
 # -- logging and progress -----------------------------------------------------------------------------------
 def test_progress_is_a_few_log_lines_when_not_a_terminal(caplog):
     from xbench.logs import progress_bar
