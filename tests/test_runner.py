@@ -207,7 +207,7 @@ def test_independent_shards_then_merge_equal_the_single_run(base, tmp_path):
     logs = [run_log(d, f"run_log.shard{i}of2.json") for i, d in enumerate(dirs)]
     assert [logs[0][m]["chunks_written"] for m in MODELS] == [2, 2, 2]  # chunks 0 and 2
     assert [logs[1][m]["chunks_written"] for m in MODELS] == [1, 1, 1]  # chunk 1
-    assert sorted(p.name for p in (dirs[1] / "store" / "phantom" / "center_prior").glob("chunk-*")) == \
+    assert sorted(p.name for p in (dirs[1] / "store" / "phantom" / "center_prior").glob("chunk-*.npz")) == \
         ["chunk-00001.npz"]
 
     with pytest.raises(XBenchError, match=r"chunks \[1\] of 3 are missing"):

@@ -10,5 +10,13 @@ from .datasets import load_dataset
 from .models import create_model
 from .registry import add_config_path, list_datasets, list_models
 
-__all__ = ["analysis", "metrics", "tables", "load_dataset", "create_model", "add_config_path", "list_datasets", "list_models"]
+__all__ = ["analysis", "metrics", "tables", "load_dataset", "create_model", "add_config_path", "list_datasets", "list_models", "evaluate_maps"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "evaluate_maps":  # imported on first use: xbench.score pulls in the evaluation stack
+        from .score import evaluate_maps
+
+        return evaluate_maps
+    raise AttributeError(f"module 'xbench' has no attribute {name!r}")

@@ -7,6 +7,8 @@
     xbench reproduce --config CONFIG [--notebooks DIR] [--timeout S] [--keep-going]
     xbench manifest check|build DATASET --root DIR [--out FILE]
     xbench list models|datasets
+    xbench score --maps DIR|FILE.npz --dataset NAME [--split S] [--root DIR] [--output-dir DIR] [--name N]
+    xbench report --run DIR [--out FILE.html]
 
 Every subcommand takes ``-q/--quiet`` (warnings and errors only, no progress), ``-v/--verbose``
 (debug) and ``--config-path DIR`` (repeatable; a folder with ``models/`` and/or ``datasets/`` of
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .errors import XBenchError
 
@@ -88,7 +90,62 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("list", help="registered models or datasets")
     p.add_argument("what", choices=["models", "datasets"])
+    _add_beyond_commands(add)
     return parser
+
+
+def _add_beyond_commands(add: "Callable[..., argparse.ArgumentParser]") -> None:
+    """`xbench score` (your own maps → the run tables) and `xbench report` (HTML report of a run)."""
+    p = add("score", help="score your own saliency maps (folder of .npz/.npy/.safetensors, one .npz, "
+                                     "or a cheXlocalize *_map.pkl folder)")
+    p.add_argument("--maps", required=True, help="folder or .npz file of maps (see xbench.score)")
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--split")
+    p.add_argument("--root", help="dataset folder (default: $XBENCH_DATA/<dataset>)")
+    p.add_argument("--classes", nargs="+", help="class of each channel of .npy maps / tasks to read")
+    p.add_argument("--chexlocalize", action="store_true", help="--maps is a cheXlocalize *_map.pkl folder")
+    p.add_argument("--name", default="user_maps", help="model name in the tables")
+    p.add_argument("--output-dir", help="default: results/<name>-<dataset>")
+    p.add_argument("--grid", type=int, nargs=2, default=(224, 224), metavar=("H", "W"))
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (0: no CIs)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="dataset option (e.g. cases=22 for the phantom); repeatable")
+
+    p = add("report", help="one self-contained HTML report of an evaluated run (from the store alone)")
+    p.add_argument("--run", required=True, help="the run's output folder")
+    p.add_argument("--out", help="default: <run>/report.html")
+    p.add_argument("--grid", type=int, nargs=2, metavar=("H", "W"), help="evaluation grid (default: from the tables)")
+    p.add_argument("--cases-per-class", type=int, default=24, help="cases per class in the overlay browser")
+
+
+def _score_or_report(args: argparse.Namespace) -> int:
+    if args.command == "report":
+        from .report import build_report
+
+        print(f"report in {build_report(args.run, args.out, grid=args.grid, max_cases_per_class=args.cases_per_class)}")
+        return 0
+    import yaml
+
+    from .score import evaluate_maps, read_chexlocalize
+
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise XBenchError(f"--option takes KEY=VALUE, got {item!r}")
+        options[key] = yaml.safe_load(value)
+    maps = read_chexlocalize(args.maps, classes=args.classes) if args.chexlocalize else args.maps
+    tables = evaluate_maps(maps, dataset=args.dataset, split=args.split, root=args.root,
+                           classes=None if args.chexlocalize else args.classes, name=args.name,
+                           output_dir=args.output_dir, grid=tuple(args.grid), bootstrap=args.bootstrap,
+                           dataset_options=options, progress=True)
+    from .metrics import DATASET_LEVEL
+
+    level = tables["metrics"][tables["metrics"]["finding"] == DATASET_LEVEL]
+    print(level[["metric", "value", "ci_low", "ci_high", "n"]].to_string(index=False))
+    out = args.output_dir or f"results/{args.name}-{args.dataset}"
+    print(f"tables in {out}/tables")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from .config import RunConfig
 
+    if args.command in ("score", "report"):
+        return _score_or_report(args)
     if args.command == "list":
         from .registry import list_datasets, list_models
 

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .atomic import atomic_write_bytes, write_frame
 from .config import RunConfig
 from .datasets import BaseDataset
 from .errors import XBenchError
 from .logs import progress_iter
 from .metrics import BEST_TAU, grounding_scores, score_table
-from .results import ResultStore, _atomic_write_bytes, write_table
+from .results import ResultStore, write_table
 from .runner import open_dataset
 from .windows import is_whole_image, place_maps
 
@@ -158,12 +159,12 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     table = pd.concat(tidy, ignore_index=True)
     write_table(table, out / "metrics")
     pair_table = pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs) else pd.DataFrame()
-    pair_table.to_parquet(out / "pairs.parquet", index=False)
-    pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True).to_csv(out / "curves.csv", index=False)
+    write_frame(pair_table, out / "pairs.parquet")  # every table atomically: a full disk leaves no truncated file
+    write_frame(pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True), out / "curves.csv")
     for name, why in left_out.items():  # optional models without weights: a row saying so
         models[name] = {"model": name, "weights": "absent", "note": why}
-    pd.DataFrame(list(models.values())).to_csv(out / "models.csv", index=False)
-    _atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
+    write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
+    atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
     return table
 
 

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from .atomic import write_frame
 from .errors import FormatError, UnknownNameError
 from .findings import CANONICAL
 from .registry import dataset_manifest
@@ -350,8 +351,5 @@ def build(name: str, root: str | Path | None, out_path: str | Path, split: str |
     table = case_table(ds)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix == ".parquet":
-        table.to_parquet(out, index=False)
-    else:
-        table.to_csv(out, index=False)
+    write_frame(table, out)
     return table

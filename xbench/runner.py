@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -33,13 +31,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from . import __version__
+from .atomic import atomic_write_bytes, check_writable
 from .config import DatasetSpec, ModelSpec, RunConfig
 from .datasets import BaseDataset, load_dataset
 from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
+from .fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
 from .logs import progress_bar
-from .results import ResultStore, _atomic_write_bytes, _file_mode
+from .results import ResultStore
 
 
 class _Inputs(Dataset):
@@ -72,11 +72,13 @@ def open_dataset(spec: DatasetSpec) -> BaseDataset:
 
 
 def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None = None,
-               output_dir: str | Path | None = None) -> Adapter:
+               output_dir: str | Path | None = None, *, overwrite: bool = False) -> Adapter:
     """Build a model named in a run config.
 
     A spec with ``fit_split`` (a baseline whose class has ``fit(dataset)`` and ``save(folder)``) is fitted
-    once on that split of ``dspec``'s dataset and saved under ``<output_dir>/fitted/<dataset>/<model>/``.
+    on that split of ``dspec``'s dataset and saved under ``<output_dir>/fitted/<dataset>/<model>/`` with a
+    ``fit.json`` of what it was fitted on (:func:`xbench.fingerprint.fit_key`); it is refitted when that
+    differs (other dataset options, root content, params) or with ``overwrite``.
     """
     if spec.fit_split is None:
         return create_model(spec.name, weights=spec.weights, device=device, **spec.params)
@@ -86,23 +88,18 @@ def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None 
     if spec.fit_split == evaluated:
         raise XBenchError(f"model {spec.name!r}: fit_split {spec.fit_split!r} is the evaluation split of "
                           f"{dspec.name!r}; a baseline must be fitted on a disjoint split")
-    folder = Path(output_dir) / "fitted" / dspec.name / spec.name
-    if not folder.exists():
+    folder = fitted_folder(output_dir, dspec, spec)
+    fit_data = load_dataset(dspec.name, root=dspec.root, split=spec.fit_split, **dspec.options)
+    key = fit_key(fit_data, dspec, spec)
+    if overwrite or not fitted_is_current(folder, key):
         cls = import_target(model_config(spec.name)["class"])
-        fit_data = load_dataset(dspec.name, root=dspec.root, split=spec.fit_split, **dspec.options)
-        # fit into a temporary sibling, then rename: ranks fitting at once never read a half-written file
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-        try:
-            cls.fit(fit_data).save(tmp)
-            os.chmod(tmp, 0o777 & ~(_file_mode() ^ 0o666))  # mkdtemp gives 0700: follow the umask
-            os.rename(tmp, folder)
-        except OSError:
-            if not folder.exists():
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # left only when another rank renamed first
+        refit(folder, lambda tmp: cls.fit(fit_data).save(tmp), key)
     return create_model(spec.name, weights=folder, device=device, **spec.params)
+
+
+def fitted_folder(output_dir: str | Path, dspec: DatasetSpec, mspec: ModelSpec) -> Path:
+    """Where a ``fit_split`` baseline's fitted files live."""
+    return Path(output_dir) / "fitted" / dspec.name / mspec.name
 
 
 def _dist_shard() -> tuple[int, int] | None:
@@ -130,6 +127,8 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
         "precision": cfg.precision,
         "code_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "fingerprint": run_fingerprint(dataset, mspec.name, mspec.weights,
+                                       fitted=fitted_folder(cfg.output_dir, dspec, mspec) if mspec.fit_split else None),
     }
 
 
@@ -139,7 +138,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     """Run one (dataset, model) pair into the store; returns counts for the run log."""
     device = cfg.resolved_device()
     dataset = dataset if dataset is not None else open_dataset(dspec)
-    adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir)
+    adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
     store = ResultStore(cfg.output_dir)
     store.prepare(dspec.name, mspec.name, _meta(cfg, dspec, mspec, dataset, adapter), overwrite=overwrite)
 
@@ -261,8 +260,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     if report is not None:
         report.raise_for_problems()
     models, left_out = runnable_models(cfg, report.left_out if report is not None else None)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_writable(cfg.output_dir, "output_dir")  # read-only / unwritable: a clear error before inference
     dist = _dist_shard() if shard is None else None
     if dist is not None:
         shard = dist
@@ -279,7 +277,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
         if not len(dataset):
             raise XBenchError(f"dataset {dspec.name} [{dataset.split}] has no cases (check its root, split and options)")
         for mspec in models:
-            adapter = open_model(mspec, device, dspec, cfg.output_dir)
+            adapter = open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
             if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
                 raise XBenchError(f"model {mspec.name!r} was built random-init (no weights found) but this config does not "
                                   "allow random-init models (allow_random_init: true, or params: {random_init: true})")
@@ -293,7 +291,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
         log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
                 for name, why in left_out.items()]
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
-    _atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
+    atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
 
     if dist is not None:
         torch.distributed.barrier()
@@ -308,45 +306,17 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     return out
 
 
-#: meta keys that must agree between shards of one (dataset, model); paths may differ between machines.
-SHARD_KEYS = ("dataset", "split", "n_cases", "findings", "prompts", "model", "params", "fit_split", "grid", "chunk_size",
-              "precision")
-
-
 def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = True) -> Path:
     """Copy chunk files of shards written to other folders into ``cfg.output_dir``, then evaluate.
 
-    Shards must agree on :data:`SHARD_KEYS` of their ``meta.json`` (an error names the
-    differing keys). Chunks are disjoint by construction; a chunk present in two
-    places must hold the same case ids and array shapes (the first copy is kept).
-    Missing chunks raise an error naming them when the tables are computed.
+    The results store does the joining (:meth:`~xbench.results.ResultStore.merge_from`): shards made
+    from other inputs (meta keys, weights / annotation fingerprints) are refused naming what differs;
+    damaged chunks are refused naming the file. Missing chunks raise an error naming them when the
+    tables are computed.
     """
-    target = ResultStore(cfg.output_dir)
+    target = ResultStore(check_writable(cfg.output_dir, "output_dir"))
     for src in sources:
-        store = ResultStore(src)
-        if not store.root.exists():
-            raise XBenchError(f"merge: {src} has no store/ folder")
-        for meta_file in sorted(store.root.glob("*/*/meta.json")):
-            dataset, model = meta_file.parent.parent.name, meta_file.parent.name
-            folder = target.folder(dataset, model)
-            folder.mkdir(parents=True, exist_ok=True)
-            if not (folder / "meta.json").exists():
-                shutil.copy2(meta_file, folder / "meta.json")
-            ours, theirs = json.loads((folder / "meta.json").read_text()), json.loads(meta_file.read_text())
-            differ = [k for k in SHARD_KEYS if ours.get(k) != theirs.get(k)]
-            if differ:
-                raise XBenchError(f"merge: {meta_file} was made with another configuration than {folder / 'meta.json'} "
-                                  f"(differs in {', '.join(differ)})")
-            for chunk in store.chunks(dataset, model):
-                existing = folder / chunk.name
-                if not existing.exists():
-                    shutil.copy2(chunk, existing)
-                    continue
-                with np.load(existing) as a, np.load(chunk) as b:
-                    same = (a["case_ids"].tolist() == b["case_ids"].tolist() and a["maps"].shape == b["maps"].shape
-                            and a["scores"].shape == b["scores"].shape)
-                if not same:
-                    raise XBenchError(f"merge: {chunk} and {existing} hold different cases or shapes for the same chunk")
+        target.merge_from(src)
     from .evaluate import evaluate_run
 
     evaluate_run(cfg, progress=progress)

@@ -29,6 +29,8 @@ from .grounding import (
     normalize_maps,
     oracle_threshold,
     pointing_game,
+    pointing_game_tolerance,
+    pointing_metric_name,
     upsample_maps,
 )
 from .recognition import (
@@ -92,6 +94,8 @@ __all__ = [
     "upsample_maps",
     "normalize_maps",
     "pointing_game",
+    "pointing_game_tolerance",
+    "pointing_metric_name",
     "dice",
     "iou",
     "dice_iou_curves",

@@ -54,6 +54,8 @@ __all__ = [
     "upsample_maps",
     "normalize_maps",
     "pointing_game",
+    "pointing_game_tolerance",
+    "pointing_metric_name",
     "dice",
     "iou",
     "dice_iou_curves",
@@ -159,7 +161,7 @@ def normalize_maps(
            [[0.  , 0.  ],
             [0.  , 0.  ]]], dtype=float32)
     """
-    arr = _sweep.as_maps(maps).copy()
+    arr = _sweep.as_maps(_float32_maps(maps, case_ids, findings)).copy()
     if nonfinite not in ("raise", "skip"):
         raise ValueError(f"nonfinite must be 'raise' or 'skip'; got {nonfinite!r}")
     n = len(arr)
@@ -242,9 +244,107 @@ def pointing_game(
     (array([0.]), array([1.]))
     """
     counts = _sweep.count_pairs(
-        maps, masks, ties=ties, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
+        _float32_maps(maps, case_ids, findings), masks, ties=ties, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
     )
     return counts.hit
+
+
+def pointing_metric_name(margin: int = 0) -> str:
+    """Name of the pointing metric at a tolerance margin: ``"pointing"`` (m = 0) or ``"pointing@15px"``.
+
+    Every table that uses a margin carries it in the metric name.
+
+    Examples
+    --------
+    >>> pointing_metric_name(0), pointing_metric_name(15)
+    ('pointing', 'pointing@15px')
+    """
+    return "pointing" if _as_margin(margin) == 0 else f"pointing@{_as_margin(margin)}px"
+
+
+def pointing_game_tolerance(
+    maps,
+    masks,
+    margin: int = 0,
+    *,
+    ties: str = "first",
+    nonfinite: str = "raise",
+    case_ids: Sequence | None = None,
+    findings: Sequence | None = None,
+    chunk_size: int = CHUNK_SIZE,
+) -> np.ndarray:
+    """Pointing game with a tolerance margin: a hit if the map's maximum lies within ``margin`` pixels of the region.
+
+    Parameters
+    ----------
+    maps : array-like or torch.Tensor of shape (N, h, w)
+        Saliency maps at the native grid.
+    masks : array-like of shape (N, H, W), bool
+        Ground-truth regions at the evaluation grid.
+    margin : int, default=0
+        ``m`` in pixels **of the evaluation grid** (``(H, W)`` of ``masks``), ≥ 0.
+        ``m = 0`` is :func:`pointing_game` exactly.
+    ties, nonfinite, case_ids, findings, chunk_size
+        As in :func:`pointing_game`.
+
+    Returns
+    -------
+    numpy.ndarray of shape (N,), float64
+        1.0 hit, 0.0 miss, NaN for an empty mask (or a skipped map).
+
+    Notes
+    -----
+    A grid pixel is within ``m`` of the region when the Euclidean distance
+    between its centre and the centre of some region pixel is ``≤ m`` — the
+    region dilated by a disc of radius ``m`` (the TorchRay pointing game's
+    tolerance, 15 px at 224×224 there). The point is the one of
+    :func:`pointing_game` (argmax of the upsampled map, ``ties`` as there), so
+    the hit is the pointing game against the dilated region. Dilation never
+    reaches outside the grid and an empty mask stays empty (NaN).
+
+    Examples
+    --------
+    >>> maps = [[[0.0, 0.0, 0.0, 1.0]]]          # argmax at column 3
+    >>> masks = [[[True, False, False, False]]]   # region at column 0
+    >>> [float(pointing_game_tolerance(maps, masks, m)[0]) for m in (0, 2, 3)]
+    [0.0, 0.0, 1.0]
+    """
+    masks_arr = _sweep.as_numpy(masks, "masks")
+    return pointing_game(maps, _dilate(masks_arr, margin), ties=ties, nonfinite=nonfinite, case_ids=case_ids,
+                         findings=findings, chunk_size=chunk_size)
+
+
+def _as_margin(margin) -> int:
+    m = int(margin)
+    if m != margin or m < 0:
+        raise ValueError(f"margin must be a non-negative whole number of grid pixels; got {margin!r}")
+    return m
+
+
+def _dilate(masks: np.ndarray, margin: int) -> np.ndarray:
+    """Masks ``(N, H, W)`` dilated by a disc of radius ``margin`` (centre distance ≤ margin); margin 0: unchanged."""
+    m = _as_margin(margin)
+    masks = np.asarray(masks).astype(bool)
+    if m == 0 or masks.size == 0:
+        return masks
+    if masks.ndim != 3:
+        raise ValueError(f"masks must have shape (N, H, W); got {masks.shape}")
+    out = masks.copy()
+    n, height, width = masks.shape
+    for dy in range(-m, m + 1):
+        reach = int(np.floor(np.sqrt(m * m - dy * dy)))
+        # rows shifted by dy, then OR-ed over the horizontal offsets of this row of the disc
+        rows = np.zeros_like(masks)
+        if dy >= 0:
+            rows[:, dy:] = masks[:, : height - dy] if dy < height else False
+        else:
+            rows[:, : height + dy] = masks[:, -dy:] if -dy < height else False
+        for dx in range(-reach, reach + 1):
+            if dx >= 0 and dx < width:
+                out[:, :, dx:] |= rows[:, :, : width - dx]
+            elif dx < 0 and -dx < width:
+                out[:, :, : width + dx] |= rows[:, :, -dx:]
+    return out
 
 
 def _overlap(counts: _sweep.Counts, inter: np.ndarray, pred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -259,9 +359,31 @@ def _overlap(counts: _sweep.Counts, inter: np.ndarray, pred: np.ndarray) -> tupl
     return d, j
 
 
+def _fixed_threshold(threshold) -> float:
+    """τ of the fixed-threshold metrics: finite, like every τ of a curve (:func:`_sweep.as_thresholds`)."""
+    value = float(threshold)
+    if not np.isfinite(value):
+        raise ValueError(f"threshold must be finite; got {threshold!r}")
+    return value
+
+
+def _float32_maps(maps, case_ids, findings):
+    """Maps as float32, refusing finite values that the float32 cast would turn into ±inf (named, not "NaN or inf")."""
+    arr = _sweep.as_numpy(maps, "maps")
+    if arr.dtype.kind == "f" and arr.dtype.itemsize > 4 and arr.ndim == 3 and arr.size:
+        with np.errstate(invalid="ignore"):
+            big = np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)
+        if big.any():
+            i = int(np.flatnonzero(big.reshape(len(arr), -1).any(axis=1))[0])
+            value = float(arr[i][big[i]][0])
+            raise ValueError(f"{_sweep.pair_name(i, case_ids, findings)}: map value {value:g} overflows float32 "
+                             f"(|v| > {np.finfo(np.float32).max:g}); rescale the map before scoring")
+    return arr
+
+
 def _fixed(maps, masks, threshold, nonfinite, case_ids, findings, chunk_size):
     counts = _sweep.count_pairs(
-        maps, masks, fixed=float(threshold), nonfinite=nonfinite, case_ids=case_ids, findings=findings,
+        _float32_maps(maps, case_ids, findings), masks, fixed=_fixed_threshold(threshold), nonfinite=nonfinite, case_ids=case_ids, findings=findings,
         chunk_size=chunk_size,
     )
     return _overlap(counts, counts.fixed_inter.astype(np.float64), counts.fixed_pred.astype(np.float64))
@@ -405,7 +527,7 @@ def dice_iou_curves(
     """
     t = _sweep.as_thresholds(thresholds)
     counts = _sweep.count_pairs(
-        maps, masks, thresholds=t, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
+        _float32_maps(maps, case_ids, findings), masks, thresholds=t, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
     )
     return _overlap(counts, counts.inter.astype(np.float64), counts.pred.astype(np.float64))
 
@@ -641,7 +763,7 @@ def grounding_scores(
         )
     t = _sweep.as_thresholds(thresholds)
     counts = _sweep.count_pairs(
-        maps, masks_arr, thresholds=t, fixed=float(threshold), ties=ties, nonfinite=nonfinite,
+        _float32_maps(maps, case_ids, findings), masks_arr, thresholds=t, fixed=_fixed_threshold(threshold), ties=ties, nonfinite=nonfinite,
         case_ids=case_ids, findings=findings, chunk_size=chunk_size,
     )
     d, j = _overlap(counts, counts.fixed_inter.astype(np.float64), counts.fixed_pred.astype(np.float64))

@@ -1,0 +1,174 @@
+"""xbench.evaluate_maps: fed a run's own stored maps it reproduces the run's tables exactly; folder inputs,
+cheXlocalize pickles (restricted unpickler), missing probabilities / cases / classes."""
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import xbench
+from conftest import tiny_run
+from xbench.config import RunConfig
+from xbench.errors import FormatError, XBenchError, XBenchWarning
+from xbench.evaluate import load_tables
+from xbench.runner import run
+from xbench.score import RECOGNITION_METRICS, MapSet, load_maps, read_chexlocalize, read_chexlocalize_pickle
+
+CASES = 22
+pytestmark = pytest.mark.usefixtures("phantom_cache")
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory, phantom_cache) -> Path:
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("run-for-score")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        run(RunConfig.from_dict(tiny_run(out, cases=CASES)), progress=False)
+    return out
+
+
+def stored(out: Path, model: str) -> dict[str, np.ndarray]:
+    files = sorted((out / "store" / "phantom" / model).glob("chunk-*.npz"))
+    parts = [dict(np.load(f)) for f in files]
+    return {k: np.concatenate([p[k] for p in parts]) for k in ("case_ids", "probs", "maps")}
+
+
+def score(maps, tmp: Path, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        return xbench.evaluate_maps(maps, dataset="phantom", split="test", dataset_options={"cases": CASES},
+                                    grid=(64, 64), bootstrap=20, seed=0, output_dir=tmp, **kw)
+
+
+@pytest.mark.parametrize("model", ["anatomical_prior", "random_prior"])
+def test_reproduces_the_run_tables_exactly(done, tmp_path, model):
+    st = stored(done, model)
+    got = score(st["maps"], tmp_path / "scored", case_ids=st["case_ids"].tolist(), probs=st["probs"], name=model)
+    want = load_tables(done)
+    for key in ("metrics", "pairs", "curves"):
+        w = want[key][want[key]["model"] == model].reset_index(drop=True)
+        assert len(w) > 0
+        pd.testing.assert_frame_equal(got[key].reset_index(drop=True), w, check_exact=True)
+    assert set(got["metrics"]["metric"]) >= {"best_tau", "dice@best", "pointing", "auc"}
+    assert got["metrics"]["ci_low"].notna().any()
+    assert (tmp_path / "scored" / "tables" / "paper" / "grounding_phantom.md").exists()
+
+
+def test_folder_of_npz_and_npy_equals_arrays_and_no_probs_drops_recognition(done, tmp_path):
+    st = stored(done, "anatomical_prior")
+    findings = xbench.load_dataset("phantom", split="test", cases=CASES).findings
+    ids = st["case_ids"].tolist()
+    a = score(st["maps"], tmp_path / "a", case_ids=ids)
+    for suffix in ("npz", "npy"):
+        folder = tmp_path / f"maps-{suffix}"
+        folder.mkdir()
+        for cid, m in zip(ids, st["maps"]):
+            if suffix == "npz":
+                np.savez(folder / f"{cid}.npz", **{f: m[c] for c, f in enumerate(findings)})
+            else:
+                np.save(folder / f"{cid}.npy", m)
+        b = score(folder, tmp_path / f"b-{suffix}", classes=findings if suffix == "npy" else None)
+        pd.testing.assert_frame_equal(a["metrics"], b["metrics"], check_exact=True)
+    assert not a["metrics"]["metric"].isin(RECOGNITION_METRICS).any()
+    assert a["metrics"]["metric"].eq("pointing").any()
+
+
+def test_cases_without_maps_are_counted_and_bad_input_is_named(done, tmp_path):
+    st = stored(done, "center_prior")
+    ids = st["case_ids"].tolist()
+    with pytest.warns(XBenchWarning, match="have no map"):
+        xbench.evaluate_maps(st["maps"][:10], case_ids=ids[:10], dataset="phantom", dataset_options={"cases": CASES},
+                             grid=(64, 64), bootstrap=0, output_dir=tmp_path / "part")
+    import json
+
+    log = json.loads((tmp_path / "part" / "tables" / "evaluation_log.json").read_text())
+    assert log[0]["cases_skipped_at_inference"] == CASES - 10
+    with pytest.raises(XBenchError, match="not cases of phantom"):
+        score(st["maps"][:2], tmp_path / "x", case_ids=["nope", ids[0]])
+    findings = xbench.load_dataset("phantom", split="test", cases=CASES).findings
+    with pytest.raises(XBenchError, match="no maps for class"):
+        score(st["maps"][:, :2], tmp_path / "y", case_ids=ids, classes=findings[:2])
+    with pytest.raises(XBenchError, match="case ids"):
+        MapSet(st["maps"], ids[:3], findings)
+    np.save(tmp_path / "bad.npy", np.zeros((2, 3)))
+    (tmp_path / "bad").mkdir()
+    np.save(tmp_path / "bad" / "c1.npy", np.zeros((2, 3)))
+    with pytest.raises(FormatError, match="c1.npy"):
+        load_maps(tmp_path / "bad", classes=findings)
+
+
+def test_float_maps_outside_float16_are_normalised_with_a_warning(done, tmp_path):
+    st = stored(done, "random_prior")
+    ids = st["case_ids"].tolist()
+    exact = score(st["maps"], tmp_path / "a", case_ids=ids)
+    with pytest.warns(XBenchWarning, match="min–max normalised"):
+        scaled = xbench.evaluate_maps(st["maps"].astype(np.float32) * 1e-9 + 3e-9, case_ids=ids, dataset="phantom",
+                                      dataset_options={"cases": CASES}, grid=(64, 64), bootstrap=20,
+                                      output_dir=tmp_path / "b")
+    a = exact["metrics"].set_index(["finding", "metric"])["value"]
+    b = scaled["metrics"].set_index(["finding", "metric"])["value"]
+    pointing = a.index.get_level_values("metric") == "pointing"
+    np.testing.assert_array_equal(a[pointing], b[pointing])
+    np.testing.assert_allclose(a, b, atol=0.02)
+
+
+def write_chexlocalize(folder: Path, ids, tasks, maps, probs) -> None:
+    """Pickles as cheXlocalize writes them: dict with a (1, 1, h, w) tensor map, prob, task, gt, cxr_dims."""
+    folder.mkdir(parents=True)
+    for i, cid in enumerate(ids):
+        for j, task in enumerate(tasks):
+            item = {"map": torch.from_numpy(maps[i, j].astype(np.float32))[None, None], "prob": torch.tensor(probs[i, j]),
+                    "task": task, "gt": 0, "cxr_dims": (64, 64)}
+            with open(folder / f"{cid}_{task}_map.pkl", "wb") as fh:
+                pickle.dump(item, fh)
+
+
+def test_chexlocalize_pickles_read_safely(done, tmp_path):
+    st = stored(done, "anatomical_prior")
+    findings = xbench.load_dataset("phantom", split="test", cases=CASES).findings
+    ids = st["case_ids"].tolist()
+    write_chexlocalize(tmp_path / "pkl", ids, findings, st["maps"], st["probs"])
+    ms = read_chexlocalize(tmp_path / "pkl", classes=findings)
+    assert ms.case_ids == sorted(ids)
+    order = [ids.index(c) for c in ms.case_ids]
+    np.testing.assert_array_equal(ms.maps, st["maps"][order].astype(np.float32))
+    np.testing.assert_array_equal(ms.probs, st["probs"][order])
+    a = score(st["maps"], tmp_path / "a", case_ids=ids, probs=st["probs"])
+    b = score(ms, tmp_path / "b")
+    pd.testing.assert_frame_equal(a["metrics"], b["metrics"], check_exact=True)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    with open(tmp_path / "evil_Cardiomegaly_map.pkl", "wb") as fh:
+        pickle.dump({"map": Evil()}, fh)
+    with pytest.raises(FormatError, match="refusing"):
+        read_chexlocalize_pickle(tmp_path / "evil_Cardiomegaly_map.pkl")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_cli_score_single_npz(done, tmp_path, capsys):
+    from xbench.cli import main
+
+    st = stored(done, "anatomical_prior")
+    findings = xbench.load_dataset("phantom", split="test", cases=CASES).findings
+    np.savez(tmp_path / "maps.npz", maps=st["maps"], case_ids=st["case_ids"], classes=np.asarray(findings),
+             probs=st["probs"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        rc = main(["score", "--maps", str(tmp_path / "maps.npz"), "--dataset", "phantom", "--option", f"cases={CASES}",
+                   "--grid", "64", "64", "--bootstrap", "20", "--name", "anatomical_prior",
+                   "--output-dir", str(tmp_path / "cli")])
+    assert rc == 0 and "dice@best" in capsys.readouterr().out
+    got = load_tables(tmp_path / "cli")["metrics"]
+    want = load_tables(done)["metrics"]
+    pd.testing.assert_frame_equal(got, want[want["model"] == "anatomical_prior"].reset_index(drop=True), check_exact=True)
+    assert main(["score", "--maps", str(tmp_path / "nothing"), "--dataset", "phantom"]) == 2
