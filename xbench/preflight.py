@@ -104,7 +104,8 @@ class PreflightReport:
             lines += [f"  PROBLEM: {p}" for p in d.problems]
         for m in self.models:
             where = f" ({m.folder})" if m.folder else ""
-            lines.append(f"model {m.name}: {m.status}{where}" + (f"; missing {', '.join(m.missing)}" if m.missing else ""))
+            label = " (runs labelled 'random-init')" if m.status == "random_init" and not m.problems else ""
+            lines.append(f"model {m.name}: {m.status}{label}{where}" + (f"; missing {', '.join(m.missing)}" if m.missing else ""))
             lines += [f"  PROBLEM: {p}" for p in m.problems]
         lines.append(f"device {self.device}: " + (f"PROBLEM: {self.device_problem}" if self.device_problem else "available"))
         return "\n".join(lines)
