@@ -122,6 +122,8 @@ class ResultStore:
     def _read_meta(path: Path) -> dict[str, Any]:
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise StoreError(f"{path} is missing (ResultStore.prepare writes it before any chunk)") from exc
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise StoreError(f"{path} is damaged ({type(exc).__name__}: {exc})") from exc
         if not isinstance(meta, dict) or "findings" not in meta or "grid" not in meta:

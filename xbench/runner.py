@@ -200,7 +200,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                 "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
             }
             if store.has_chunk(dspec.name, mspec.name, chunk):  # a retry of formerly skipped cases: join the chunk
-                arrays = _join_chunk(store.chunk_path(dspec.name, mspec.name, chunk), arrays, dataset)
+                arrays = _join_chunk(store.load_chunk(store.chunk_path(dspec.name, mspec.name, chunk)), arrays, dataset)
             store.write_chunk(dspec.name, mspec.name, chunk, skipped=acc["skipped"], **arrays)
             counts["chunks_written"] += 1
             counts["cases_inferred"] += len(acc["ids"])
@@ -229,19 +229,18 @@ def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: B
         if not store.has_chunk(dataset_name, model, k):
             todo[k] = rows
             continue
-        with np.load(store.chunk_path(dataset_name, model, k)) as data:
-            skipped = set(data["skipped_ids"].tolist())
+        skipped = set(store.load_chunk(store.chunk_path(dataset_name, model, k))["skipped_ids"].tolist())
         if skipped:
             todo[k] = [r for r in rows if ids[r] in skipped]
     return todo
 
 
-def _join_chunk(path: Path, new: dict[str, Any], dataset: BaseDataset) -> dict[str, Any]:
-    """The arrays of a stored chunk joined with newly inferred cases, in dataset row order."""
+def _join_chunk(old: dict[str, np.ndarray], new: dict[str, Any], dataset: BaseDataset) -> dict[str, Any]:
+    """The arrays of a stored chunk (checked by :meth:`ResultStore.load_chunk`) joined with newly inferred cases,
+    in dataset row order."""
     order = {cid: i for i, cid in enumerate(dataset.cases["case_id"].astype(str))}
-    with np.load(path) as old:
-        keys = ("case_ids", "scores", "probs", "maps", "sizes", "windows")
-        joined = {k: np.concatenate([np.asarray(old[k]), np.asarray(new[k]).astype(old[k].dtype)]) for k in keys}
+    keys = ("case_ids", "scores", "probs", "maps", "sizes", "windows")
+    joined = {k: np.concatenate([np.asarray(old[k]), np.asarray(new[k]).astype(old[k].dtype)]) for k in keys}
     at = np.argsort([order[c] for c in joined["case_ids"].tolist()], kind="stable")
     return {k: v[at] for k, v in joined.items()}
 

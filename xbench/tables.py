@@ -350,10 +350,10 @@ class PaperTable:
         both = pd.concat([flat.round(2), n.astype("Int64")], axis=1)
         both = both[[c for pair in zip(flat.columns, n.columns) for c in pair]]
         both.index.name = "Method"
-        both.to_csv(stem.with_suffix(".csv"))
-        stem.with_suffix(".md").write_text(self.to_markdown())
-        stem.with_suffix(".tex").write_text(self.to_latex())
-        stem.with_suffix(".html").write_text(self.to_html())
+        write_frame(both, stem.with_suffix(".csv"), index=True)
+        atomic_write_text(stem.with_suffix(".md"), self.to_markdown())
+        atomic_write_text(stem.with_suffix(".tex"), self.to_latex())
+        atomic_write_text(stem.with_suffix(".html"), self.to_html())
         return [stem.with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
 
 
