@@ -175,3 +175,52 @@ def compare_with_paper(table: pd.DataFrame, reference: pd.DataFrame | None = Non
     inside = (out["run_low"] - 0.005 <= out["paper"]) & (out["paper"] <= out["run_high"] + 0.005)
     out["paper_in_ci"] = pd.array([bool(i) if h else pd.NA for i, h in zip(inside, has_ci)], dtype="boolean")
     return out
+
+
+def comparison_status(table: pd.DataFrame, models: pd.DataFrame | None = None, *, synthetic: bool = False) -> str:
+    """One plain sentence on whether this run's values can be compared with the paper's, and why not.
+
+    Comparable cells need one of the paper's datasets and one of its models run with trained (not random-init)
+    weights; ``models`` is the run's ``models.csv`` (``weights`` column).
+    """
+    from .paper import DATASETS, MODELS
+
+    if synthetic:
+        return ("Synthetic result set (drawn from the manifests' expected counts): it exercises the comparison; "
+                "no value in it means anything.")
+    datasets = list(dict.fromkeys(table["dataset"]))
+    paper_sets = [d for d in datasets if d in DATASETS]
+    run_models = list(dict.fromkeys(table["model"]))
+    trained = set(run_models)
+    if models is not None and "weights" in models:
+        trained = set(models.loc[~models["weights"].isin(["random-init", "none"]), "model"])
+    paper_models = [m for m in run_models if m in MODELS and m in trained]
+    if not paper_sets or not paper_models:
+        why = []
+        if not paper_sets:
+            why.append(f"it has none of the paper's datasets (it has {', '.join(datasets)})")
+        if not paper_models:
+            why.append("none of its models is one of the paper's seven with trained weights "
+                       f"(it has {', '.join(run_models)}: random-init, reference or prior models)")
+        return ("No comparison of values is meaningful for this run: " + "; and ".join(why) + ". The implied-"
+                "denominator check below still runs, on the dataset manifests' expected counts.")
+    return (f"Comparable cells: models {', '.join(paper_models)} on {', '.join(paper_sets)}. Differences also reflect "
+            "the known differences of the evaluation sets (README, 'Known differences from the paper').")
+
+
+def comparison_summary(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Per paper table: published cells, cells with a run value, paper value inside the run's 95 % CI, mean and
+    largest |run − paper| (points), and cells the reference flags as internally inconsistent."""
+    g = comparison.groupby("table")
+    return pd.DataFrame({"cells": g.size(), "with_run_value": g["run"].count(),
+                         "paper_in_ci": g["paper_in_ci"].sum(min_count=0).astype(int),
+                         "mean_abs_diff": g["diff"].apply(lambda d: d.abs().mean()).round(2),
+                         "max_abs_diff": g["diff"].apply(lambda d: d.abs().max()).round(2),
+                         "flagged_in_paper": g["flag"].apply(lambda f: int((f != "").sum()))})
+
+
+def best_taus(table: pd.DataFrame, dataset: str) -> dict[tuple[str, str], float]:
+    """``{(model, finding): best τ}`` of one dataset's classes (for Fig. 2's Dice at the class's best τ)."""
+    sub = table[(table["dataset"] == dataset) & (table["metric"] == "best_tau")
+                & ~table["finding"].astype(str).str.startswith("(")]
+    return {(m, f): float(v) for m, f, v in zip(sub["model"], sub["finding"], sub["value"])}

@@ -316,7 +316,14 @@ def visual_comparison(output_dir: str | Path, dataset: "BaseDataset", models: Se
 def difference_heatmap(comparison: pd.DataFrame, *, title: str) -> plt.Figure:
     """Heat map of ``run − paper`` (points) per published cell (:func:`xbench.analysis.compare_with_paper`): one panel
     per paper table, rows = models, columns = the table's cells; a diverging colormap centred on 0, grey = no value."""
-    tables = sorted(comparison["table"].unique())
+    tables = sorted(comparison.loc[comparison["diff"].notna(), "table"].unique())
+    if not tables:  # nothing of this run matches a published cell
+        fig, ax = plt.subplots(figsize=(8, 1.5))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "No run value matches a published cell (no dataset or model of the paper in this run).",
+                ha="center", va="center", fontsize=9)
+        fig.suptitle(title, fontsize=10)
+        return fig
     fig, axes = plt.subplots(len(tables), 1, figsize=(16, 1.9 * len(tables) + 0.8), squeeze=False)
     lim = float(np.nanmax(np.abs(comparison["diff"]))) if comparison["diff"].notna().any() else 1.0
     for ax, t in zip(axes[:, 0], tables):
