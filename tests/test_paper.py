@@ -4,11 +4,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import shared_path
+
 from xbench.metrics import DATASET_LEVEL
-from xbench.paper import (CLASS_TABLES, DATASETS, MODELS, TABLE_CLASSES, denominator_table, expected_positive_pairs,
-                          fits, implied_denominator, load_reference, mean_checks, synthetic_results)
+from xbench.paper import (
+    CLASS_TABLES,
+    DATASETS,
+    MODELS,
+    TABLE_CLASSES,
+    denominator_table,
+    expected_positive_pairs,
+    fits,
+    implied_denominator,
+    load_reference,
+    mean_checks,
+    synthetic_results,
+)
 from xbench.paper.transcribe import transcribe
 from xbench.registry import dataset_manifest
 

@@ -5,9 +5,9 @@ import warnings
 
 import pytest
 import yaml
+from conftest import tiny_run
 
 import xbench
-from conftest import tiny_run
 from xbench.config import RunConfig
 from xbench.errors import XBenchError, XBenchWarning
 from xbench.runner import run

@@ -22,7 +22,7 @@ import pandas as pd
 import seaborn as sns
 
 from .analysis import MIN_POINTS_TO_FIT, calibration_by_model, fit_line, metric_pairs, model_correlation, size_bins
-from .paper import GROUPS, MODELS, paper_name
+from .paper import DATASETS, MODELS, paper_name
 
 if TYPE_CHECKING:
     from .datasets import BaseDataset
@@ -329,7 +329,8 @@ def difference_heatmap(comparison: pd.DataFrame, *, title: str) -> plt.Figure:
     for ax, t in zip(axes[:, 0], tables):
         sub = comparison[comparison["table"] == t].copy()
         short = {"pointing": "Point", "dice@best": "Dice", "iou@best": "IoU"}
-        sub["cell"] = (sub["dataset"] + " " + sub["metric"].map(short)) if t == 1 else sub["paper_class"]
+        sub["cell"] = (sub["dataset"].map(lambda d: DATASETS.get(d, d)) + " " + sub["metric"].map(short)) if t == 1 \
+            else sub["paper_class"]
         grid = sub.pivot_table(index="model", columns="cell", values="diff", aggfunc="first", dropna=False)
         grid = grid.reindex(index=[m for m in MODELS if m in grid.index],
                             columns=list(dict.fromkeys(sub["cell"])))

@@ -398,7 +398,8 @@ def _table_notes(tidy: pd.DataFrame, datasets: Sequence[str], log: Sequence[Mapp
 
 def paper_table1(tidy: pd.DataFrame, *, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
                  notes: Mapping[str, str] | None = None, log: Sequence[Mapping] | None = None,
-                 caption: str = "Table 1. Grounding metrics across datasets (mean Pointing Game, best-τ Dice/IoU).") -> PaperTable:
+                 caption: str = "Table 1. Grounding metrics across datasets (mean Pointing Game, best-τ Dice/IoU).",
+                 ) -> PaperTable:
     """Table 1 in the paper's form: rows = models (the paper's seven in its order, then the others set apart),
     column groups = datasets (the paper's seven in its order, then the run's others), each Point / Dice / IoU at the
     best τ (dataset value = unweighted mean over classes), percent. ``log``: the run's ``evaluation_log.json``
