@@ -8,6 +8,7 @@
     xbench list models|datasets
     xbench score --maps DIR|FILE.npz --dataset NAME [--split S] [--root DIR] [--output-dir DIR] [--name N]
     xbench report --run DIR [--out FILE.html]
+    xbench export --run DIR [--tau best|T] [--margin M]
 """
 from __future__ import annotations
 
@@ -94,8 +95,22 @@ def _add_beyond_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grid", type=int, nargs=2, metavar=("H", "W"), help="evaluation grid (default: from the tables)")
     p.add_argument("--cases-per-class", type=int, default=24, help="cases per class in the overlay browser")
 
+    p = sub.add_parser("export", help="maps of a run → masks, boxes (COCO JSON, CSV) and per-case metric CSVs")
+    p.add_argument("--run", required=True, help="the run's output folder")
+    p.add_argument("--out", help="default: <run>/exports")
+    p.add_argument("--tau", default="best", help="'best' (each class's best τ) or a number in [0, 1]")
+    p.add_argument("--margin", type=int, default=0, help="pointing tolerance in grid pixels for the per-case CSV")
+    p.add_argument("--grid", type=int, nargs=2, metavar=("H", "W"), help="evaluation grid (default: from the tables)")
+
 
 def _score_or_report(args: argparse.Namespace) -> int:
+    if args.command == "export":
+        from .exports import export_run
+
+        tau = args.tau if args.tau == "best" else float(args.tau)
+        files = export_run(args.run, args.out, tau=tau, grid=args.grid, margin=args.margin)
+        print(f"{len(files)} files under {args.out or str(args.run) + '/exports'}")
+        return 0
     if args.command == "report":
         from .report import build_report
 
@@ -137,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from .config import RunConfig
 
-    if args.command in ("score", "report"):
+    if args.command in ("score", "report", "export"):
         return _score_or_report(args)
     if args.command == "list":
         from .registry import list_datasets, list_models

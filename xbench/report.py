@@ -23,7 +23,6 @@ import base64
 import html
 import io
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import XBenchError
+from .exports import maps_at_grid, open_run_dataset, run_grid
 
 __all__ = ["build_report", "SIZE_EDGES"]
 
@@ -60,7 +60,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
         raise XBenchError(f"{run_dir} has no store/<dataset>/<model>/meta.json: not a run folder")
     log = _read_json(run_dir / "tables" / "evaluation_log.json")
     run_log = _read_json(run_dir / "run_log.json")
-    grid = tuple(grid) if grid is not None else _grid(t["pairs"])
+    grid = tuple(grid) if grid is not None else run_grid(t["pairs"])
     cards, note = _cards(run_dir, t["pairs"], t["metrics"], metas, grid, max_cases_per_class, thumb, progress)
     sections = [
         ("Tables", _tables_html(t["metrics"])),
@@ -227,9 +227,7 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
     from matplotlib import colormaps
     from tqdm.auto import tqdm
 
-    from .metrics import normalize_maps, upsample_maps
     from .results import ResultStore
-    from .windows import is_whole_image, place_maps
 
     if pairs.empty:
         return [], "<p>No positive pairs in this run.</p>"
@@ -241,7 +239,7 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
     for ds, dpairs in pairs.groupby("dataset", sort=False):
         dmetas = {m: meta for (d, m), meta in metas.items() if d == ds}
         first = next(iter(dmetas.values()))
-        data = _open(first)
+        data = open_run_dataset(first)
         row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
         preds = {m: store.read(ds, m) for m in dmetas}
         pos = {m: {c: i for i, c in enumerate(p.case_ids.tolist())} for m, p in preds.items()}
@@ -270,12 +268,8 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
                 if case_id not in pos[model] or row.empty:
                     continue
                 i = pos[model][case_id]
-                native = p.maps[i:i + 1, c].astype(np.float32)
-                window, sz = p.windows[i:i + 1], p.sizes[i:i + 1]
-                if np.isfinite(window).all() and not is_whole_image(np.nan_to_num(window), sz)[0]:
-                    native = place_maps(native, window, sz, grid)
-                up = upsample_maps(native, grid)
-                v = normalize_maps(up, nonfinite="skip")[0]
+                up, norm = maps_at_grid(p.maps[i:i + 1, c], p.windows[i:i + 1], p.sizes[i:i + 1], grid)
+                v = norm[0]
                 y, x = np.unravel_index(int(np.argmax(up[0])), grid)
                 heat = jet(np.nan_to_num(_resize(v, size)))[..., :3]
                 rgb = 0.55 * base + 0.45 * heat
@@ -296,25 +290,6 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
             "class in dataset order. Red outline: ground truth; white cross: the map's argmax at the evaluation grid; "
             "Dice at the class's best τ.</p>")
     return cards, note
-
-
-def _open(meta: dict) -> Any:
-    from .datasets import load_dataset
-
-    return load_dataset(meta["dataset"], root=meta.get("dataset_root"), split=meta.get("split"),
-                        **(meta.get("dataset_options") or {}))
-
-
-def _grid(pairs: pd.DataFrame) -> tuple[int, int]:
-    """The evaluation grid of a run from its pairs table (``gt_area / area_fraction`` = H·W; square grids)."""
-    ok = pairs[pairs["area_fraction"] > 0] if len(pairs) else pairs
-    if len(ok):
-        cells = float((ok["gt_area"] / ok["area_fraction"]).median())
-        side = int(round(math.sqrt(cells)))
-        if side * side == round(cells):
-            return side, side
-    raise XBenchError("cannot recover the evaluation grid from pairs.parquet (non-square grid?): pass grid=(H, W) "
-                      "/ --grid H W")
 
 
 def _browser_html(cards: list[dict], pairs: pd.DataFrame, metas: dict) -> str:
