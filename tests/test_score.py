@@ -172,3 +172,18 @@ def test_cli_score_single_npz(done, tmp_path, capsys):
     want = load_tables(done)["metrics"]
     pd.testing.assert_frame_equal(got, want[want["model"] == "anatomical_prior"].reset_index(drop=True), check_exact=True)
     assert main(["score", "--maps", str(tmp_path / "nothing"), "--dataset", "phantom"]) == 2
+
+
+def test_tolerance_margins_add_named_rows(done, tmp_path):
+    st = stored(done, "center_prior")
+    got = score(st["maps"], tmp_path / "m", case_ids=st["case_ids"].tolist(), probs=st["probs"], pointing_margins=(0, 6))
+    m = got["metrics"]
+    assert set(m["metric"]) >= {"pointing", "pointing@6px", "auc"} and not m["metric"].str.contains("@0px").any()
+    base = m[m["metric"] == "pointing"].set_index("finding")["value"]
+    wide = m[m["metric"] == "pointing@6px"].set_index("finding")["value"]
+    assert (wide.reindex(base.index) >= base).all() and (wide > base).any()
+    from xbench.exports import pointing_tolerance_table
+
+    score(np.zeros_like(st["maps"]), tmp_path / "flat", case_ids=st["case_ids"].tolist())  # all pixels tied
+    with pytest.raises(XBenchError, match="pointing_ties"):
+        pointing_tolerance_table(tmp_path / "flat", [3], ties="any", n_boot=0)

@@ -86,6 +86,8 @@ def _add_beyond_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-dir", help="default: results/<name>-<dataset>")
     p.add_argument("--grid", type=int, nargs=2, default=(224, 224), metavar=("H", "W"))
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (0: no CIs)")
+    p.add_argument("--margin", type=int, nargs="+", default=[], help="also the tolerance pointing game at these "
+                                                                       "margins (grid pixels): metric pointing@Npx")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="dataset option (e.g. cases=22 for the phantom); repeatable")
 
@@ -130,7 +132,7 @@ def _score_or_report(args: argparse.Namespace) -> int:
     tables = evaluate_maps(maps, dataset=args.dataset, split=args.split, root=args.root,
                            classes=None if args.chexlocalize else args.classes, name=args.name,
                            output_dir=args.output_dir, grid=tuple(args.grid), bootstrap=args.bootstrap,
-                           dataset_options=options, progress=True)
+                           dataset_options=options, pointing_margins=args.margin, progress=True)
     from .metrics import DATASET_LEVEL
 
     level = tables["metrics"][tables["metrics"]["finding"] == DATASET_LEVEL]

@@ -36,7 +36,7 @@ import pandas as pd
 
 from .errors import XBenchError
 
-__all__ = ["maps_at_grid", "mask_boxes", "export_run", "open_run_dataset", "run_grid"]
+__all__ = ["maps_at_grid", "mask_boxes", "export_run", "open_run_dataset", "run_grid", "pointing_tolerance_table"]
 
 
 def open_run_dataset(meta: dict[str, Any]) -> Any:
@@ -201,6 +201,54 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
             "boxes": "8-connected components of the mask, original pixels, max exclusive; score = max saliency"}, indent=1))
         written.append(folder / "export.json")
     return written
+
+
+def pointing_tolerance_table(run_dir: str | Path, margins: list[int] | tuple[int, ...], *, grid: tuple[int, int] | None = None,
+                             ties: str = "first", n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """Tidy rows of the tolerance pointing game of an evaluated run: metric ``pointing@{m}px`` per margin ``m > 0``.
+
+    Per (dataset, model): class values, the mean over classes and the pooled value, with 95 %
+    bootstrap CIs from :func:`~xbench.metrics.score_table` (resampling the cases of the positive
+    pairs; the run's own CIs also resample label-only cases, so these are not paired with them).
+    ``ties`` must be the run's ``pointing_ties``: the margin-0 hits are recomputed and must equal
+    the run's ``pointing`` column, else an error says so.
+    """
+    from .evaluate import load_tables
+    from .metrics import POINTING, THRESHOLDS, pointing_game_tolerance, pointing_metric_name, score_table
+    from .results import ResultStore
+
+    t = load_tables(run_dir)
+    pairs = t["pairs"]
+    grid = tuple(grid) if grid is not None else run_grid(pairs)
+    margins = [int(m) for m in margins if int(m) != 0]
+    store, rows = ResultStore(run_dir), []
+    for (ds, model), mp in pairs.groupby(["dataset", "model"], sort=False):
+        preds = store.read(ds, model)
+        data = open_run_dataset(preds.meta)
+        row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
+        at = {c: i for i, c in enumerate(preds.case_ids.tolist())}
+        frames: dict[int, list[pd.DataFrame]] = {m: [] for m in margins}
+        for finding, fp in mp.groupby("finding", sort=False):
+            c = data.findings.index(finding)
+            ids = fp["case_id"].astype(str).tolist()
+            idx = [at[i] for i in ids]
+            up, _ = maps_at_grid(preds.maps[idx, c], preds.windows[idx], preds.sizes[idx], grid)
+            gts = np.stack([data[row_of[i]].mask(finding, grid) for i in ids])
+            if not np.array_equal(pointing_game_tolerance(up, gts, 0, ties=ties), fp["pointing"].to_numpy(), equal_nan=True):
+                raise XBenchError(f"{ds} × {model} × {finding}: margin-0 hits differ from the run's pointing column; "
+                                  f"pass the run's pointing_ties (got ties={ties!r}) and grid")
+            zeros = [np.zeros(len(THRESHOLDS))] * len(ids)
+            for m in margins:
+                frames[m].append(pd.DataFrame({"case_id": ids, "finding": finding,
+                                               "pointing": pointing_game_tolerance(up, gts, m, ties=ties),
+                                               "dice_fixed": np.nan, "iou_fixed": np.nan, "dice_curve": zeros,
+                                               "iou_curve": zeros}))
+        for m, parts in frames.items():
+            tidy = score_table(pd.concat(parts, ignore_index=True), model=model, dataset=ds, n_boot=n_boot, seed=seed)
+            tidy = tidy[tidy["metric"] == POINTING].copy()
+            tidy["metric"] = pointing_metric_name(m)
+            rows.append(tidy)
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
 def _cells(box: dict[str, float], size: tuple[int, int], grid: tuple[int, int]) -> tuple[slice, slice]:

@@ -267,6 +267,7 @@ def evaluate_maps(
     seed: int = 0,
     chunk_size: int = 256,
     dataset_options: dict[str, Any] | None = None,
+    pointing_margins: Sequence[int] = (),
     progress: bool = False,
 ) -> dict[str, pd.DataFrame]:
     """Score saliency maps on ``dataset``; returns the run tables (``metrics``, ``pairs``, ``curves``, ``models``).
@@ -287,6 +288,9 @@ def evaluate_maps(
         replaced on every call.
     grid, fixed_threshold, pointing_ties, bootstrap, seed, chunk_size
         As the run config keys of the same meaning (``bootstrap`` = replicates).
+    pointing_margins : sequence of int, default=()
+        Also score the tolerance pointing game at these margins (grid pixels): metric rows
+        ``pointing@{m}px`` (:func:`xbench.exports.pointing_tolerance_table`).
 
     Returns
     -------
@@ -319,10 +323,17 @@ def evaluate_maps(
         if mapset.probs is None:  # constant placeholder probabilities: recognition rows are dropped below
             warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
         tidy = evaluate_run(cfg, progress=progress)
-    if mapset.probs is None:
+    if mapset.probs is None or any(pointing_margins):
+        from .exports import pointing_tolerance_table
         from .results import write_table
 
-        write_table(tidy[~tidy["metric"].isin(RECOGNITION_METRICS)].reset_index(drop=True), out / "tables" / "metrics")
+        if mapset.probs is None:
+            tidy = tidy[~tidy["metric"].isin(RECOGNITION_METRICS)]
+        if any(pointing_margins):
+            extra = pointing_tolerance_table(out, list(pointing_margins), grid=cfg.grid, ties=pointing_ties,
+                                             n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+            tidy = pd.concat([tidy, extra], ignore_index=True)
+        write_table(tidy.reset_index(drop=True), out / "tables" / "metrics")
     write_paper_tables(out)
     return load_tables(out)
 
