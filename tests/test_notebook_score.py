@@ -46,3 +46,10 @@ def test_notebook_runs_on_a_small_phantom_run(tmp_path):
     assert (tmp_path / "run" / "report.html").stat().st_size > 10_000
     assert (tmp_path / "run" / "exports" / "phantom" / "anatomical_prior" / "boxes_coco.json").exists()
     assert (tmp_path / "my_maps" / "tables" / "paper" / "grounding_phantom.md").exists()
+
+
+def test_readme_shows_the_notebook_five_lines():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    cell = next(c.source for c in nb.cells if c.cell_type == "code" and "xbench.evaluate_maps(" in c.source)
+    readme = (REPO / "README.md").read_text()
+    assert cell.replace("output_dir=maps_output_dir", 'output_dir="results/my_maps"') in readme
