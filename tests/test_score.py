@@ -90,6 +90,9 @@ def test_cases_without_maps_are_counted_and_bad_input_is_named(done, tmp_path):
 
     log = json.loads((tmp_path / "part" / "tables" / "evaluation_log.json").read_text())
     assert log[0]["cases_skipped_at_inference"] == CASES - 10
+    with pytest.raises(XBenchError, match="did not write"):
+        score(st["maps"], done, case_ids=ids)  # never overwrite a model run's store
+    assert (done / "store" / "phantom" / "center_prior").exists()
     with pytest.raises(XBenchError, match="not cases of phantom"):
         score(st["maps"][:2], tmp_path / "x", case_ids=["nope", ids[0]])
     findings = xbench.load_dataset("phantom", split="test", cases=CASES).findings
