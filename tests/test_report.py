@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from pathlib import Path
 
 import pandas as pd
 import pytest

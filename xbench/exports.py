@@ -129,7 +129,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
     ``margin``: tolerance of the per-case pointing CSV (:func:`~xbench.metrics.pointing_game_tolerance`).
     """
     from .evaluate import load_tables
-    from .metrics import dice, iou, pointing_game_tolerance, pointing_metric_name
+    from .metrics import pointing_game_tolerance, pointing_metric_name
     from .results import ResultStore
 
     run_dir = Path(run_dir)
