@@ -63,7 +63,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
     grid = tuple(grid) if grid is not None else run_grid(t["pairs"])
     cards, note = _cards(run_dir, t["pairs"], t["metrics"], metas, grid, max_cases_per_class, thumb, progress)
     sections = [
-        ("Tables", _tables_html(t["metrics"])),
+        ("Tables", _tables_html(t["metrics"]) + _paper_tables_html(run_dir)),
         ("Per-case browser", note + _browser_html(cards, t["pairs"], metas)),
         ("Figures", _figures_html(run_dir)),
         ("Models and weights", _models_html(t["models"])),
@@ -132,6 +132,29 @@ def _tables_html(tidy: pd.DataFrame) -> str:
                                  for m in models]))
             if rows:
                 parts.append(f"<h3>{html.escape(ds)}: {metric} per class</h3>" + _sortable("class", rows, models, metric))
+    return "\n".join(parts)
+
+
+def _paper_tables_html(run_dir: Path) -> str:
+    """Every paper-form table the run's notebooks wrote (``tables/**/<stem>.csv`` next to ``<stem>.md``), sortable."""
+    parts = []
+    for path in sorted((run_dir / "tables").rglob("*.csv")):
+        if not path.with_suffix(".md").exists():
+            continue
+        frame = pd.read_csv(path, index_col=0)
+        cells = [c.rsplit(" / ", 1)[0] for c in frame.columns if c.endswith(" / value")]
+        if not cells:
+            continue
+        rows = []
+        for idx, r in frame.iterrows():
+            vals = []
+            for c in cells:
+                v, lo, hi = (float(r.get(f"{c} / {k}", np.nan)) for k in ("value", "ci_low", "ci_high"))
+                vals.append((v, _fmt(v, lo, hi)))
+            rows.append((str(idx), vals))
+        name = str(path.relative_to(run_dir / "tables").with_suffix(""))
+        parts.append(f"<h3>Paper-form table: {html.escape(name)}</h3>"
+                     + _sortable(str(frame.index.name or ""), rows, cells, "paper"))
     return "\n".join(parts)
 
 
@@ -331,7 +354,7 @@ body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}
 h1{font-size:1.4em} h2{border-bottom:1px solid #ccc;margin-top:1.5em} h3{font-size:1em;margin:1em 0 .3em}
 table{border-collapse:collapse;font-size:12px;margin-bottom:.8em} th,td{border:1px solid #ddd;padding:2px 6px}
 th{background:#f2f2f2;cursor:pointer;user-select:none} th.asc:after{content:" ▲"} th.desc:after{content:" ▼"}
-.ci{color:#888;font-size:10px} pre{font-size:11px;background:#f7f7f7;padding:.5em;overflow:auto;max-height:30em}
+.ci{color:#888;font-size:10px} #js-errors:empty{display:none} pre{font-size:11px;background:#f7f7f7;padding:.5em;overflow:auto;max-height:30em}
 figure{display:inline-block;margin:.4em;vertical-align:top} figure img{max-width:520px}
 figcaption{font-size:11px;color:#555}
 .filters{position:sticky;top:0;background:#fff;padding:.4em 0;z-index:2;border-bottom:1px solid #eee}
