@@ -66,12 +66,16 @@ def test_folder_of_npz_and_npy_equals_arrays_and_no_probs_drops_recognition(done
     findings = xbench.load_dataset("phantom", split="test", cases=CASES).findings
     ids = st["case_ids"].tolist()
     a = score(st["maps"], tmp_path / "a", case_ids=ids)
-    for suffix in ("npz", "npy"):
+    from safetensors.numpy import save_file
+
+    for suffix in ("npz", "npy", "safetensors"):
         folder = tmp_path / f"maps-{suffix}"
         folder.mkdir()
         for cid, m in zip(ids, st["maps"]):
             if suffix == "npz":
                 np.savez(folder / f"{cid}.npz", **{f: m[c] for c, f in enumerate(findings)})
+            elif suffix == "safetensors":
+                save_file({f: np.ascontiguousarray(m[c]) for c, f in enumerate(findings)}, str(folder / f"{cid}.safetensors"))
             else:
                 np.save(folder / f"{cid}.npy", m)
         b = score(folder, tmp_path / f"b-{suffix}", classes=findings if suffix == "npy" else None)
