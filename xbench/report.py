@@ -266,6 +266,8 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
         row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
         preds = {m: store.read(ds, m) for m in dmetas}
         pos = {m: {c: i for i, c in enumerate(p.case_ids.tolist())} for m, p in preds.items()}
+        result = {(m, str(c), f): (h, d) for m, c, f, h, d in zip(dpairs["model"], dpairs["case_id"], dpairs["finding"],
+                                                                  dpairs["pointing"], dpairs["dice@best"])}
         chosen = []
         for finding, fp in dpairs.groupby("finding", sort=False):
             ids = list(dict.fromkeys(fp["case_id"].astype(str)))
@@ -286,10 +288,9 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
             card = {"dataset": ds, "case": case_id, "cls": finding, "size": _size_bin(frac), "area": round(frac, 4),
                     "img": _jpeg((gt * 255).astype(np.uint8)), "models": []}
             for model, p in preds.items():
-                row = dpairs[(dpairs["model"] == model) & (dpairs["case_id"].astype(str) == case_id)
-                             & (dpairs["finding"] == finding)]
-                if case_id not in pos[model] or row.empty:
+                if case_id not in pos[model] or (model, case_id, finding) not in result:
                     continue
+                hit, dice_best = result[(model, case_id, finding)]
                 i = pos[model][case_id]
                 up, norm = maps_at_grid(p.maps[i:i + 1, c], p.windows[i:i + 1], p.sizes[i:i + 1], grid)
                 v = norm[0]
@@ -302,11 +303,10 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
                         if 0 <= yy < size and 0 <= xx < size:
                             rgb[yy, xx] = 1.0
                 rgb[_outline(tm)] = (1.0, 0.15, 0.15)
-                r = row.iloc[0]
                 tau = best_tau.get((ds, model, finding), np.nan)
                 card["models"].append({"model": model, "img": _jpeg((np.clip(rgb, 0, 1) * 255).astype(np.uint8)),
-                                       "hit": None if not np.isfinite(r["pointing"]) else bool(r["pointing"]),
-                                       "dice": None if not np.isfinite(r["dice@best"]) else round(float(r["dice@best"]), 3),
+                                       "hit": None if not np.isfinite(hit) else bool(hit),
+                                       "dice": None if not np.isfinite(dice_best) else round(float(dice_best), 3),
                                        "tau": None if not np.isfinite(tau) else round(float(tau), 2)})
             cards.append(card)
     note = (f"<p>Showing {shown_total} of {all_total} positive (case, class) pairs: the first {per_class} of each "
