@@ -307,8 +307,8 @@ def evaluate_maps(
     mapset = _as_mapset(maps, case_ids=case_ids, classes=classes if classes is not None else data.findings, probs=probs)
     index = _class_index(data, mapset.classes)
     out = Path(output_dir) if output_dir is not None else Path("results") / f"{name}-{data.name}"
-    if (out / "store").exists() and not (out / "score_inputs.json").exists():
-        raise XBenchError(f"{out} holds a results store that evaluate_maps did not write (a model run?); "
+    if ((out / "store").exists() or (out / "tables").exists()) and not (out / "score_inputs.json").exists():
+        raise XBenchError(f"{out} holds a results store or tables that evaluate_maps did not write (a model run?); "
                           "choose another output_dir — evaluate_maps replaces its output folder's store and tables")
     if (out / "store").exists():
         shutil.rmtree(out / "store")
