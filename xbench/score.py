@@ -310,6 +310,8 @@ def evaluate_maps(
     if ((out / "store").exists() or (out / "tables").exists()) and not (out / "score_inputs.json").exists():
         raise XBenchError(f"{out} holds a results store or tables that evaluate_maps did not write (a model run?); "
                           "choose another output_dir — evaluate_maps replaces its output folder's store and tables")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "score_inputs.json").write_text(json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
     if (out / "store").exists():
         shutil.rmtree(out / "store")
     if (out / "tables").exists():
