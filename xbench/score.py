@@ -402,8 +402,8 @@ def _to_float16(maps: np.ndarray) -> np.ndarray:
     lo, hi = flat.min(axis=1, keepdims=True), flat.max(axis=1, keepdims=True)
     span = np.where(hi > lo, hi - lo, 1.0)
     warnings.warn("maps were min–max normalised per map and stored as float16 (the results store's format): "
-                  "values differ from the input by ≤ 2^-11 relative, so a Dice at a τ may move where pixels sit "
-                  "within that of τ", XBenchWarning, stacklevel=3)
+                  "normalised values move by ≤ 2^-11 relative, so a pixel that close to a threshold may change "
+                  "sides", XBenchWarning, stacklevel=3)
     return ((flat - lo) / span).reshape(maps.shape).astype(np.float16)
 
 
