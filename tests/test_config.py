@@ -26,7 +26,7 @@ datasets:
   - {name: phantom, split: test, cases: 24, root: /data/p}
   - nih_bbox
 models:
-  - {name: clip, weights: /w/clip, params: {variant: b16}}
+  - {name: clip, weights: /w/clip, params: {seed: 3}}
   - {name: anatomical_prior, fit_split: prior}
   - center_prior
 grid: [64, 96]
@@ -45,7 +45,7 @@ bootstrap: {replicates: 20, seed: 7}
     # unknown dataset keys go into options (passed to load_dataset); known ones stay fields
     assert cfg.datasets == [DatasetSpec("phantom", root="/data/p", split="test", options={"cases": 24}),
                             DatasetSpec("nih_bbox")]
-    assert cfg.models == [ModelSpec("clip", weights="/w/clip", params={"variant": "b16"}),
+    assert cfg.models == [ModelSpec("clip", weights="/w/clip", params={"seed": 3}),
                           ModelSpec("anatomical_prior", fit_split="prior"), ModelSpec("center_prior")]
     assert cfg.grid == (64, 96) and isinstance(cfg.grid, tuple)
     assert (cfg.fixed_threshold, cfg.pointing_ties, cfg.batch_size, cfg.num_workers) == (0.3, "any", 4, 2)

@@ -78,7 +78,8 @@ def test_sizes_and_windows_round_trip(store):
 
 def test_write_leaves_no_temporary_file(store):
     store.write_chunk("toy", "m", 0, case_ids=["a", "b"], skipped={}, **chunk_arrays(2, 0))
-    assert sorted(p.name for p in store.folder("toy", "m").iterdir()) == ["chunk-00000.npz", "meta.json"]
+    assert sorted(p.name for p in store.folder("toy", "m").iterdir()) == ["chunk-00000.index.json", "chunk-00000.npz",
+                                                                         "meta.json"]
 
 
 def test_failed_write_leaves_neither_chunk_nor_temporary(store, monkeypatch):

@@ -207,7 +207,7 @@ def test_independent_shards_then_merge_equal_the_single_run(base, tmp_path):
     logs = [run_log(d, f"run_log.shard{i}of2.json") for i, d in enumerate(dirs)]
     assert [logs[0][m]["chunks_written"] for m in MODELS] == [2, 2, 2]  # chunks 0 and 2
     assert [logs[1][m]["chunks_written"] for m in MODELS] == [1, 1, 1]  # chunk 1
-    assert sorted(p.name for p in (dirs[1] / "store" / "phantom" / "center_prior").glob("chunk-*")) == \
+    assert sorted(p.name for p in (dirs[1] / "store" / "phantom" / "center_prior").glob("chunk-*.npz")) == \
         ["chunk-00001.npz"]
 
     with pytest.raises(XBenchError, match=r"chunks \[1\] of 3 are missing"):
@@ -318,10 +318,15 @@ def test_missing_image_skip_is_counted_and_excluded(holed_dataset, tmp_path):
     assert sum(v["missing_prediction"] for v in evaluation["pairs"].values()) >= 1
 
 
-def test_missing_image_raise_names_the_file(holed_dataset):
-    _, _, path, raw = holed_dataset
-    with pytest.raises(MissingFileError) as err:
+def test_missing_image_raise_names_the_file(holed_dataset, tmp_path):
+    _, case_id, path, raw = holed_dataset
+    # preflight: refused before any model is built, with the exact count and the case
+    with pytest.raises(XBenchError, match=rf"1 of 10 image files are missing \(first: {case_id}\)"):
         run(RunConfig.from_dict({**raw, "on_missing_image": "raise"}), progress=False)
+    assert not (tmp_path / "run" / "store").exists()
+    # without the preflight the inference itself names the file
+    with pytest.raises(MissingFileError) as err:
+        run(RunConfig.from_dict({**raw, "on_missing_image": "raise"}), progress=False, check=False)
     assert str(path) in str(err.value)
 
 

@@ -168,3 +168,92 @@ def test_model_notes_label_random_init_models(table):
     assert notes == {"a": "random-init weights"}
     text = render(table, fmt="md", notes={table.index[0]: "random-init weights"})
     assert f"{table.index[0]} (random-init weights)" in text
+
+
+# -- the paper's form ------------------------------------------------------------------------------------------------
+from xbench.paper import MODELS, TABLE_CLASSES, load_reference, synthetic_results  # noqa: E402
+from xbench.tables import MIN_PAIRS_TO_RANK, cell_counts, paper_class_table, paper_table1, skipped_note  # noqa: E402
+
+PAPER_ROWS = ["CLIP", "BiomedCLIP", "MedKLIP", "KAD", "MAVL", "CARZero", "DeViDe"]
+PAPER_GROUPS = ["COVID-19", "RSNA Pneumonia", "SIIM Pneumothorax", "CheXDet-10", "CheXlocalize", "VinDr-CXR",
+                "ChestX-ray14"]
+
+
+def test_paper_table1_has_the_papers_rows_columns_and_order():
+    tidy = synthetic_results().sample(frac=1, random_state=1)  # row order of the input must not matter
+    t = paper_table1(tidy)
+    assert list(t.values.index) == PAPER_ROWS and t.separator is None
+    assert list(t.values.columns) == [(g, m) for g in PAPER_GROUPS for m in ("Point", "Dice", "IoU")]
+    # values are percent of the tidy dataset-level values, n the pairs summed over classes
+    level = tidy[(tidy.finding == DATASET_LEVEL) & (tidy.model == "kad") & (tidy.dataset == "nih_bbox")]
+    assert t.values.at["KAD", ("ChestX-ray14", "Dice")] == pytest.approx(100 * level.set_index("metric").at["dice@best", "value"])
+    assert t.n.at["KAD", ("ChestX-ray14", "Point")] == 984  # the 984 NIH boxes
+    assert t.n.at["KAD", ("RSNA Pneumonia", "Point")] == 1218
+    md = t.to_markdown()
+    header = next(ln for ln in md.splitlines() if ln.startswith("| Method"))
+    assert header.split(" | ")[1:4] == ["COVID-19 Point", "COVID-19 Dice", "COVID-19 IoU"]
+    assert md.count("**") >= 2 * 21 and md.count("<u>") >= 21  # a best and a second in every column
+
+
+def test_paper_class_tables_have_mean_then_the_papers_classes():
+    tidy = synthetic_results()
+    for table, dataset in ((2, "vindr_cxr"), (3, "nih_bbox"), (4, "chestx_det10"), (5, "chexlocalize")):
+        t = paper_class_table(tidy, dataset)
+        assert list(t.values.index) == PAPER_ROWS
+        assert list(t.values.columns) == ["Mean", *TABLE_CLASSES[table]], table
+        assert t.caption.startswith(f"Table {table}.")
+    t3 = paper_class_table(tidy, "nih_bbox")
+    assert list(t3.values.columns) == ["Mean", "ATE", "CARD", "EFF", "INF", "MASS", "NOD", "PNEU", "PTX"]
+    assert t3.n.at["CARZero", "CARD"] == 146 and t3.n.at["CARZero", "Mean"] == 984
+
+
+def test_paper_tables_set_other_models_apart_and_do_not_rank_baselines(tmp_path):
+    tidy = synthetic_results(models=["center_prior", "kad", "ref_xattn", "clip"], datasets=["nih_bbox"])
+    t = paper_table1(tidy, baselines=["center_prior"], unverified=["ref_xattn"], notes={"clip": "random-init weights"})
+    assert list(t.values.index) == ["CLIP (random-init weights)", "KAD", "ref_xattn†", "center_prior (baseline)"]
+    assert t.separator == "ref_xattn†"
+    assert (t.ranks().loc["center_prior (baseline)"] == 0).all()
+    md, tex = t.to_markdown(), t.to_latex()
+    assert "*other models and baselines*" in md
+    assert tex.startswith("\\begin{table}") and "\\caption{" in tex and tex.rstrip().endswith("\\end{table}")
+    assert tex.count("\\midrule") == 2  # header rule + the separator
+    paths = t.write(tmp_path / "paper_table1")
+    assert [p.suffix for p in paths] == [".csv", ".md", ".tex", ".html"]
+    csv = pd.read_csv(paths[0], index_col=0)
+    assert list(csv.columns[:2]) == ["ChestX-ray14 / Point", "ChestX-ray14 / Point / n"]
+    html = paths[3].read_text()
+    assert "font-weight: bold" in html and "text-decoration: underline" in html and "984 positive pairs" in html
+
+
+def test_no_ranking_where_n_is_too_small():
+    tidy = synthetic_results(datasets=["nih_bbox"])
+    small = tidy.copy()
+    small.loc[small["finding"] == "Nodule", "n"] = MIN_PAIRS_TO_RANK - 1
+    t = paper_class_table(small, "nih_bbox")
+    assert (t.ranks()["NOD"] == 0).all() and (t.ranks()["CARD"] > 0).sum() >= 2
+    assert "ranked only where n ≥ 30" in t.to_markdown()
+    # the rich form follows the same rule and shows n
+    table = per_class(small, "nih_bbox")
+    counts = cell_counts(table, small, dataset="nih_bbox")
+    text = render(table, fmt="md", models_on="columns", counts=counts)
+    nodule = next(ln for ln in text.splitlines() if ln.startswith("| Nodule "))
+    assert "**" not in nodule and "<u>" not in nodule and f"n={MIN_PAIRS_TO_RANK - 1}" in nodule
+    cardio = next(ln for ln in text.splitlines() if ln.startswith("| Cardiomegaly "))
+    assert "**" in cardio and "n=146" in cardio
+
+
+def test_skipped_cases_are_stated():
+    log = [{"dataset": "nih_bbox", "model": "kad", "cases": 880, "cases_skipped_at_inference": 878},
+           {"dataset": "nih_bbox", "model": "clip", "cases": 880, "cases_skipped_at_inference": 878}]
+    assert "nih_bbox: 878 of 880" in skipped_note(log)
+    t = paper_table1(synthetic_results(datasets=["nih_bbox"]), log=log)
+    assert "nih_bbox: 878 of 880" in t.to_markdown()
+
+
+def test_the_paper_itself_renders_in_paper_form():
+    """The reference data through the same tables: Table 3 as printed (percent → fraction → percent)."""
+    ref = load_reference([3]).assign(value=lambda d: d["value"] / 100, n=100, ci_low=np.nan, ci_high=np.nan)
+    t = paper_class_table(ref, "nih_bbox")
+    assert list(t.values.index) == PAPER_ROWS
+    assert t.values.at["CARZero", "CARD"] == pytest.approx(99.32) and t.values.at["CLIP", "Mean"] == pytest.approx(7.42)
+    assert set(MODELS.values()) == set(PAPER_ROWS)

@@ -1,20 +1,26 @@
 """``xbench`` command line: a thin layer over the library (no logic here).
 
-    xbench run --config CONFIG [--shard i/n] [--overwrite] [--no-eval]
+    xbench check --config CONFIG [--device D] [--no-hash]
+    xbench run --config CONFIG [--shard i/n] [--overwrite] [--no-eval] [--no-check]
     xbench merge --config CONFIG --from DIR [DIR ...]
     xbench evaluate --config CONFIG
-    xbench reproduce --config CONFIG [--notebooks DIR] [--timeout S]
+    xbench reproduce --config CONFIG [--notebooks DIR] [--timeout S] [--keep-going]
     xbench manifest check|build DATASET --root DIR [--out FILE]
     xbench list models|datasets
     xbench score --maps DIR|FILE.npz --dataset NAME [--split S] [--root DIR] [--output-dir DIR] [--name N]
     xbench report --run DIR [--out FILE.html]
     xbench export --run DIR [--tau best|T] [--margin M]
+
+Every subcommand takes ``-q/--quiet`` (warnings and errors only, no progress), ``-v/--verbose``
+(debug) and ``--config-path DIR`` (repeatable; a folder with ``models/`` and/or ``datasets/`` of
+the user's own YAML files, added to ``$XBENCH_CONFIG_PATH``). Exit status: 0 success, 1 a check
+found problems, 2 an error (one line, no traceback).
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .errors import XBenchError
 
@@ -31,27 +37,42 @@ def _shard(text: str) -> tuple[int, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xbench", description="XBench: grounding of chest X-ray vision-language models.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
+    common.add_argument("-v", "--verbose", action="store_true", help="debug messages")
+    common.add_argument("--config-path", action="append", default=[], metavar="DIR",
+                        help="folder with models/ and/or datasets/ YAML files of your own (repeatable; "
+                             "also $XBENCH_CONFIG_PATH)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="inference into the results store, then metric tables")
+    def add(name: str, **kwargs: object) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kwargs)  # type: ignore[arg-type]
+
+    p = add("check", help="preflight: data, images, weights, fit splits and device of a run config; nothing is computed")
+    p.add_argument("--config", required=True)
+    p.add_argument("--output-dir", help="override the config's output_dir")
+    p.add_argument("--device", help="override the config's device (cpu, cuda, auto)")
+    p.add_argument("--no-hash", action="store_true", help="do not compute SHA-256 of annotation files")
+
+    p = add("run", help="inference into the results store, then metric tables")
     p.add_argument("--config", required=True)
     p.add_argument("--output-dir", help="override the config's output_dir")
     p.add_argument("--device", help="override the config's device (cpu, cuda, auto)")
     p.add_argument("--shard", type=_shard, help="process only shard i of n (e.g. 0/4); evaluate later with `merge`")
     p.add_argument("--overwrite", action="store_true", help="recompute even if the store has results")
     p.add_argument("--no-eval", action="store_true", help="only fill the store")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--no-check", action="store_true", help="skip the preflight (`xbench check`) before inference")
 
-    p = sub.add_parser("merge", help="join shards written to other folders, then evaluate")
+    p = add("merge", help="join shards written to other folders, then evaluate")
     p.add_argument("--config", required=True)
     p.add_argument("--from", dest="sources", nargs="+", required=True)
     p.add_argument("--output-dir")
 
-    p = sub.add_parser("evaluate", help="metric tables from the store (no inference)")
+    p = add("evaluate", help="metric tables from the store (no inference)")
     p.add_argument("--config", required=True)
     p.add_argument("--output-dir")
 
-    p = sub.add_parser("reproduce", help="run every notebook in order through papermill")
+    p = add("reproduce", help="run every notebook in order through papermill")
     p.add_argument("--config", required=True)
     p.add_argument("--output-dir")
     p.add_argument("--device")
@@ -59,23 +80,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=int, default=1800, help="per-cell execution timeout in seconds")
     p.add_argument("--kernel", default="python3")
     p.add_argument("--figures-dir", help="also copy tables/figures here (the repository's figures/ for the phantom default)")
+    p.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure; list failures at the end")
+    p.add_argument("--no-check", action="store_true", help="skip the preflight before the notebooks")
 
-    p = sub.add_parser("manifest", help="check a local dataset copy against its manifest, or write its case table")
+    p = add("manifest", help="check a local dataset copy against its manifest, or write its case table")
     p.add_argument("action", choices=["check", "build"])
     p.add_argument("dataset")
     p.add_argument("--root", required=True)
     p.add_argument("--out", help="case table path for `build` (.csv or .parquet)")
 
-    p = sub.add_parser("list", help="registered models or datasets")
+    p = add("list", help="registered models or datasets")
     p.add_argument("what", choices=["models", "datasets"])
-    _add_beyond_commands(sub)
+    _add_beyond_commands(add)
     return parser
 
 
-def _add_beyond_commands(sub: argparse._SubParsersAction) -> None:
+def _add_beyond_commands(add: "Callable[..., argparse.ArgumentParser]") -> None:
     """`xbench score` (your own maps → the run tables) and `xbench report` (HTML report of a run)."""
-    p = sub.add_parser("score", help="score your own saliency maps (folder of .npz/.npy/.safetensors, one .npz, "
-                                     "or a cheXlocalize *_map.pkl folder)")
+    p = add("score", help="score your own saliency maps (folder of .npz/.npy/.safetensors, one .npz, "
+                     "or a cheXlocalize *_map.pkl folder)")
     p.add_argument("--maps", required=True, help="folder or .npz file of maps (see xbench.score)")
     p.add_argument("--dataset", required=True)
     p.add_argument("--split")
@@ -91,13 +114,13 @@ def _add_beyond_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="dataset option (e.g. cases=22 for the phantom); repeatable")
 
-    p = sub.add_parser("report", help="one self-contained HTML report of an evaluated run (from the store alone)")
+    p = add("report", help="one self-contained HTML report of an evaluated run (from the store alone)")
     p.add_argument("--run", required=True, help="the run's output folder")
     p.add_argument("--out", help="default: <run>/report.html")
     p.add_argument("--grid", type=int, nargs=2, metavar=("H", "W"), help="evaluation grid (default: from the tables)")
     p.add_argument("--cases-per-class", type=int, default=24, help="cases per class in the overlay browser")
 
-    p = sub.add_parser("export", help="maps of a run → masks, boxes (COCO JSON, CSV) and per-case metric CSVs")
+    p = add("export", help="maps of a run → masks, boxes (COCO JSON, CSV) and per-case metric CSVs")
     p.add_argument("--run", required=True, help="the run's output folder")
     p.add_argument("--out", help="default: <run>/exports")
     p.add_argument("--tau", default="best", help="'best' (each class's best τ) or a number in [0, 1]")
@@ -132,7 +155,7 @@ def _score_or_report(args: argparse.Namespace) -> int:
     tables = evaluate_maps(maps, dataset=args.dataset, split=args.split, root=args.root,
                            classes=None if args.chexlocalize else args.classes, name=args.name,
                            output_dir=args.output_dir, grid=tuple(args.grid), bootstrap=args.bootstrap,
-                           dataset_options=options, pointing_margins=args.margin, progress=True)
+                           dataset_options=options, pointing_margins=args.margin, progress=not args.quiet)
     from .metrics import DATASET_LEVEL
 
     level = tables["metrics"][tables["metrics"]["finding"] == DATASET_LEVEL]
@@ -144,7 +167,14 @@ def _score_or_report(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .logs import setup_logging
+
+    setup_logging(-1 if args.quiet else 1 if args.verbose else 0)
     try:
+        from .registry import add_search_dir
+
+        for folder in args.config_path:
+            add_search_dir(folder)
         return _dispatch(args)
     except XBenchError as exc:
         print(f"xbench: error: {exc}", file=sys.stderr)
@@ -175,10 +205,19 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     overrides = {"output_dir": getattr(args, "output_dir", None), "device": getattr(args, "device", None)}
     cfg = RunConfig.from_yaml(args.config, **overrides)
+    if args.command == "check":
+        from .preflight import preflight
+
+        report = preflight(cfg, hashes=not args.no_hash)
+        print(report.format())
+        if not report.ok:
+            print("problems:\n  - " + "\n  - ".join(report.problems), file=sys.stderr)
+        return 0 if report.ok else 1
     if args.command == "run":
         from .runner import run
 
-        out = run(cfg, shard=args.shard, overwrite=args.overwrite, progress=not args.quiet, evaluate=not args.no_eval)
+        out = run(cfg, shard=args.shard, overwrite=args.overwrite, progress=not args.quiet, evaluate=not args.no_eval,
+                  check=not args.no_check)
         print(f"results in {out}")
     elif args.command == "merge":
         from .runner import merge
@@ -193,7 +232,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .reproduce import reproduce
 
         out = reproduce(args.config, output_dir=cfg.output_dir, device=cfg.device, notebooks=args.notebooks,
-                        timeout=args.timeout, kernel=args.kernel, figures_dir=args.figures_dir)
+                        timeout=args.timeout, kernel=args.kernel, figures_dir=args.figures_dir,
+                        progress=not args.quiet, keep_going=args.keep_going, check=not args.no_check)
         print(f"notebooks, tables and figures in {out}")
     return 0
 

@@ -19,20 +19,41 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     chunk_size: 256                 # cases per store chunk (resume granularity)
     on_missing_image: raise         # raise | skip (counted in run_log.json)
     bootstrap: {replicates: 1000, seed: 0}
+    allow_random_init: false        # true: models without weights may run random-init (labelled); the phantom opts in
+
+Every key is typed and checked when the file is read (:class:`~xbench.errors.FormatError`
+naming file and field): integers must be integers (``batch_size: 4.7`` is an error, not 4),
+``fixed_threshold`` a number, ``datasets`` / ``models`` non-empty lists, ``output_dir`` a
+non-empty path. Dataset keys other than ``name, root, split`` are the loader's keyword options:
+an unknown one is an error with "did you mean"; a model's ``params`` must be keys of its YAML's
+``params:`` section (the declared parameter set). A model entry may say ``optional: true``: when
+its weights are absent it is left out of the run (one log line, a note in ``models.csv``) instead
+of failing it. A model that would run random-init (no weights, ``random_init`` in its params) is
+refused unless the run sets ``allow_random_init: true`` or the entry sets ``params: {random_init: true}``.
 
 Relative ``output_dir`` and dataset ``root`` paths are resolved against the
 current working directory.
 """
 from __future__ import annotations
 
+import difflib
+import inspect
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .errors import FormatError, MissingFileError
-from .registry import read_yaml
+from .errors import FormatError, MissingFileError, XBenchError
+from .registry import dataset_manifest, import_target, model_config, read_yaml
+
+#: keys of a run config and of its dataset / model entries
+RUN_KEYS = ("output_dir", "datasets", "models", "grid", "fixed_threshold", "pointing_ties", "batch_size", "num_workers",
+            "precision", "device", "chunk_size", "on_missing_image", "bootstrap", "allow_random_init")
+DATASET_KEYS = ("name", "root", "split")
+MODEL_KEYS = ("name", "weights", "params", "fit_split", "optional")
+_DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
 
 
 @dataclass
@@ -46,12 +67,142 @@ class DatasetSpec:
 @dataclass
 class ModelSpec:
     """A model of a run. ``fit_split`` (baselines with a ``fit`` method, e.g. the anatomical prior):
-    fit on that split of each dataset — it must differ from the evaluation split."""
+    fit on that split of each dataset — it must differ from the evaluation split. ``optional``: left out
+    of the run (with a note) when its weights are absent, instead of failing the run."""
 
     name: str
     weights: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     fit_split: str | None = None
+    optional: bool = False
+
+
+def _did_you_mean(word: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(word, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown(where: str, what: str, keys: list[str], known: list[str], field_name: str) -> FormatError:
+    hints = "; ".join(f"{k!r}{_did_you_mean(k, known)}" for k in keys)
+    return FormatError(where, f"unknown {what} {hints}; known: {', '.join(known) or '(none)'}", field=field_name)
+
+
+def _check_type(where: str, field_name: str, value: Any, kind: str) -> Any:
+    """``value`` if it is of ``kind`` (int | float | bool | str | path), else FormatError naming the field."""
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str) and value != "",
+        "path": isinstance(value, (str, Path)) and str(value).strip() != "",
+    }[kind]
+    if not ok:
+        expected = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a non-empty string",
+                    "path": "a non-empty path"}[kind]
+        raise FormatError(where, f"must be {expected}, got {value!r} ({type(value).__name__})", field=field_name)
+    return float(value) if kind == "float" else value
+
+
+def dataset_options(name: str) -> dict[str, inspect.Parameter]:
+    """Keyword options a dataset's loader takes (beyond ``root``, ``split``, ``manifest``), with their defaults."""
+    cls = import_target(dataset_manifest(name)["class"])
+    params = inspect.signature(cls.__init__).parameters
+    return {k: p for k, p in params.items()
+            if k not in ("self", "root", "split", "manifest") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def _typed_like(where: str, field_name: str, value: Any, default: Any) -> None:
+    """A value must have the type of a declared default (bool ↔ bool, int ↔ int, number ↔ number, str ↔ str)."""
+    if default is None or value is None or isinstance(default, (list, dict)):
+        return
+    kind = "bool" if isinstance(default, bool) else "int" if isinstance(default, int) else \
+        "float" if isinstance(default, float) else "str" if isinstance(default, str) else None
+    if kind == "str" and isinstance(value, str):
+        return
+    if kind is not None:
+        _check_type(where, field_name, value, kind)
+
+
+_SIMPLE = {"int": "int", "float": "float", "bool": "bool", "str": "str", "Path": "path"}
+
+
+def _annotation_allows(where: str, field_name: str, value: Any, annotation: Any) -> bool:
+    """Check ``value`` against a simple annotation such as ``"int | None"``; False when it is not simple."""
+    names = [n.strip() for n in str(annotation).split("|")] if isinstance(annotation, str) else []
+    kinds = [n for n in names if n != "None"]
+    if not names or any(n not in _SIMPLE for n in kinds):
+        return False
+    if value is None and "None" in names:
+        return True
+    for n in kinds:
+        try:
+            _check_type(where, field_name, value, _SIMPLE[n])
+            return True
+        except FormatError:
+            continue
+    if kinds:
+        _check_type(where, field_name, value, _SIMPLE[kinds[0]])  # raises, naming the first expected type
+    return True
+
+
+def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
+    key = f"datasets[{index}]"
+    if isinstance(item, str) and item:
+        item = {"name": item}
+    if not isinstance(item, dict) or "name" not in item:
+        raise FormatError(where, f"each entry needs a 'name', got {item!r}", field="datasets")
+    name = _check_type(where, f"{key}.name", item["name"], "str")
+    dataset_manifest(name)  # unknown name → UnknownNameError with "did you mean"
+    options = {k: v for k, v in item.items() if k not in DATASET_KEYS}
+    declared = dataset_options(name)
+    unknown = sorted(set(options) - set(declared))
+    if unknown:
+        raise _unknown(where, f"key(s) of dataset {name!r}:", unknown, [*DATASET_KEYS, *sorted(declared)], key)
+    for k, v in options.items():
+        default = declared[k].default
+        if not _annotation_allows(where, f"{key}.{k}", v, declared[k].annotation):
+            _typed_like(where, f"{key}.{k}", v, None if default is inspect.Parameter.empty else default)
+    for k in ("root", "split"):
+        if item.get(k) is not None:
+            _check_type(where, f"{key}.{k}", item[k], "path" if k == "root" else "str")
+    split = item.get("split")
+    splits = dataset_manifest(name).get("splits") or {}
+    if split is not None and split not in splits:
+        raise FormatError(where, f"dataset {name!r} has no split {split!r}{_did_you_mean(split, sorted(splits))}; "
+                          f"splits: {', '.join(sorted(splits))}", field=f"{key}.split")
+    return DatasetSpec(name=name, root=None if item.get("root") is None else str(item["root"]), split=split,
+                       options=options)
+
+
+def _model_spec(where: str, item: Any, index: int) -> ModelSpec:
+    key = f"models[{index}]"
+    if isinstance(item, str) and item:
+        item = {"name": item}
+    if not isinstance(item, dict) or "name" not in item:
+        raise FormatError(where, f"each entry needs a 'name', got {item!r}", field="models")
+    extra = sorted(set(item) - set(MODEL_KEYS))
+    if extra:
+        raise FormatError(where, f"unknown model key(s) {extra}" + "".join(_did_you_mean(k, list(MODEL_KEYS)) for k in extra)
+                          + f"; known: {', '.join(MODEL_KEYS)}", field="models")
+    name = _check_type(where, f"{key}.name", item["name"], "str")
+    declared = model_config(name).get("params") or {}  # unknown name → UnknownNameError with "did you mean"
+    params = item.get("params") or {}
+    if not isinstance(params, dict):
+        raise FormatError(where, f"params must be a mapping, got {params!r}", field=f"{key}.params")
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise _unknown(where, f"param(s) of model {name!r}:", unknown, sorted(declared), f"{key}.params")
+    for k, v in params.items():
+        _typed_like(where, f"{key}.params.{k}", v, declared[k])
+    weights = item.get("weights")
+    if weights is not None:
+        _check_type(where, f"{key}.weights", weights, "path")
+    fit_split = item.get("fit_split")
+    if fit_split is not None:
+        _check_type(where, f"{key}.fit_split", fit_split, "str")
+    optional = _check_type(where, f"{key}.optional", item.get("optional", False), "bool")
+    return ModelSpec(name=name, weights=None if weights is None else str(weights), params=dict(params),
+                     fit_split=fit_split, optional=optional)
 
 
 @dataclass
@@ -70,6 +221,7 @@ class RunConfig:
     on_missing_image: str = "raise"
     bootstrap_replicates: int = 1000
     bootstrap_seed: int = 0
+    allow_random_init: bool = False
     source: str | None = None
 
     @classmethod
@@ -86,51 +238,41 @@ class RunConfig:
         for key in ("output_dir", "datasets", "models"):
             if key not in raw:
                 raise FormatError(where, "missing required key", field=key)
-        known = {"output_dir", "datasets", "models", "grid", "fixed_threshold", "pointing_ties", "batch_size", "num_workers",
-                 "precision", "device", "chunk_size", "on_missing_image", "bootstrap"}
-        unknown = sorted(set(raw) - known)
+        unknown = sorted(set(raw) - set(RUN_KEYS))
         if unknown:
-            raise FormatError(where, f"unknown key(s) {unknown}; known: {sorted(known)}")
-
-        def spec(item: Any, kind: type, key: str) -> Any:
-            if isinstance(item, str):
-                return kind(name=item)
-            if not isinstance(item, dict) or "name" not in item:
-                raise FormatError(where, f"each entry needs a 'name', got {item!r}", field=key)
-            extra = {k: v for k, v in item.items() if k not in kind.__dataclass_fields__}
-            base = {k: v for k, v in item.items() if k in kind.__dataclass_fields__}
-            if kind is DatasetSpec:
-                base.setdefault("options", {}).update(extra)
-            elif extra:
-                raise FormatError(where, f"unknown model key(s) {sorted(extra)}", field=key)
-            return kind(**base)
-
+            raise _unknown(where, "key(s)", unknown, sorted(RUN_KEYS), unknown[0])
+        for key in ("datasets", "models"):
+            if not isinstance(raw[key], list) or not raw[key]:
+                raise FormatError(where, f"must be a non-empty list of {key} (e.g. [{'phantom' if key == 'datasets' else 'center_prior'}]), "
+                                  f"got {raw[key]!r}", field=key)
         boot = raw.get("bootstrap", {}) or {}
         if not isinstance(boot, dict) or set(boot) - {"replicates", "seed"}:
             raise FormatError(where, f"takes {{replicates, seed}}, got {boot!r}", field="bootstrap")
-        def typed(key: str, convert: Any, default: Any, value: Any = None, kind: str | None = None) -> Any:
-            raw_value = raw.get(key, default) if value is None else value
-            try:
-                return convert(raw_value)
-            except (TypeError, ValueError):
-                raise FormatError(where, f"cannot read {raw_value!r} as {kind or convert.__name__}",
-                                  field=key) from None
+        grid = raw.get("grid", [224, 224])
+        if not isinstance(grid, (list, tuple)):
+            raise FormatError(where, f"must be [height, width] integers, got {grid!r}", field="grid")
+        for g in grid:
+            _check_type(where, "grid", g, "int")
+
+        def get(key: str, default: Any, kind: str) -> Any:
+            return _check_type(where, key, raw.get(key, default), kind)
 
         cfg = cls(
-            output_dir=str(raw["output_dir"]),
-            datasets=[spec(d, DatasetSpec, "datasets") for d in raw["datasets"]],
-            models=[spec(m, ModelSpec, "models") for m in raw["models"]],
-            grid=typed("grid", lambda g: tuple(int(x) for x in g), (224, 224), kind="[height, width] integers"),
-            fixed_threshold=typed("fixed_threshold", float, 0.5),
-            pointing_ties=str(raw.get("pointing_ties", "first")),
-            batch_size=typed("batch_size", int, 32),
-            num_workers=typed("num_workers", int, 0),
-            precision=str(raw.get("precision", "fp32")),
-            device=str(raw.get("device", "cpu")),
-            chunk_size=typed("chunk_size", int, 256),
-            on_missing_image=str(raw.get("on_missing_image", "raise")),
-            bootstrap_replicates=typed("bootstrap", int, None, boot.get("replicates", 1000)),
-            bootstrap_seed=typed("bootstrap", int, None, boot.get("seed", 0)),
+            output_dir=str(get("output_dir", None, "path")),
+            datasets=[_dataset_spec(where, d, i) for i, d in enumerate(raw["datasets"])],
+            models=[_model_spec(where, m, i) for i, m in enumerate(raw["models"])],
+            grid=tuple(grid),
+            fixed_threshold=get("fixed_threshold", 0.5, "float"),
+            pointing_ties=get("pointing_ties", "first", "str"),
+            batch_size=get("batch_size", 32, "int"),
+            num_workers=get("num_workers", 0, "int"),
+            precision=get("precision", "fp32", "str"),
+            device=get("device", "cpu", "str"),
+            chunk_size=get("chunk_size", 256, "int"),
+            on_missing_image=get("on_missing_image", "raise", "str"),
+            bootstrap_replicates=_check_type(where, "bootstrap", boot.get("replicates", 1000), "int"),
+            bootstrap_seed=_check_type(where, "bootstrap", boot.get("seed", 0), "int"),
+            allow_random_init=get("allow_random_init", False, "bool"),
             source=source,
         )
         cfg.validate()
@@ -145,15 +287,26 @@ class RunConfig:
             (0.0 <= self.fixed_threshold <= 1.0, "fixed_threshold", "must lie in [0, 1]"),
             (len(self.grid) == 2 and min(self.grid) > 0, "grid", "must be [height, width] > 0"),
             (self.batch_size > 0 and self.chunk_size > 0, "batch_size", "batch_size and chunk_size must be > 0"),
+            (self.num_workers >= 0, "num_workers", "must be >= 0"),
+            (bool(_DEVICE.match(self.device)), "device", "must be cpu, cuda, cuda:N, mps or auto"),
+            (self.bootstrap_replicates >= 0, "bootstrap_replicates", "bootstrap replicates must be >= 0"),
         ]
         for ok, key, msg in checks:
             if not ok:
                 raise FormatError(where, f"{msg}, got {getattr(self, key)!r}", field=key)
 
     def resolved_device(self) -> torch.device:
+        """The torch device; ``cuda`` asked for on a machine without CUDA is a clear :class:`XBenchError`."""
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        device = torch.device(self.device)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise XBenchError(f"device {self.device!r} was asked for ({self.source or 'config'} or --device) but torch "
+                                  "sees no CUDA device here; use --device cpu (or auto)")
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise XBenchError(f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+        return device
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

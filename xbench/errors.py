@@ -72,3 +72,24 @@ class FormatError(XBenchError, ValueError):
 
 class CheckpointError(XBenchError, ValueError):
     """A checkpoint that does not match the architecture (missing/unexpected keys, shapes)."""
+
+
+class OutputError(XBenchError, OSError):
+    """A file or folder XBench must write cannot be written (read-only folder, disk full, ...).
+
+    The message names the path and the system's reason; nothing partial is left at the path
+    (:mod:`xbench.atomic`).
+    """
+
+    def __init__(self, path: str | Path, cause: OSError, what: str = "cannot write"):
+        self.path = Path(path)
+        reason = cause.strerror or str(cause)
+        self.message = f"{what}: {self.path} ({reason})"
+        super().__init__(cause.errno, self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class StoreError(XBenchError):
+    """The results store holds results of other inputs, or a damaged file (named in the message)."""

@@ -25,18 +25,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
+from .atomic import atomic_write_bytes, write_frame
 from .config import RunConfig
 from .datasets import BaseDataset
 from .errors import XBenchError
+from .logs import progress_iter
 from .metrics import BEST_TAU, grounding_scores, score_table
-from .results import ResultStore, _atomic_write_bytes, write_table
+from .results import ResultStore, write_table
 from .runner import open_dataset
 from .windows import is_whole_image, place_maps
 
@@ -52,7 +54,7 @@ def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool 
     localized = {c["name"]: c.get("localized", True) for c in dataset.manifest.get("classes", [])}
     rows = np.flatnonzero((labels == 1).any(axis=1))
     found: dict[str, tuple[list[int], list[np.ndarray]]] = {f: ([], []) for f in dataset.findings if localized.get(f, True)}
-    for r in tqdm(rows, desc=f"ground truth {dataset.name}", unit="case", disable=not progress):
+    for r in progress_iter(rows, desc=f"ground truth {dataset.name}", unit="case", disable=not progress):
         sample = dataset[int(r)]
         for f, (idx, masks) in found.items():
             if sample.labels.get(f) == 1 and sample.regions.get(f):
@@ -77,7 +79,8 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
     case_ids = dataset.cases["case_id"].astype(str).to_numpy()
     position = {cid: i for i, cid in enumerate(preds.case_ids.tolist())}
     counts: dict[str, Any] = {"dataset": dataset.name, "model": model, "cases": len(dataset),
-                              "cases_skipped_at_inference": len(preds.skipped), "pairs": {}}
+                              "cases_skipped_at_inference": len(preds.skipped),
+                              "skip_reasons": dict(Counter(r.split(":")[0] for r in preds.skipped.values())), "pairs": {}}
 
     frames = []
     for c, finding in enumerate(dataset.findings):
@@ -105,6 +108,12 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
     pairs = pd.concat(frames, ignore_index=True) if frames else None
 
     inferred = np.array([cid in position for cid in case_ids], bool)
+    if not inferred.any():
+        reasons = sorted({r.split(":")[0] for r in preds.skipped.values()})
+        first = next(iter(preds.skipped.values()), "no chunk holds a prediction")
+        raise XBenchError(f"{dataset.name} × {model}: no case can be evaluated — {len(preds.skipped)} of {len(dataset)} "
+                          f"cases were skipped at inference ({', '.join(reasons) or 'none recorded'}; first: {first}). "
+                          "Place the missing files and run again: only the skipped cases are inferred.")
     labels = pd.DataFrame(dataset.labels()[inferred], index=case_ids[inferred], columns=dataset.findings)
     probs = pd.DataFrame(preds.probs[[position[i] for i in case_ids[inferred]]], index=labels.index, columns=dataset.findings)
     tidy = score_table(pairs, model=model, dataset=dataset.name, labels=labels, scores=probs, findings=dataset.findings,
@@ -133,11 +142,14 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     """Compute and write every table of a run (see the module docstring); returns the tidy table."""
     out = Path(cfg.output_dir) / "tables"
     store = ResultStore(cfg.output_dir)
+    from .preflight import runnable_models
+
     tidy, pairs, curves, log, models = [], [], [], [], {}
+    run_models, left_out = runnable_models(cfg, announce=False)
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
         gt = ground_truth(dataset, cfg.grid, progress=progress)
-        for mspec in cfg.models:
+        for mspec in run_models:
             t, p, c, counts = evaluate_pair(cfg, dataset, mspec.name, gt, store)
             tidy.append(t)
             pairs.append(p)
@@ -147,10 +159,12 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     table = pd.concat(tidy, ignore_index=True)
     write_table(table, out / "metrics")
     pair_table = pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs) else pd.DataFrame()
-    pair_table.to_parquet(out / "pairs.parquet", index=False)
-    pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True).to_csv(out / "curves.csv", index=False)
-    pd.DataFrame(list(models.values())).to_csv(out / "models.csv", index=False)
-    _atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
+    write_frame(pair_table, out / "pairs.parquet")  # every table atomically: a full disk leaves no truncated file
+    write_frame(pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True), out / "curves.csv")
+    for name, why in left_out.items():  # optional models without weights: a row saying so
+        models[name] = {"model": name, "weights": "absent", "note": why}
+    write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
+    atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
     return table
 
 

@@ -18,6 +18,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from .analysis import calibration_gap, fit_line, metric_pairs, size_bins  # noqa: E402
+from .atomic import atomic_write  # noqa: E402
 
 if TYPE_CHECKING:
     from .datasets import BaseDataset
@@ -28,8 +29,8 @@ def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    fig.savefig(paths[0], dpi=150, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    atomic_write(paths[0], lambda tmp: fig.savefig(tmp, dpi=150, bbox_inches="tight"))
+    atomic_write(paths[1], lambda tmp: fig.savefig(tmp, bbox_inches="tight"))
     return paths
 
 

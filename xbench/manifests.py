@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from .atomic import write_frame
 from .errors import FormatError, UnknownNameError
 from .findings import CANONICAL
 from .registry import dataset_manifest
@@ -66,7 +67,8 @@ from .registry import dataset_manifest
 if TYPE_CHECKING:
     from .datasets.base import BaseDataset
 
-__all__ = ["validate", "class_lookup", "file_entries", "sha256", "counts", "case_table", "check", "build", "CheckReport", "FileStatus"]
+__all__ = ["validate", "class_lookup", "file_entries", "sha256", "counts", "case_table", "image_files", "check", "build",
+           "CheckReport", "FileStatus"]
 
 REQUIRED_KEYS = ("class", "title", "homepage", "citation", "license", "files", "default_split", "splits", "classes")
 CLASS_KEYS = ("name", "finding", "prompt", "display", "localized")
@@ -180,6 +182,30 @@ def case_table(ds: BaseDataset) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+def image_files(ds: BaseDataset) -> tuple[int, list[str]]:
+    """``(present, missing case ids)`` of a loaded dataset's image files (existence only, nothing decoded).
+
+    A case's image is present when its ``image_path`` is a file or, for loaders that look images up by
+    name in nested folders (an ``images`` :class:`~xbench.datasets.images.ImageFolder`), when it is found there.
+    """
+    from .datasets.images import ImageFolder
+    from .errors import MissingFileError
+
+    folder = getattr(ds, "images", None)
+    missing = []
+    for case_id, path in zip(ds.cases["case_id"].astype(str), ds.cases["image_path"].astype(str)):
+        if Path(path).is_file():
+            continue
+        if isinstance(folder, ImageFolder):
+            try:
+                folder.locate(Path(path).name)
+                continue
+            except MissingFileError:
+                pass
+        missing.append(case_id)
+    return len(ds) - len(missing), missing
+
+
 @dataclass
 class FileStatus:
     """One ``files`` entry of a manifest, as found under the user's root."""
@@ -210,11 +236,13 @@ class CheckReport:
     expected: dict[str, Any] = field(default_factory=dict)
     mismatches: list[str] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
+    images_present: int = 0
+    images_missing: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """All files present with matching hashes, loader opened, no count mismatch."""
-        return self.opened and not self.mismatches and all(f.ok for f in self.files)
+        """All files present with matching hashes, loader opened, every case's image present, no count mismatch."""
+        return self.opened and not self.mismatches and not self.images_missing and all(f.ok for f in self.files)
 
     def format(self) -> str:
         """Plain-text report for the CLI."""
@@ -230,6 +258,12 @@ class CheckReport:
                 state = f"present, sha256 differs (expected {f.sha256_expected[:12]}…, got {(f.sha256_actual or '')[:12]}…)"
             lines.append(f"  file {f.key}: {f.path}: {state}")
         lines.append(f"  loader: {'opened' if self.opened else 'failed: ' + str(self.error)}")
+        if self.opened:
+            total = self.images_present + len(self.images_missing)
+            line = f"  image files: {self.images_present} of {total} present, {len(self.images_missing)} missing"
+            if self.images_missing:
+                line += f" (first: {', '.join(self.images_missing[:5])})"
+            lines.append(line)
         if self.skipped:
             lines.append(f"  skipped records: {self.skipped}")
         for key in COUNT_KEYS:
@@ -298,6 +332,7 @@ def check(name: str, root: str | Path | None, split: str | None = None, *, hashe
     report.opened = True
     report.skipped = dict(ds.skipped)
     report.counts = counts(ds)
+    report.images_present, report.images_missing = image_files(ds)
     report.mismatches = _compare(report.counts, report.expected)
     return report
 
@@ -316,8 +351,5 @@ def build(name: str, root: str | Path | None, out_path: str | Path, split: str |
     table = case_table(ds)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix == ".parquet":
-        table.to_parquet(out, index=False)
-    else:
-        table.to_csv(out, index=False)
+    write_frame(table, out)
     return table

@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -31,15 +29,17 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
 from . import __version__
+from .atomic import atomic_write_bytes, check_writable
 from .config import DatasetSpec, ModelSpec, RunConfig
 from .datasets import BaseDataset, load_dataset
 from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
+from .fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
-from .results import ResultStore, _atomic_write_bytes
+from .logs import progress_bar
+from .results import ResultStore
 
 
 class _Inputs(Dataset):
@@ -72,11 +72,13 @@ def open_dataset(spec: DatasetSpec) -> BaseDataset:
 
 
 def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None = None,
-               output_dir: str | Path | None = None) -> Adapter:
+               output_dir: str | Path | None = None, *, overwrite: bool = False) -> Adapter:
     """Build a model named in a run config.
 
     A spec with ``fit_split`` (a baseline whose class has ``fit(dataset)`` and ``save(folder)``) is fitted
-    once on that split of ``dspec``'s dataset and saved under ``<output_dir>/fitted/<dataset>/<model>/``.
+    on that split of ``dspec``'s dataset and saved under ``<output_dir>/fitted/<dataset>/<model>/`` with a
+    ``fit.json`` of what it was fitted on (:func:`xbench.fingerprint.fit_key`); it is refitted when that
+    differs (other dataset options, root content, params) or with ``overwrite``.
     """
     if spec.fit_split is None:
         return create_model(spec.name, weights=spec.weights, device=device, **spec.params)
@@ -86,22 +88,18 @@ def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None 
     if spec.fit_split == evaluated:
         raise XBenchError(f"model {spec.name!r}: fit_split {spec.fit_split!r} is the evaluation split of "
                           f"{dspec.name!r}; a baseline must be fitted on a disjoint split")
-    folder = Path(output_dir) / "fitted" / dspec.name / spec.name
-    if not folder.exists():
+    folder = fitted_folder(output_dir, dspec, spec)
+    fit_data = load_dataset(dspec.name, root=dspec.root, split=spec.fit_split, **dspec.options)
+    key = fit_key(fit_data, dspec, spec)
+    if overwrite or not fitted_is_current(folder, key):
         cls = import_target(model_config(spec.name)["class"])
-        fit_data = load_dataset(dspec.name, root=dspec.root, split=spec.fit_split, **dspec.options)
-        # fit into a temporary sibling, then rename: ranks fitting at once never read a half-written file
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-        try:
-            cls.fit(fit_data).save(tmp)
-            os.rename(tmp, folder)
-        except OSError:
-            if not folder.exists():
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # left only when another rank renamed first
+        refit(folder, lambda tmp: cls.fit(fit_data).save(tmp), key)
     return create_model(spec.name, weights=folder, device=device, **spec.params)
+
+
+def fitted_folder(output_dir: str | Path, dspec: DatasetSpec, mspec: ModelSpec) -> Path:
+    """Where a ``fit_split`` baseline's fitted files live."""
+    return Path(output_dir) / "fitted" / dspec.name / mspec.name
 
 
 def _dist_shard() -> tuple[int, int] | None:
@@ -129,6 +127,8 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
         "precision": cfg.precision,
         "code_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "fingerprint": run_fingerprint(dataset, mspec.name, mspec.weights,
+                                       fitted=fitted_folder(cfg.output_dir, dspec, mspec) if mspec.fit_split else None),
     }
 
 
@@ -138,24 +138,24 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     """Run one (dataset, model) pair into the store; returns counts for the run log."""
     device = cfg.resolved_device()
     dataset = dataset if dataset is not None else open_dataset(dspec)
-    adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir)
+    adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
     store = ResultStore(cfg.output_dir)
     store.prepare(dspec.name, mspec.name, _meta(cfg, dspec, mspec, dataset, adapter), overwrite=overwrite)
 
     n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
     index, count = shard
-    todo = [k for k in range(n_chunks) if k % count == index and not store.has_chunk(dspec.name, mspec.name, k)]
+    mine = [k for k in range(n_chunks) if k % count == index]
+    todo = _rows_to_infer(store, dspec.name, mspec.name, dataset, mine, cfg.chunk_size)
     counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.name, "chunks_total": n_chunks,
-                              "chunks_done_before": sum(1 for k in range(n_chunks) if k % count == index) - len(todo),
-                              "chunks_written": 0, "cases_inferred": 0, "cases_skipped": 0, "skip_reasons": {}}
+                              "chunks_done_before": len(mine) - len(todo), "chunks_written": 0, "cases_inferred": 0,
+                              "cases_retried": sum(len(r) for k, r in todo.items() if store.has_chunk(dspec.name, mspec.name, k)),
+                              "cases_skipped": 0, "skip_reasons": {}}
     if not todo:
         return counts
 
     prompts = [dataset.prompts[f] for f in dataset.findings]
-    batches = []
-    for k in todo:
-        rows = list(range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset))))
-        batches += [rows[i:i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
+    batches = [rows[i:i + cfg.batch_size] for rows in todo.values() for i in range(0, len(rows), cfg.batch_size)]
+    remaining = {k: len(rows) for k, rows in todo.items()}
     loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
                         num_workers=cfg.num_workers, collate_fn=_collate)
     amp = (torch.autocast(device.type, dtype=torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
@@ -163,7 +163,8 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
 
     pending: dict[int, dict[str, list]] = {}
     reasons: Counter[str] = Counter()
-    bar = tqdm(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img", disable=not progress)
+    bar = progress_bar(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img",
+                       disable=not progress)
     started = time.perf_counter()
     for items in loader:
         chunk = items[0][0] // cfg.chunk_size
@@ -187,18 +188,20 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
             acc["maps"].append(pred.maps.float().cpu().numpy().astype(np.float16))
         bar.update(len(items))
         bar.set_postfix(img_s=f"{bar.n / max(time.perf_counter() - started, 1e-9):.1f}")
-        last_row = min((chunk + 1) * cfg.chunk_size, len(dataset)) - 1
-        if items[-1][0] == last_row:  # chunk complete: flush it
+        remaining[chunk] -= len(items)
+        if remaining[chunk] == 0:  # every planned row of the chunk seen: flush it
             c, h, w = len(prompts), *adapter.grid
-            store.write_chunk(
-                dspec.name, mspec.name, chunk, case_ids=acc["ids"],
-                scores=np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
-                probs=np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
-                maps=np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), np.float16),
-                sizes=np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
-                windows=np.asarray(acc["windows"], np.float64).reshape(-1, 4),
-                skipped=acc["skipped"],
-            )
+            arrays = {
+                "case_ids": acc["ids"],
+                "scores": np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
+                "probs": np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
+                "maps": np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), np.float16),
+                "sizes": np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
+                "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
+            }
+            if store.has_chunk(dspec.name, mspec.name, chunk):  # a retry of formerly skipped cases: join the chunk
+                arrays = _join_chunk(store.chunk_path(dspec.name, mspec.name, chunk), arrays, dataset)
+            store.write_chunk(dspec.name, mspec.name, chunk, skipped=acc["skipped"], **arrays)
             counts["chunks_written"] += 1
             counts["cases_inferred"] += len(acc["ids"])
             counts["cases_skipped"] += len(acc["skipped"])
@@ -207,18 +210,57 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     counts["skip_reasons"] = dict(reasons)
     if counts["cases_skipped"]:
         warnings.warn(f"{mspec.name} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
-                      f"be read ({dict(reasons)}); they are left out of every metric", XBenchWarning, stacklevel=2)
+                      f"be read ({dict(reasons)}); they are left out of every metric and stay missing in the store: "
+                      "a later run infers them once the files are present", XBenchWarning, stacklevel=2)
     return counts
 
 
+def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: BaseDataset, chunks: list[int],
+                   chunk_size: int) -> dict[int, list[int]]:
+    """Chunk → dataset rows still to infer: every row of an absent chunk, the skipped rows of a present one.
+
+    A case skipped for a missing / unreadable image is recorded in its chunk as skipped, never as done,
+    so a later run infers exactly those cases.
+    """
+    ids = dataset.cases["case_id"].astype(str).tolist()
+    todo: dict[int, list[int]] = {}
+    for k in chunks:
+        rows = list(range(k * chunk_size, min((k + 1) * chunk_size, len(dataset))))
+        if not store.has_chunk(dataset_name, model, k):
+            todo[k] = rows
+            continue
+        with np.load(store.chunk_path(dataset_name, model, k)) as data:
+            skipped = set(data["skipped_ids"].tolist())
+        if skipped:
+            todo[k] = [r for r in rows if ids[r] in skipped]
+    return todo
+
+
+def _join_chunk(path: Path, new: dict[str, Any], dataset: BaseDataset) -> dict[str, Any]:
+    """The arrays of a stored chunk joined with newly inferred cases, in dataset row order."""
+    order = {cid: i for i, cid in enumerate(dataset.cases["case_id"].astype(str))}
+    with np.load(path) as old:
+        keys = ("case_ids", "scores", "probs", "maps", "sizes", "windows")
+        joined = {k: np.concatenate([np.asarray(old[k]), np.asarray(new[k]).astype(old[k].dtype)]) for k in keys}
+    at = np.argsort([order[c] for c in joined["case_ids"].tolist()], kind="stable")
+    return {k: v[at] for k, v in joined.items()}
+
+
 def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False, progress: bool = True,
-        evaluate: bool = True) -> Path:
+        evaluate: bool = True, check: bool = True) -> Path:
     """Infer every (dataset, model) of ``cfg`` into the store, then (unless sharded) compute the metric tables.
 
-    Returns the output folder. A re-run with the same config only evaluates.
+    With ``check`` (default) :func:`xbench.preflight.preflight` runs first and any problem stops the run before a
+    model is built. Optional models without weights are left out (logged; noted in ``run_log.json``).
+    Returns the output folder. A re-run with the same config only evaluates (and infers cases skipped before).
     """
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from .preflight import preflight, runnable_models, summary
+
+    report = preflight(cfg) if check else None
+    if report is not None:
+        report.raise_for_problems()
+    models, left_out = runnable_models(cfg, report.left_out if report is not None else None)
+    out = check_writable(cfg.output_dir, "output_dir")  # read-only / unwritable: a clear error before inference
     dist = _dist_shard() if shard is None else None
     if dist is not None:
         shard = dist
@@ -232,15 +274,24 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     log: list[dict[str, Any]] = []
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
-        for mspec in cfg.models:
-            adapter = open_model(mspec, device, dspec, cfg.output_dir)
+        if not len(dataset):
+            raise XBenchError(f"dataset {dspec.name} [{dataset.split}] has no cases (check its root, split and options)")
+        for mspec in models:
+            adapter = open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
+            if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
+                raise XBenchError(f"model {mspec.name!r} was built random-init (no weights found) but this config does not "
+                                  "allow random-init models (allow_random_init: true, or params: {random_init: true})")
             entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
                           progress=progress)
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
+            if report is not None:
+                entry["preflight_images"] = summary(report).get(dspec.name)
             log.append(entry)
+        log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
+                for name, why in left_out.items()]
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
-    _atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
+    atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
 
     if dist is not None:
         torch.distributed.barrier()
@@ -255,45 +306,17 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     return out
 
 
-#: meta keys that must agree between shards of one (dataset, model); paths may differ between machines.
-SHARD_KEYS = ("dataset", "split", "n_cases", "findings", "prompts", "model", "params", "fit_split", "grid", "chunk_size",
-              "precision")
-
-
 def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = True) -> Path:
     """Copy chunk files of shards written to other folders into ``cfg.output_dir``, then evaluate.
 
-    Shards must agree on :data:`SHARD_KEYS` of their ``meta.json`` (an error names the
-    differing keys). Chunks are disjoint by construction; a chunk present in two
-    places must hold the same case ids and array shapes (the first copy is kept).
-    Missing chunks raise an error naming them when the tables are computed.
+    The results store does the joining (:meth:`~xbench.results.ResultStore.merge_from`): shards made
+    from other inputs (meta keys, weights / annotation fingerprints) are refused naming what differs;
+    damaged chunks are refused naming the file. Missing chunks raise an error naming them when the
+    tables are computed.
     """
-    target = ResultStore(cfg.output_dir)
+    target = ResultStore(check_writable(cfg.output_dir, "output_dir"))
     for src in sources:
-        store = ResultStore(src)
-        if not store.root.exists():
-            raise XBenchError(f"merge: {src} has no store/ folder")
-        for meta_file in sorted(store.root.glob("*/*/meta.json")):
-            dataset, model = meta_file.parent.parent.name, meta_file.parent.name
-            folder = target.folder(dataset, model)
-            folder.mkdir(parents=True, exist_ok=True)
-            if not (folder / "meta.json").exists():
-                shutil.copy2(meta_file, folder / "meta.json")
-            ours, theirs = json.loads((folder / "meta.json").read_text()), json.loads(meta_file.read_text())
-            differ = [k for k in SHARD_KEYS if ours.get(k) != theirs.get(k)]
-            if differ:
-                raise XBenchError(f"merge: {meta_file} was made with another configuration than {folder / 'meta.json'} "
-                                  f"(differs in {', '.join(differ)})")
-            for chunk in store.chunks(dataset, model):
-                existing = folder / chunk.name
-                if not existing.exists():
-                    shutil.copy2(chunk, existing)
-                    continue
-                with np.load(existing) as a, np.load(chunk) as b:
-                    same = (a["case_ids"].tolist() == b["case_ids"].tolist() and a["maps"].shape == b["maps"].shape
-                            and a["scores"].shape == b["scores"].shape)
-                if not same:
-                    raise XBenchError(f"merge: {chunk} and {existing} hold different cases or shapes for the same chunk")
+        target.merge_from(src)
     from .evaluate import evaluate_run
 
     evaluate_run(cfg, progress=progress)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import pickle
 import re
 import shutil
 import warnings
@@ -172,33 +171,23 @@ CHEXPERT_TASKS = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "L
 _CHEXLOCALIZE_NAME = re.compile(r"^(?P<cxr>.+)_(?P<task>[^_]+)_map\.pkl$")
 
 
-class _TensorOnlyUnpickler(pickle.Unpickler):
-    """Admits only what a pickled dict of tensors / arrays / numbers / strings needs; anything else is refused.
+def _storage_from_bytes(data: bytes) -> Any:
+    """Safe stand-in for ``torch.storage._load_from_bytes`` (which calls ``torch.load(weights_only=False)``)."""
+    import torch
 
-    A tensor's storage is pickled by torch as ``torch.storage._load_from_bytes(<torch.save bytes>)``;
-    those bytes are read with ``torch.load(weights_only=True)`` (torch's own safe loader) instead of
-    the original function (which allows arbitrary code).
-    """
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
-    def find_class(self, module: str, name: str) -> Any:
-        import torch
 
-        if (module, name) == ("torch.storage", "_load_from_bytes"):
-            return lambda data: torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        allowed = {
-            ("torch._utils", "_rebuild_tensor_v2"): None, ("torch._utils", "_rebuild_tensor"): None,
-            ("collections", "OrderedDict"): None, ("torch", "Size"): None,
-            ("numpy.core.multiarray", "_reconstruct"): None, ("numpy._core.multiarray", "_reconstruct"): None,
-            ("numpy.core.multiarray", "scalar"): None, ("numpy._core.multiarray", "scalar"): None,
-            ("numpy", "ndarray"): None, ("numpy", "dtype"): None,
-        }
-        if (module, name) in allowed:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only tensors, arrays and plain values "
-                                     "are read from cheXlocalize map pickles")
+def _map_pickle_unpickler(fh: Any) -> Any:
+    """The project's restricted unpickler (:class:`xbench.models.checkpoint.RestrictedUnpickler`: an allowlist,
+    everything else an inert placeholder) plus one admitted name: a tensor pickled with plain ``pickle``
+    stores its storage as ``torch.storage._load_from_bytes(<torch.save bytes>)``; those bytes are read
+    with ``torch.load(weights_only=True)`` instead."""
+    from .models.checkpoint import RestrictedUnpickler
 
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("persistent ids are not used by cheXlocalize map pickles; refusing")
+    unpickler = RestrictedUnpickler(fh)
+    unpickler._allowed = {**unpickler._allowed, "torch.storage._load_from_bytes": _storage_from_bytes}
+    return unpickler
 
 
 def read_chexlocalize_pickle(path: str | Path) -> dict[str, Any]:
@@ -206,10 +195,14 @@ def read_chexlocalize_pickle(path: str | Path) -> dict[str, Any]:
     ``cxr_img``, ``cxr_dims`` = (w, h)), read with a restricted unpickler: no code from the file runs."""
     path = Path(path)
     with open(path, "rb") as fh:
+        unpickler = _map_pickle_unpickler(fh)
         try:
-            out = _TensorOnlyUnpickler(fh).load()
-        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
-            raise FormatError(path, f"not a readable cheXlocalize map pickle: {exc}") from None
+            out = unpickler.load()
+        except Exception as exc:  # anything the restricted unpickler refuses, truncated files, ...
+            raise FormatError(path, f"not a readable cheXlocalize map pickle ({type(exc).__name__}: {exc})") from None
+    if unpickler.replaced:
+        raise FormatError(path, f"refusing: pickles objects other than tensors, arrays and plain values "
+                                f"({', '.join(unpickler.replaced)}; kept as inert placeholders, never called)")
     if not isinstance(out, dict) or "map" not in out:
         raise FormatError(path, "expected a dict with a 'map' entry (cheXlocalize layout)")
     return out

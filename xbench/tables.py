@@ -1,21 +1,36 @@
-"""Paper-style tables from the tidy metric table, written as CSV + Markdown + LaTeX.
+"""Tables from the tidy metric table: XBench's rich form (CSV + Markdown + LaTeX) and the paper's form.
 
-Every function takes the tidy table (one row per model × dataset × finding ×
-metric with ``value, ci_low, ci_high, n``) and returns a wide DataFrame of
-numbers; :func:`write_table` renders it, marking the best value of each column in
-**bold** and the second best underlined (higher is better for every metric shown,
-except ``best_tau`` which is not ranked). Baseline models (priors) are listed but
-never ranked, and rows of unverified models carry a dagger.
+Rich form: :func:`wide` takes the tidy table (one row per model × dataset × finding × metric with
+``value, ci_low, ci_high, n``) and returns a wide DataFrame of numbers; :func:`write_table` renders it,
+marking the best value of each column in **bold** and the second best underlined (higher is better for
+every metric shown, except ``best_tau`` which is not ranked), with the 95 % CI and, given
+:func:`cell_counts`, the number of positive pairs ``n`` of every cell.
+
+Paper form (:func:`paper_table1`, :func:`paper_class_table` → :class:`PaperTable`): the rows, columns,
+order and abbreviations of the paper's Tables 1–5, percent with 2 decimals, written as CSV + Markdown +
+LaTeX (a full ``table`` environment with caption) + styled HTML.
+
+Ranking rule (both forms): baseline models (priors) are listed but never ranked; a cell resting on
+fewer than :data:`MIN_PAIRS_TO_RANK` positive pairs is not ranked; rows of unverified models carry a dagger.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from .atomic import atomic_write_text, write_frame
+
 UNRANKED_METRICS = {"best_tau"}
+GROUNDING_METRICS = {"pointing", "dice@best", "iou@best"}
+#: A value is ranked (bold / underline) only when it rests on at least this many positive pairs: below it one pair
+#: moves a pointing value by more than 3.3 points, so a best/second mark would rank noise.
+MIN_PAIRS_TO_RANK = 30
+_TABLE1_METRICS = {"pointing": "Point", "dice@best": "Dice", "iou@best": "IoU"}
+
 
 
 def wide(tidy: pd.DataFrame, *, rows: str, columns: Sequence[str], metrics: Sequence[str], finding: str | None = None,
@@ -58,30 +73,37 @@ def _mark(name: str, baselines: Sequence[str], unverified: Sequence[str], notes:
 
 
 def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
-           models_on: str = "rows", notes: Mapping[str, str] | None = None, digits: int = 3) -> str:
+           models_on: str = "rows", notes: Mapping[str, str] | None = None, digits: int = 3,
+           counts: pd.DataFrame | None = None) -> str:
     """Markdown (``fmt="md"``) or LaTeX (``fmt="tex"``) text of a :func:`wide` table: ``value [low, high]`` cells.
 
     ``models_on="rows"`` (Table 1, recognition): models are the rows and each column is ranked;
     ``models_on="columns"`` (per-class Tables 2–5): models are the first column level and each
     row is ranked across models. ``notes`` adds a parenthesised note to a model's name
-    (:func:`model_notes`: random-init weights).
+    (:func:`model_notes`: random-init weights). ``counts`` (:func:`cell_counts`): the positive pairs
+    behind each cell, shown as ``n=…``; a cell with fewer than :data:`MIN_PAIRS_TO_RANK` is not ranked.
     """
     notes = dict(notes or {})
     if models_on not in ("rows", "columns"):
         raise ValueError(f"models_on must be 'rows' or 'columns', got {models_on!r}")
     value_cols = [c for c in table.columns if c[-1] == "value"]
+
+    def enough(idx, col) -> bool:
+        return counts is None or not np.isfinite(counts.at[idx, col]) or counts.at[idx, col] >= MIN_PAIRS_TO_RANK
+
     ranks = pd.DataFrame(0, index=table.index, columns=pd.MultiIndex.from_tuples(value_cols))
     if models_on == "rows":
         eligible = ~table.index.to_series().isin(baselines)
         for col in value_cols:
             if col[-2] not in UNRANKED_METRICS:
-                ranks[col] = _ranks(table[col], eligible)
+                ranks[col] = _ranks(table[col], eligible & pd.Series([enough(i, col) for i in table.index], index=table.index))
     else:
         ranked = [c for c in value_cols if c[-2] not in UNRANKED_METRICS]
         eligible = pd.Series([c[0] not in baselines for c in ranked], index=pd.MultiIndex.from_tuples(ranked))
         for idx in table.index:
             row = pd.Series([table.at[idx, c] for c in ranked], index=eligible.index, dtype=float)
-            for c, r in _ranks(row, eligible).items():
+            ok = eligible & pd.Series([enough(idx, c) for c in ranked], index=eligible.index)
+            for c, r in _ranks(row, ok).items():
                 ranks.at[idx, c] = r
     cells = pd.DataFrame(index=table.index)
     for col in value_cols:
@@ -100,6 +122,8 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
                 s = f"<u>{s}</u>" if fmt == "md" else rf"\underline{{{s}}}"
             if np.isfinite(lo) and np.isfinite(hi):
                 s += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+            if counts is not None and np.isfinite(counts.at[idx, col]):
+                s += f" n={int(counts.at[idx, col])}"
             texts.append(s)
         head = [_mark(base[0], baselines, unverified, notes) if models_on == "columns" else str(base[0]), *map(str, base[1:])]
         cells[" / ".join(head)] = texts
@@ -110,6 +134,8 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
         sep = "|" + "---|" * (len(cells.columns) + 1)
         body = ["| " + " | ".join([str(idx), *row]) + " |" for idx, row in zip(cells.index, cells.to_numpy())]
         note = "\n\nBold: best; underlined: second best (baselines not ranked). [95 % bootstrap CI]."
+        if counts is not None:
+            note += f" n = positive pairs behind the value; cells with n < {MIN_PAIRS_TO_RANK} are not ranked."
         if unverified:
             note += " †: unverified re-implementation (no public code or weights)."
         return "\n".join([head, sep, *body]) + note + "\n"
@@ -122,16 +148,21 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
 
 
 def write_table(table: pd.DataFrame, stem: str | Path, *, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
-                models_on: str = "rows", notes: Mapping[str, str] | None = None, caption: str = "") -> list[Path]:
-    """Write ``<stem>.csv`` (numbers), ``<stem>.md`` and ``<stem>.tex``; returns the paths."""
+                models_on: str = "rows", notes: Mapping[str, str] | None = None, caption: str = "",
+                counts: pd.DataFrame | None = None, footnote: str = "") -> list[Path]:
+    """Write ``<stem>.csv`` (numbers), ``<stem>.md`` and ``<stem>.tex``; returns the paths.
+
+    ``counts`` (:func:`cell_counts`) adds ``n=…`` to the Markdown/LaTeX cells and the ranking rule; ``footnote``
+    (e.g. :func:`skipped_note`) is appended to the Markdown."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     flat = table.copy()
     flat.columns = [" / ".join(str(p) for p in c) for c in flat.columns]
-    flat.to_csv(stem.with_suffix(".csv"))
-    opts = {"baselines": baselines, "unverified": unverified, "models_on": models_on, "notes": notes}
-    stem.with_suffix(".md").write_text((f"**{caption}**\n\n" if caption else "") + render(table, fmt="md", **opts))
-    stem.with_suffix(".tex").write_text(render(table, fmt="tex", **opts))
+    write_frame(flat, stem.with_suffix(".csv"), index=True)
+    opts = {"baselines": baselines, "unverified": unverified, "models_on": models_on, "notes": notes, "counts": counts}
+    atomic_write_text(stem.with_suffix(".md"), (f"**{caption}**\n\n" if caption else "") + render(table, fmt="md", **opts)
+                      + (f"\n{footnote}\n" if footnote else ""))
+    atomic_write_text(stem.with_suffix(".tex"), render(table, fmt="tex", **opts))
     return [stem.with_suffix(s) for s in (".csv", ".md", ".tex")]
 
 
@@ -157,3 +188,264 @@ def per_class(tidy: pd.DataFrame, dataset: str, metric: str = "pointing") -> pd.
     """Tables 2–5: one row per class of ``dataset``, one column per model (aggregate rows dropped)."""
     table = wide(tidy, rows="finding", columns=["model"], metrics=[metric], dataset=dataset)
     return table.drop(index=[i for i in table.index if str(i).startswith("(")])
+
+
+# -- the paper's form (arXiv 2510.19599, Tables 1–5) -------------------------------------------------------------------
+
+
+
+def pair_counts(tidy: pd.DataFrame) -> pd.Series:
+    """Positive pairs behind each (model, dataset, finding) pointing value; the dataset level (and the pooled row)
+    gets the sum over its classes. Index ``(model, dataset, finding)``."""
+    from .metrics import DATASET_LEVEL, POOLED
+
+    point = tidy[tidy["metric"] == "pointing"]
+    cls = point[~point["finding"].astype(str).str.startswith("(")]
+    counts = cls.set_index(["model", "dataset", "finding"])["n"].astype(int)
+    total = cls.groupby(["model", "dataset"])["n"].sum().astype(int)
+    levels = [total.rename(lambda i: i).to_frame().assign(finding=f).set_index("finding", append=True)["n"]
+              for f in (DATASET_LEVEL, POOLED)]
+    return pd.concat([counts, *levels]).sort_index()
+
+
+def cell_counts(table: pd.DataFrame, tidy: pd.DataFrame, *, dataset: str | None = None,
+                finding: str | None = None) -> pd.DataFrame:
+    """Positive pairs behind every value cell of a :func:`wide` table (rows × value columns, NaN where unknown).
+
+    Model, dataset and finding of a cell come from the table's row index name, its column levels, and the
+    ``dataset`` / ``finding`` the table was filtered with; grounding metrics only (others NaN).
+    """
+    pairs = pair_counts(tidy)
+    value_cols = [c for c in table.columns if c[-1] == "value"]
+    names = list(table.columns.names[:-1])
+    out = pd.DataFrame(np.nan, index=table.index, columns=pd.MultiIndex.from_tuples(value_cols))
+    for col in value_cols:
+        keys = dict(zip(names, col[:-1]))
+        if keys.get("metric") not in GROUNDING_METRICS and not str(keys.get("metric", "")).startswith(("dice@", "iou@")):
+            continue
+        for idx in table.index:
+            k = {"dataset": dataset, "finding": finding, **keys, table.index.name: idx}
+            out.at[idx, col] = pairs.get((k["model"], k["dataset"], k["finding"]), np.nan)
+    return out
+
+
+def skipped_note(log: Sequence[Mapping], datasets: Sequence[str] | None = None) -> str:
+    """One line naming the cases skipped at inference per dataset (from ``evaluation_log.json``)."""
+    skipped = skipped_cases(log)
+    parts = [f"{d}: {k} of {n}" for d, (k, n) in skipped.items() if datasets is None or d in datasets]
+    return ("Cases skipped at inference (missing/unreadable images), left out of every value: "
+            + (", ".join(parts) if parts else "none recorded") + ".")
+
+
+def skipped_cases(log: Sequence[Mapping]) -> dict[str, tuple[int, int]]:
+    """Dataset → (cases skipped at inference, cases) from a run's ``evaluation_log.json`` (largest over models)."""
+    out: dict[str, tuple[int, int]] = {}
+    for entry in log:
+        skipped, cases = int(entry.get("cases_skipped_at_inference", 0)), int(entry.get("cases", 0))
+        old = out.get(entry["dataset"], (0, cases))
+        out[entry["dataset"]] = (max(old[0], skipped), cases)
+    return out
+
+
+@dataclass
+class PaperTable:
+    """A table in the paper's form: ``values`` (percent) and ``n`` (positive pairs) with the same rows (display
+    names of models) and columns; ``ranked`` rows take part in bold/underline; ``separator`` is the first row of the
+    second group (models not in the paper, baselines), or None."""
+
+    values: pd.DataFrame
+    n: pd.DataFrame
+    ranked: pd.Series
+    caption: str
+    notes: list[str]
+    separator: str | None = None
+
+    def ranks(self) -> pd.DataFrame:
+        """1 = best, 2 = second best per column among ranked rows whose cell has ≥ :data:`MIN_PAIRS_TO_RANK` pairs."""
+        out = pd.DataFrame(0, index=self.values.index, columns=self.values.columns)
+        for col in self.values.columns:
+            eligible = self.ranked & (self.n[col].fillna(0) >= MIN_PAIRS_TO_RANK)
+            out[col] = _ranks(self.values[col].round(2), eligible)
+        return out
+
+    def _cells(self, bold: str, underline: str, with_n: bool) -> pd.DataFrame:
+        ranks = self.ranks()
+        cells = pd.DataFrame("", index=self.values.index, columns=self.values.columns, dtype=object)
+        for col in self.values.columns:
+            for idx in self.values.index:
+                v = self.values.at[idx, col]
+                s = "–" if not np.isfinite(v) else f"{v:.2f}"
+                if np.isfinite(v) and ranks.at[idx, col] in (1, 2):
+                    s = (bold if ranks.at[idx, col] == 1 else underline).format(s)
+                if with_n and np.isfinite(v):
+                    s += f" ({int(self.n.at[idx, col])})" if np.isfinite(self.n.at[idx, col]) else ""
+                cells.at[idx, col] = s
+        return cells
+
+    def _legend(self) -> str:
+        return (f"Percent, 2 decimals; (n) = positive pairs behind the value. Bold: best, underlined: second best among "
+                f"the paper's models and other non-baseline models, ranked only where n ≥ {MIN_PAIRS_TO_RANK}.")
+
+    def to_markdown(self) -> str:
+        cells = self._cells("**{}**", "<u>{}</u>", with_n=True)
+        heads = [" ".join(str(p) for p in c) if isinstance(c, tuple) else str(c) for c in cells.columns]
+        lines = [f"**{self.caption}**", "", "| Method | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+        for idx, row in cells.iterrows():
+            if idx == self.separator:
+                lines.append("| *other models and baselines* |" + " |" * len(heads))
+            lines.append(f"| {idx} | " + " | ".join(row) + " |")
+        return "\n".join(lines + ["", self._legend(), *self.notes]) + "\n"
+
+    def to_latex(self) -> str:
+        cells = self._cells(r"\textbf{{{}}}", r"\underline{{{}}}", with_n=False)
+        esc = lambda t: str(t).replace("_", r"\_").replace("%", r"\%").replace("†", r"$^\dagger$").replace("&", r"\&")  # noqa: E731
+        grouped = isinstance(cells.columns, pd.MultiIndex)
+        lines = [r"\begin{table}[t]", r"\centering", r"\caption{" + esc(self.caption) + "}", r"\resizebox{\textwidth}{!}{%",
+                 r"\begin{tabular}{l" + "c" * cells.shape[1] + "}", r"\toprule"]
+        if grouped:
+            groups = list(dict.fromkeys(cells.columns.get_level_values(0)))
+            spans = [(g, sum(1 for c in cells.columns if c[0] == g)) for g in groups]
+            lines.append(" & ".join(["Method"] + [rf"\multicolumn{{{k}}}{{c}}{{{esc(g)}}}" for g, k in spans]) + r" \\")
+            lines.append(" & ".join([""] + [esc(c[1]) for c in cells.columns]) + r" \\")
+        else:
+            lines.append(" & ".join(["Method"] + [esc(c) for c in cells.columns]) + r" \\")
+        lines.append(r"\midrule")
+        for idx, row in cells.iterrows():
+            if idx == self.separator:
+                lines.append(r"\midrule")
+            lines.append(" & ".join([esc(idx), *row]) + r" \\")
+        lines += [r"\bottomrule", r"\end{tabular}}", r"\par\footnotesize " + esc(" ".join([self._legend(), *self.notes])),
+                  r"\end{table}"]
+        return "\n".join(lines) + "\n"
+
+    def to_html(self) -> str:
+        """A styled HTML table (pandas Styler): bold/underline marks, n in a tooltip, the second group set off."""
+        ranks = self.ranks()
+        shown = self.values.copy()
+        shown.columns = [" ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in shown.columns]
+        ranks.columns = shown.columns
+        style = shown.style.format("{:.2f}", na_rep="–")
+        style = style.apply(lambda col: ["font-weight: bold" if r == 1 else "text-decoration: underline" if r == 2
+                                         else "" for r in ranks[col.name]], axis=0)
+        if self.separator is not None:
+            style = style.apply(lambda row: ["border-top: 2px solid #444" if row.name == self.separator else ""] * len(row),
+                                axis=1)
+        tips = self.n.copy()
+        tips.columns = shown.columns
+        style = style.set_tooltips(tips.map(lambda k: f"n = {int(k)} positive pairs" if np.isfinite(k) else ""))
+        style = style.set_caption(self.caption).set_table_styles(
+            [{"selector": "td, th", "props": "padding: 2px 6px; text-align: right"},
+             {"selector": "caption", "props": "caption-side: top; font-weight: bold"}])
+        foot = "".join(f"<p>{t}</p>" for t in [self._legend(), *self.notes])
+        return style.to_html() + foot + "\n"
+
+    def write(self, stem: str | Path) -> list[Path]:
+        """``<stem>.csv`` (values and n, tidy-wide), ``.md``, ``.tex`` (a full ``table`` environment), ``.html``."""
+        stem = Path(stem)
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        flat = self.values.copy()
+        flat.columns = [" / ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in flat.columns]
+        n = self.n.copy()
+        n.columns = [f"{c} / n" for c in flat.columns]
+        both = pd.concat([flat.round(2), n.astype("Int64")], axis=1)
+        both = both[[c for pair in zip(flat.columns, n.columns) for c in pair]]
+        both.index.name = "Method"
+        both.to_csv(stem.with_suffix(".csv"))
+        stem.with_suffix(".md").write_text(self.to_markdown())
+        stem.with_suffix(".tex").write_text(self.to_latex())
+        stem.with_suffix(".html").write_text(self.to_html())
+        return [stem.with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
+
+
+def _row_order(models: Sequence[str], baselines: Sequence[str]) -> tuple[list[str], str | None]:
+    """The paper's models in its order, then every other model (non-baselines first), and the first of those."""
+    from .paper import MODELS
+
+    paper = [m for m in MODELS if m in models]
+    rest = [m for m in models if m not in MODELS and m not in baselines] + [m for m in models if m in baselines
+                                                                          and m not in MODELS]
+    return paper + rest, (rest[0] if rest and paper else None)
+
+
+def _display(model: str, baselines: Sequence[str], unverified: Sequence[str], notes: Mapping[str, str]) -> str:
+    from .paper import paper_name
+
+    return _mark(paper_name(model), [paper_name(b) for b in baselines], [paper_name(u) for u in unverified],
+                 {paper_name(k): v for k, v in notes.items()})
+
+
+def _table_notes(tidy: pd.DataFrame, datasets: Sequence[str], log: Sequence[Mapping] | None,
+                 unverified: Sequence[str]) -> list[str]:
+    notes = []
+    if log is not None:
+        notes.append(skipped_note(log, datasets))
+    if unverified:
+        notes.append("†: unverified re-implementation (no public code or weights).")
+    return notes
+
+
+def paper_table1(tidy: pd.DataFrame, *, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
+                 notes: Mapping[str, str] | None = None, log: Sequence[Mapping] | None = None,
+                 caption: str = "Table 1. Grounding metrics across datasets (mean Pointing Game, best-τ Dice/IoU).") -> PaperTable:
+    """Table 1 in the paper's form: rows = models (the paper's seven in its order, then the others set apart),
+    column groups = datasets (the paper's seven in its order, then the run's others), each Point / Dice / IoU at the
+    best τ (dataset value = unweighted mean over classes), percent. ``log``: the run's ``evaluation_log.json``
+    records, for the skipped-case note."""
+    from .metrics import DATASET_LEVEL
+    from .paper import DATASETS
+
+    present = list(dict.fromkeys(tidy["dataset"]))
+    datasets = [d for d in DATASETS if d in present] + [d for d in present if d not in DATASETS]
+    rows, separator = _row_order(list(dict.fromkeys(tidy["model"])), baselines)
+    level = tidy[(tidy["finding"] == DATASET_LEVEL) & tidy["metric"].isin(list(_TABLE1_METRICS))]
+    val = level.set_index(["model", "dataset", "metric"])["value"]
+    counts = pair_counts(tidy)
+    cols = pd.MultiIndex.from_tuples([(DATASETS.get(d, d), _TABLE1_METRICS[m]) for d in datasets for m in _TABLE1_METRICS])
+    values = pd.DataFrame(np.nan, index=rows, columns=cols)
+    n = pd.DataFrame(np.nan, index=rows, columns=cols)
+    for m in rows:
+        for d in datasets:
+            for metric, label in _TABLE1_METRICS.items():
+                col = (DATASETS.get(d, d), label)
+                values.at[m, col] = 100 * val.get((m, d, metric), np.nan)
+                n.at[m, col] = counts.get((m, d, DATASET_LEVEL), np.nan)
+    return _finish(values, n, rows, separator, baselines, unverified, notes, caption,
+                   _table_notes(tidy, datasets, log, unverified))
+
+
+def paper_class_table(tidy: pd.DataFrame, dataset: str, *, metric: str = "pointing", baselines: Sequence[str] = (),
+                      unverified: Sequence[str] = (), notes: Mapping[str, str] | None = None,
+                      log: Sequence[Mapping] | None = None, caption: str | None = None) -> PaperTable:
+    """Tables 2–5 in the paper's form: rows = models, columns = Mean then the classes in the paper's order with its
+    abbreviations (datasets outside the paper: the run's class order and names), percent."""
+    from .metrics import DATASET_LEVEL
+    from .paper import CLASS_TABLES, DATASETS, TABLE_CLASSES
+
+    sub = tidy[(tidy["dataset"] == dataset) & (tidy["metric"] == metric)]
+    table_no = next((t for t, d in CLASS_TABLES.items() if d == dataset), None)
+    if table_no is not None:
+        classes = dict(TABLE_CLASSES[table_no])
+    else:
+        classes = {f: f for f in dict.fromkeys(sub["finding"]) if not str(f).startswith("(")}
+    rows, separator = _row_order(list(dict.fromkeys(tidy["model"])), baselines)
+    val = sub.set_index(["model", "finding"])["value"]
+    counts = pair_counts(tidy)
+    cols = ["Mean", *classes]
+    values = pd.DataFrame(np.nan, index=rows, columns=cols)
+    n = pd.DataFrame(np.nan, index=rows, columns=cols)
+    for m in rows:
+        for label, finding in [("Mean", DATASET_LEVEL), *classes.items()]:
+            values.at[m, label] = 100 * val.get((m, finding), np.nan)
+            n.at[m, label] = counts.get((m, dataset, finding), np.nan)
+    name = DATASETS.get(dataset, dataset)
+    caption = caption or (f"Table {table_no}. " if table_no else "") + f"Per-class {metric} on {name}."
+    return _finish(values, n, rows, separator, baselines, unverified, notes, caption,
+                   _table_notes(tidy, [dataset], log, unverified))
+
+
+def _finish(values, n, rows, separator, baselines, unverified, notes, caption, table_notes) -> PaperTable:
+    notes = dict(notes or {})
+    labels = {m: _display(m, baselines, unverified, notes) for m in rows}
+    values.index = n.index = [labels[m] for m in rows]
+    ranked = pd.Series([m not in baselines for m in rows], index=values.index)
+    return PaperTable(values, n, ranked, caption, table_notes, labels[separator] if separator else None)

@@ -99,7 +99,8 @@ def root(tmp_path: Path) -> Path:
 def test_cases_classes_paths_and_sizes(root):
     ds = xbench.load_dataset("chexlocalize", root=root)
     assert isinstance(ds, CheXlocalize) and len(ds) == 3
-    assert len(ds.findings) == 13 and ds.localized == ds.findings[:10]
+    assert len(ds.findings) == 13 and "Airspace Opacity" in ds.findings  # the ground-truth file's spelling
+    assert ds.localized == ["Cardiomegaly", "Airspace Opacity", "Support Devices"]  # classes with a drawn region
     assert list(ds.cases["case_id"]) == [A, B, C]
     assert ds[0].image_path == root / "CheXpert" / "test" / "patient64741" / "study1" / "view1_frontal.jpg"
     # A, B: size from the JSON; C (not in the JSON): from its JPEG header
@@ -111,19 +112,30 @@ def test_cases_classes_paths_and_sizes(root):
 def test_labels_and_recognition_only_classes(root):
     ds = open_ds(root)
     a, b, c = ds[0], ds[1], ds[2]
-    assert a.labels["Cardiomegaly"] == 1.0 and a.labels["Lung Opacity"] == 1.0 and a.labels["Edema"] == 0.0
+    assert a.labels["Cardiomegaly"] == 1.0 and a.labels["Airspace Opacity"] == 1.0 and a.labels["Edema"] == 0.0
     assert a.labels["Fracture"] == 1.0 and b.labels["Support Devices"] == 1.0
-    for sample in (a, b, c):  # recognition-only: labels, never regions
-        assert {"Fracture", "Pleural Other", "Pneumonia"}.isdisjoint(sample.regions)
+    for sample in (a, b, c):  # classes without any region in the file: labels, never regions
+        assert {"Fracture", "Pleural Other", "Pneumonia", "Edema"}.isdisjoint(sample.regions)
         assert set(sample.regions) == set(ds.localized)
-    assert c.regions["Cardiomegaly"] == [] and a.regions["Edema"] == []  # all-zero RLE → no region
+    assert c.regions["Cardiomegaly"] == [] and a.regions["Support Devices"] == []  # all-zero RLE → no region
     assert ds.labels().shape == (3, 13)
+
+
+def test_grounding_classes_follow_the_ground_truth_file(tmp_path):
+    """A Fracture region in the ground-truth file makes Fracture a grounding class (the paper reports it)."""
+    fracture = np.zeros(SIZE_A, dtype=bool)
+    fracture[1:3, 1:4] = True
+    seg = segmentations({A: {"Cardiomegaly": cardiomegaly_a()}, B: {}}, {A: SIZE_A, B: SIZE_B})
+    seg[A]["Fracture"] = rle(fracture)
+    ds = open_ds(make_root(tmp_path, seg=seg))
+    assert ds.localized == ["Cardiomegaly", "Fracture"]
+    assert np.array_equal(ds[0].mask("Fracture"), fracture) and ds[1].regions["Fracture"] == []
 
 
 def test_coco_rle_round_trips_and_airspace_opacity_is_lung_opacity(root):
     a = open_ds(root)[0]
     assert np.array_equal(a.mask("Cardiomegaly"), cardiomegaly_a())
-    assert np.array_equal(a.mask("Lung Opacity"), opacity_a())
+    assert np.array_equal(a.mask("Airspace Opacity"), opacity_a())
     # half grid (15 x 20), area resampling at 0.5: rows 4-13 → 2-6, columns 8-19 → 4-9
     half = a.mask("Cardiomegaly", grid=(15, 20))
     expected = np.zeros((15, 20), dtype=bool)
@@ -135,7 +147,7 @@ def test_polygons_are_rasterised_like_chexlocalize(root):
     ds = open_ds(root, regions="annotations")
     a, b = ds[0], ds[1]
     assert np.array_equal(a.mask("Cardiomegaly"), cardiomegaly_a())  # PIL polygon with outline: 12 x 10 px
-    opacity = a.mask("Lung Opacity")
+    opacity = a.mask("Airspace Opacity")
     assert opacity[20:26, 2:5].all() and opacity[22, 30] and opacity.sum() == 6 * 3 + 1
     assert b.mask("Support Devices").sum() == 25 * 5
     assert ds[2].regions["Cardiomegaly"] == [] and ds[2].size == SIZE_C
@@ -245,7 +257,7 @@ def test_bad_contours(root, contour, reason):
     assert (info.value.line, info.value.field) == (1, "Cardiomegaly")
     with pytest.warns(XBenchWarning):
         ds = open_ds(root, regions="annotations", on_error="skip")
-    assert ds.skipped[reason] == 1 and ds[0].regions["Cardiomegaly"] == []
+    assert ds.skipped[reason] == 1 and ds[0].regions.get("Cardiomegaly", []) == []  # no region left: not a grounding class
 
 
 @pytest.mark.parametrize("row, field", [
@@ -282,5 +294,5 @@ def test_manifest_valid_and_counts(root):
 
     validate(dataset_manifest("chexlocalize"))
     found = counts(open_ds(root))
-    assert found["cases"] == 3 and found["regions"] == 3  # Cardiomegaly, Lung Opacity (A), Support Devices (B)
+    assert found["cases"] == 3 and found["regions"] == 3  # Cardiomegaly, Airspace Opacity (A), Support Devices (B)
     assert found["positives"]["Fracture"] == 1 and found["region_counts"]["Fracture"] == 0

@@ -18,42 +18,18 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..errors import FormatError, MissingFileError, XBenchWarning
+from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
+from .images import ImageFolder, read_image
+from .regions import Box, EncodedMask, Polygon, Region, rasterize
+
+__all__ = ["Sample", "BaseDataset", "Box", "Polygon", "EncodedMask", "Region", "UNKNOWN"]
 
 UNKNOWN = math.nan  #: label value for "not annotated" (1.0 = positive, 0.0 = negative)
-
-
-@dataclass(frozen=True)
-class Box:
-    """Axis-aligned box ``(x_min, y_min, x_max, y_max)`` in original pixels (max exclusive)."""
-
-    x_min: float
-    y_min: float
-    x_max: float
-    y_max: float
-
-
-@dataclass(frozen=True)
-class Polygon:
-    """Closed polygon; ``points`` is ``(P, 2)`` of ``(x, y)`` in original pixels."""
-
-    points: np.ndarray
-
-
-@dataclass(frozen=True)
-class EncodedMask:
-    """A mask decoded lazily: ``decode()`` returns a bool ``(height, width)`` array at original size."""
-
-    decode: Callable[[], np.ndarray]
-    description: str = ""
-
-
-Region = Union[Box, Polygon, EncodedMask]
 
 
 @dataclass
@@ -89,14 +65,10 @@ class Sample:
 
     def image(self) -> np.ndarray:
         """The image as float32 in [0, 1], shape ``(height, width)`` at original size."""
-        from .images import read_image
-
         return (self.reader or read_image)(self.image_path)
 
     def mask(self, finding: str, grid: tuple[int, int] | None = None) -> np.ndarray:
         """Union of ``finding``'s regions as a bool mask on ``grid`` (default: original size)."""
-        from .regions import rasterize
-
         return rasterize(self.regions.get(finding, []), self.size, grid)
 
 
@@ -120,7 +92,20 @@ class BaseDataset(Sequence[Sample], ABC):
     on_error : {"raise", "skip"}, default="raise"
         Malformed rows raise :class:`~xbench.errors.FormatError` naming file and line,
         or are skipped and counted in :attr:`skipped`.
+
+    The base owns what every loader shares: the split is checked against the manifest's
+    ``splits`` (when it lists any) before :meth:`_read_index` runs; file paths come from :meth:`file` (annotation
+    files), :meth:`folder` and :meth:`image_path` (files named by the annotations); images are read
+    by :meth:`read_image` (``nested_images = True``: found by file name below the images folder).
+
+    Root containment: every file a loader reads is resolved (symlinks too) and refused with a
+    :class:`~xbench.errors.FormatError` when it lies outside the dataset root and outside every folder
+    of the manifest's ``files`` (so ``../../x.png`` or an absolute path in an annotation is refused,
+    while a root or an images folder that is itself a symlink to another disk is fine).
     """
+
+    #: images live in nested folders and are found by file name (:class:`~xbench.datasets.images.ImageFolder`)
+    nested_images: bool = False
 
     def __init__(self, root: str | Path, split: str = "test", *, manifest: dict[str, Any], on_error: str = "raise"):
         if on_error not in ("raise", "skip"):
@@ -134,6 +119,11 @@ class BaseDataset(Sequence[Sample], ABC):
         classes = manifest.get("classes", [])
         self.findings: list[str] = [c["name"] for c in classes]
         self.prompts: dict[str, str] = {c["name"]: c.get("prompt", c["name"].lower()) for c in classes}
+        splits = manifest.get("splits")
+        if splits and split not in splits:  # a manifest without ``splits`` (an ad-hoc source) has one unnamed split
+            raise UnknownNameError(f"split of dataset {self.name!r}", split, splits)
+        self._bases: list[Path] | None = None
+        self._image_folder: ImageFolder | None = None
         self.cases: pd.DataFrame = self._read_index()
         if self.skipped:
             warnings.warn(f"{self.name} ({split}): skipped {sum(self.skipped.values())} malformed records: "
@@ -162,18 +152,49 @@ class BaseDataset(Sequence[Sample], ABC):
             raise FormatError(path, message, line=line, field=field)
         self.skip(reason or message)
 
+    def folder(self, key: str = "images") -> Path:
+        """Local path of the manifest's ``files[key]`` (``{split}`` filled in), whether or not it exists."""
+        entry = (self.manifest.get("files") or {})[key]
+        return self.root / str(entry["path"]).format(split=self.split)
+
     def file(self, key: str) -> Path:
         """Local path of the manifest's ``files[key]`` (``{split}`` in its path is filled in).
 
         Raises :class:`~xbench.errors.MissingFileError` naming the path and the entry's
         ``source`` (the publisher's page) when it does not exist.
         """
-        entry = (self.manifest.get("files") or {})[key]
-        path = self.root / str(entry["path"]).format(split=self.split)
+        path = self.folder(key)
         if not path.exists():
+            entry = (self.manifest.get("files") or {})[key]
             title = self.manifest.get("title", self.name)
             raise MissingFileError(path, f"{title} file {key!r}", entry.get("source"))
-        return path
+        return self.contained(path)
+
+    def image_path(self, name: str | Path, key: str = "images") -> Path:
+        """``folder(key) / name`` for a file named by the annotations; refused when it leaves the root."""
+        return self.contained(self.folder(key) / name)
+
+    def contained(self, path: str | Path) -> Path:
+        """``path`` unchanged if it resolves (symlinks too) inside the root or a manifest folder, else
+        :class:`~xbench.errors.FormatError` naming it (the one root-containment check of every loader)."""
+        if self._bases is None:
+            folders = [self.folder(key) for key in (self.manifest.get("files") or {})]
+            self._bases = [p.resolve() for p in (self.root, *folders)]
+        real = Path(path).resolve()
+        if not any(real == base or base in real.parents for base in self._bases):
+            raise FormatError(path, f"resolves to {real}, outside the dataset root {self.root}; XBench reads only "
+                              "files inside the dataset root (or the manifest's folders)")
+        return Path(path)
+
+    def read_image(self, path: str | Path) -> np.ndarray:
+        """Read the image at ``path`` (or, with :attr:`nested_images`, the file of that name below the images
+        folder) after the root-containment check; the :attr:`Sample.reader` of every sample."""
+        if self.nested_images:
+            if self._image_folder is None:
+                entry = (self.manifest.get("files") or {}).get("images") or {}
+                self._image_folder = ImageFolder(self.folder("images"), entry.get("source"))
+            path = self._image_folder.locate(Path(path).name)
+        return read_image(self.contained(path))
 
     def __len__(self) -> int:
         return len(self.cases)
@@ -188,6 +209,7 @@ class BaseDataset(Sequence[Sample], ABC):
             view=None if pd.isna(row.get("view")) else str(row.get("view")),
             labels={f: float(row[f"label:{f}"]) for f in self.findings},
             regions=self._regions(row),
+            reader=self.read_image,
         )
 
     def labels(self) -> np.ndarray:

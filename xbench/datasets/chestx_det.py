@@ -40,10 +40,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import FormatError
-from ..manifests import class_lookup, file_entries
+from ..manifests import class_lookup
 from .base import BaseDataset, Box, Polygon, Region
 from .images import image_size
-from .records import check_split
 from .regions import validate_box
 
 __all__ = ["ChestXDet10", "ChestXDet", "read_det_json"]
@@ -74,10 +73,8 @@ class _DetJson(BaseDataset):
     use_polygons: bool = False
 
     def _read_index(self) -> pd.DataFrame:
-        check_split(self)
         path = self.file("annotations")
-        entries = file_entries(self.manifest, self.split)
-        self.image_dir = self.root / entries["images"]["path"]
+        self.image_dir = self.folder("images")
         fixed = self.manifest.get("image_size")
         lookup = class_lookup(self.manifest)
         self._region_map: dict[str, dict[str, list[Region]]] = {}
@@ -86,13 +83,13 @@ class _DetJson(BaseDataset):
             parsed = self._parse(path, number, record, lookup, fixed)
             if parsed is None:
                 continue
-            file_name, size, syms, regions = parsed
+            file_name, image, size, syms, regions = parsed
             case_id = Path(file_name).stem
             if case_id in self._region_map:
                 self.fail(path, f"record {number}: duplicate file_name {file_name!r}", field="file_name", reason="duplicate record")
                 continue
             self._region_map[case_id] = {f: [r for s, r in regions if s == f] for f in self.findings}
-            row = {"case_id": case_id, "image_path": str(self.image_dir / file_name), "height": size[0], "width": size[1], "view": None}
+            row = {"case_id": case_id, "image_path": str(image), "height": size[0], "width": size[1], "view": None}
             row.update({f"label:{f}": float(f in syms) for f in self.findings})
             rows.append(row)
         columns = ["case_id", "image_path", "height", "width", "view"] + [f"label:{f}" for f in self.findings]
@@ -100,8 +97,8 @@ class _DetJson(BaseDataset):
 
     def _parse(
         self, path: Path, number: int, record: Any, lookup: dict[str, str], fixed: list[int] | None
-    ) -> tuple[str, tuple[int, int], set[str], list[tuple[str, Region]]] | None:
-        """(file_name, (height, width), classes, [(class, region)]) of one record, or None when skipped."""
+    ) -> tuple[str, Path, tuple[int, int], set[str], list[tuple[str, Region]]] | None:
+        """(file_name, image path, (height, width), classes, [(class, region)]) of one record, or None when skipped."""
         keys = ("file_name", "syms", "boxes") + (("polygons",) if self.use_polygons else ())
         if not isinstance(record, dict):
             self.fail(path, f"record {number}: expected an object, got {type(record).__name__}", reason="malformed record")
@@ -119,7 +116,13 @@ class _DetJson(BaseDataset):
             self.fail(path, f"record {number} ({file_name}): syms, boxes" + (", polygons" if self.use_polygons else "")
                       + " must be lists of equal length", field="boxes", reason="malformed record")
             return None
-        size = (int(fixed[0]), int(fixed[1])) if fixed else image_size(self.image_dir / file_name)
+        try:
+            image = self.image_path(file_name)
+        except FormatError as exc:
+            self.fail(path, f"record {number}: file_name {file_name!r}: {exc}", field="file_name",
+                      reason="file_name outside the dataset root")
+            return None
+        size = (int(fixed[0]), int(fixed[1])) if fixed else image_size(image)
         regions: list[tuple[str, Region]] = []
         for index, (sym, box, polygon) in enumerate(zip(syms, boxes, polygons)):
             if sym not in lookup:
@@ -141,7 +144,7 @@ class _DetJson(BaseDataset):
                 self.fail(path, f"record {number} ({file_name}): {exc}", field=f"boxes[{index}]", reason="malformed record")
                 return None
             regions.append((lookup[sym], region))
-        return file_name, size, {s for s, _ in regions}, regions
+        return file_name, image, size, {s for s, _ in regions}, regions
 
     def _regions(self, row: pd.Series) -> dict[str, list[Region]]:
         return self._region_map[str(row["case_id"])]

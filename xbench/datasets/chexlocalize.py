@@ -23,11 +23,15 @@ Conventions
 * Cases: every row of the label file, in file order (test: 668 CXRs, lateral
   views included). ``cxr_id`` = ``patient<id>_study<n>_view<n>_<frontal|lateral>``,
   built from the last three parts of ``Path`` (the id used by the JSON files).
-* Classes: the manifest's 13 (CSV spelling). A class's ``aliases`` are its
-  names in the JSON files (``Lung Opacity`` ↔ ``Airspace Opacity``).
-  Classes with ``localized: false`` (Fracture, Pleural Other, Pneumonia) have
-  labels only: they are **absent** from :attr:`Sample.regions` (a localised
-  class with no drawing has an empty list instead).
+* Classes: the manifest's 13, spelled as in the ground-truth JSON
+  (``Airspace Opacity``, the CSV's ``Lung Opacity``); a class's ``aliases`` are
+  its other spellings, looked up in the label CSV header and the JSON files.
+* Grounding classes are **data-driven**: :attr:`localized` lists every class
+  with at least one non-empty region in the region file (the paper reports
+  pointing for all 13, Fracture, Pleural Other and Pneumonia included);
+  classes without one have labels only and are **absent** from
+  :attr:`Sample.regions` (a localised class with no drawing on a CXR has an
+  empty list instead).
 * Image size: from the JSON (``size`` / ``img_size``) for CXRs listed there,
   else from the JPEG header — those images must then be present to build the
   table (:class:`~xbench.errors.MissingFileError` names the first one missing).
@@ -58,7 +62,7 @@ import pandas as pd
 from ..errors import FormatError, MissingFileError, UnknownNameError
 from .base import BaseDataset, Box, EncodedMask, Polygon, Region
 from .images import image_size
-from .records import check_split, csv_records
+from .records import csv_records
 from .regions import decode_coco_rle, validate_box
 
 __all__ = ["CheXlocalize"]
@@ -83,7 +87,7 @@ class CheXlocalize(BaseDataset):
     Attributes
     ----------
     localized : list of str
-        The classes that have regions (manifest ``localized: true``), in
+        The classes with at least one non-empty region in the region file, in
         :attr:`findings` order; the others are recognition-only.
     """
 
@@ -95,16 +99,15 @@ class CheXlocalize(BaseDataset):
         super().__init__(root, split, manifest=manifest, on_error=on_error)
 
     def _read_index(self) -> pd.DataFrame:
-        check_split(self)
         classes = self.manifest.get("classes", [])
-        self.localized = [c["name"] for c in classes if c.get("localized", True)]
-        self._by_json = {alias: c["name"] for c in classes if c.get("localized", True)
-                         for alias in (c["name"], *c.get("aliases", []))}
+        self._by_json = {alias: c["name"] for c in classes for alias in (c["name"], *c.get("aliases", []))}
 
         cases = self._read_labels(self.file("labels"))
         path = self.file(self.region_source)
         reader = self._read_segmentations if self.region_source == "segmentations" else self._read_annotations
         sizes, self._regions_by_case = reader(path, set(cases["case_id"]))
+        drawn = {f for found in self._regions_by_case.values() for f, regions in found.items() if regions}
+        self.localized = [f for f in self.findings if f in drawn]
 
         images = self.manifest["files"]["images"]
         heights, widths = [], []
@@ -127,10 +130,15 @@ class CheXlocalize(BaseDataset):
     # -- readers --------------------------------------------------------------------
     def _read_labels(self, path: Path) -> pd.DataFrame:
         header, rows = csv_records(path)
-        for column in ("Path", *self.findings):
-            if column not in header:
-                raise FormatError(path, f"missing column; header: {header}", line=1, field=column)
-        images_dir = self.root / str(self.manifest["files"]["images"]["path"]).format(split=self.split)
+        if "Path" not in header:
+            raise FormatError(path, f"missing column; header: {header}", line=1, field="Path")
+        spellings = {c["name"]: (c["name"], *c.get("aliases", [])) for c in self.manifest.get("classes", [])}
+        column = {}  # class → its CSV column (the class name or an alias)
+        for f in self.findings:
+            found = [a for a in spellings.get(f, (f,)) if a in header]
+            if not found:
+                raise FormatError(path, f"missing column; header: {header}", line=1, field=f)
+            column[f] = found[0]
         records: list[dict[str, Any]] = []
         seen: set[str] = set()
         for line, row in rows:
@@ -149,18 +157,23 @@ class CheXlocalize(BaseDataset):
             if case_id in seen:
                 self.fail(path, f"duplicate image {case_id}", line=line, field="Path", reason="duplicate image")
                 continue
-            bad = next((f for f in self.findings if record[f] not in _VALUES), None)
+            bad = next((f for f in self.findings if record[column[f]] not in _VALUES), None)
             if bad is not None:
-                self.fail(path, f"label must be 1, 0 or empty, got {record[bad]!r}", line=line, field=bad,
-                          reason="label not 1/0/empty")
+                self.fail(path, f"label must be 1, 0 or empty, got {record[column[bad]]!r}", line=line,
+                          field=column[bad], reason="label not 1/0/empty")
                 continue
             seen.add(case_id)
             relative = PurePosixPath(record["Path"])
             if relative.parts and relative.parts[0] == "CheXpert-v1.0":
                 relative = PurePosixPath(*relative.parts[1:])
             view = record.get("AP/PA") or ("LATERAL" if case_id.endswith("lateral") else None)
-            records.append({"case_id": case_id, "image_path": str(images_dir / relative), "view": view,
-                            **{f"label:{f}": _VALUES[record[f]] for f in self.findings}})
+            try:
+                image = self.image_path(relative)
+            except FormatError as exc:
+                self.fail(path, exc.message, line=line, field="Path", reason="Path outside the dataset root")
+                continue
+            records.append({"case_id": case_id, "image_path": str(image), "view": view,
+                            **{f"label:{f}": _VALUES[record[column[f]]] for f in self.findings}})
         return pd.DataFrame(records, columns=["case_id", "image_path", "view", *[f"label:{f}" for f in self.findings]])
 
     def _load_json(self, path: Path) -> dict[str, Any]:

@@ -50,7 +50,7 @@ import pandas as pd
 from ..errors import FormatError, MissingFileError
 from .base import BaseDataset, Box, EncodedMask, Polygon, Region
 from .images import image_size
-from .records import check_split, csv_records
+from .records import csv_records
 from .regions import validate_box
 
 __all__ = ["COVIDRural"]
@@ -79,23 +79,20 @@ class COVIDRural(BaseDataset):
         super().__init__(root, split, manifest=manifest, on_error=on_error)
 
     def _read_index(self) -> pd.DataFrame:
-        check_split(self)
         if len(self.findings) != 1:
             raise FormatError(self.manifest.get("config_path", self.name), f"expected one class, got {self.findings}",
                               field="classes")
         ids = self._read_split(self.file("split"))
         files = self.manifest["files"]
-        images_dir = self.root / files["images"]["path"]
-        regions_dir = self.root / files[self.region_source]["path"]
         suffix = ".png" if self.region_source == "masks" else ".json"
         self._regions_by_case: dict[str, list[Region]] = {}
         rows = []
         for case_id in ids:
-            source = regions_dir / f"{case_id}{suffix}"
+            source = self.image_path(f"{case_id}{suffix}", key=self.region_source)
             if not source.is_file():
                 raise MissingFileError(source, f"COVID-19 Rural {self.region_source[:-1]} of {case_id}",
                                        files[self.region_source].get("source"))
-            image_path = images_dir / f"{case_id}.jpg"
+            image_path = self.image_path(f"{case_id}.jpg")
             if self.region_source == "masks":
                 size = image_size(source)
                 self._regions_by_case[case_id] = [EncodedMask(_mask_reader(source, image_path), source.name)]

@@ -33,18 +33,29 @@ DICOM (pydicom)
 
 A missing file raises :class:`~xbench.errors.MissingFileError`; a file that
 cannot be decoded raises :class:`~xbench.errors.FormatError` naming it.
+
+Bounded decoding: before any pixel data is decoded, the pixel count the header
+claims (PNG/JPEG: width × height; DICOM: Rows × Columns × NumberOfFrames ×
+SamplesPerPixel) is checked against ``max_pixels`` (default :data:`MAX_PIXELS`
+= 100 million, e.g. 10000²; the environment variable ``XBENCH_MAX_PIXELS``
+overrides it). A larger claim (a decompression bomb) raises
+:class:`~xbench.errors.FormatError`, which the runner counts as a skip under
+``on_missing_image: skip``.
 A file is read as DICOM when its suffix is ``.dcm`` / ``.dicom`` or it has the
 ``DICM`` marker at byte 128; otherwise with Pillow.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import FormatError, MissingFileError
 
-__all__ = ["read_image", "image_size", "is_dicom", "ImageFolder"]
+__all__ = ["read_image", "image_size", "is_dicom", "ImageFolder", "MAX_PIXELS", "max_pixels"]
+
+MAX_PIXELS = 100_000_000  #: default bound on the pixels a header may claim (``XBENCH_MAX_PIXELS`` overrides)
 
 _DICOM_SUFFIXES = {".dcm", ".dicom"}
 _SIXTEEN_BIT_MODES = {"I;16", "I;16B", "I;16L", "I;16N", "I"}
@@ -60,6 +71,22 @@ def is_dicom(path: str | Path) -> bool:
     return len(head) == 132 and head[128:132] == b"DICM"
 
 
+def max_pixels() -> int:
+    """The pixel bound in force: ``$XBENCH_MAX_PIXELS`` if set, else :data:`MAX_PIXELS`."""
+    text = os.environ.get("XBENCH_MAX_PIXELS")
+    try:
+        return int(text) if text else MAX_PIXELS
+    except ValueError:
+        raise ValueError(f"XBENCH_MAX_PIXELS must be an integer pixel count, got {text!r}") from None
+
+
+def _check_pixels(path: Path, claimed: int, what: str, limit: int | None) -> None:
+    limit = max_pixels() if limit is None else int(limit)
+    if claimed > limit:
+        raise FormatError(path, f"header claims {what} = {claimed:,} pixels, above the bound of {limit:,} "
+                          "(max_pixels / XBENCH_MAX_PIXELS); not decoded")
+
+
 def _require(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_file():
@@ -67,13 +94,15 @@ def _require(path: str | Path) -> Path:
     return path
 
 
-def read_image(path: str | Path) -> np.ndarray:
+def read_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
     """Read an image as float32 ``(height, width)`` in [0, 1] at original size.
 
     Parameters
     ----------
     path : str or Path
         PNG / JPEG (anything Pillow opens) or DICOM file.
+    max_pixels : int, optional
+        Bound on the pixel count the header claims (module docstring); default :func:`max_pixels`.
 
     Returns
     -------
@@ -86,20 +115,21 @@ def read_image(path: str | Path) -> np.ndarray:
     MissingFileError
         The file does not exist.
     FormatError
-        The file cannot be decoded, is multi-frame / colour DICOM, or has an
-        unsupported pixel mode.
+        The file cannot be decoded, is multi-frame / colour DICOM, has an
+        unsupported pixel mode, or claims more pixels than ``max_pixels``.
     """
     path = _require(path)
     if is_dicom(path):
-        return _read_dicom(path)
-    return _read_pillow(path)
+        return _read_dicom(path, max_pixels)
+    return _read_pillow(path, max_pixels)
 
 
 def image_size(path: str | Path) -> tuple[int, int]:
     """``(height, width)`` of an image, reading only its header.
 
     Pillow opens lazily (no pixel decoding); DICOM is read with
-    ``stop_before_pixels=True`` and the size is ``(Rows, Columns)``.
+    ``stop_before_pixels=True`` and the size is ``(Rows, Columns)``. A header
+    claiming more than :func:`max_pixels` pixels raises :class:`FormatError`.
     """
     path = _require(path)
     if is_dicom(path):
@@ -107,7 +137,10 @@ def image_size(path: str | Path) -> tuple[int, int]:
 
         try:
             ds = pydicom.dcmread(path, stop_before_pixels=True)
+            _check_dicom_pixels(path, ds, None)
             return int(ds.Rows), int(ds.Columns)
+        except FormatError:
+            raise
         except Exception as exc:  # pydicom raises many types for broken headers
             raise FormatError(path, f"cannot read DICOM header Rows/Columns: {exc}") from exc
     from PIL import Image, UnidentifiedImageError
@@ -115,8 +148,11 @@ def image_size(path: str | Path) -> tuple[int, int]:
     try:
         with Image.open(path) as img:
             width, height = img.size
+    except Image.DecompressionBombError as exc:
+        raise _bomb(path, exc, None) from exc
     except (UnidentifiedImageError, OSError) as exc:
         raise FormatError(path, f"not a readable image: {exc}") from exc
+    _check_pixels(path, width * height, f"{width} x {height}", None)
     return int(height), int(width)
 
 
@@ -162,11 +198,12 @@ class ImageFolder:
         return read_image(self.locate(Path(path).name))
 
 
-def _read_pillow(path: Path) -> np.ndarray:
+def _read_pillow(path: Path, limit: int | None = None) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
+        with Image.open(path) as img:  # reads the header only
+            _check_pixels(path, img.width * img.height, f"{img.width} x {img.height}", limit)
             img.load()
             mode = img.mode
             if mode in _SIXTEEN_BIT_MODES:
@@ -178,8 +215,25 @@ def _read_pillow(path: Path) -> np.ndarray:
                 raise FormatError(path, "floating-point (mode 'F') images have no defined range; save as 8- or 16-bit")
             grey = img if mode == "L" else img.convert("L")
             return np.asarray(grey, dtype=np.float32) / np.float32(255.0)
+    except Image.DecompressionBombError as exc:
+        raise _bomb(path, exc, limit) from exc
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise FormatError(path, f"not a readable image: {exc}") from exc
+
+
+def _bomb(path: Path, exc: Exception, limit: int | None) -> FormatError:
+    """Pillow refused the header itself (beyond twice its own limit): above our bound too."""
+    limit = max_pixels() if limit is None else int(limit)
+    return FormatError(path, f"header claims too many pixels ({exc}), above the bound of {limit:,} "
+                       "(max_pixels / XBENCH_MAX_PIXELS); not decoded")
+
+
+def _check_dicom_pixels(path: Path, ds, limit: int | None) -> None:
+    """Bound Rows × Columns × NumberOfFrames × SamplesPerPixel from the header, before any decoding."""
+    rows, cols = int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0)
+    frames, samples = int(ds.get("NumberOfFrames", 1) or 1), int(ds.get("SamplesPerPixel", 1) or 1)
+    _check_pixels(path, rows * cols * frames * samples,
+                  f"Rows x Columns x NumberOfFrames x SamplesPerPixel = {rows} x {cols} x {frames} x {samples}", limit)
 
 
 def _voi_range(arr: np.ndarray, ds) -> tuple[float, float]:
@@ -198,12 +252,13 @@ def _voi_range(arr: np.ndarray, ds) -> tuple[float, float]:
     return float(arr.min()), float(arr.max())
 
 
-def _read_dicom(path: Path) -> np.ndarray:
+def _read_dicom(path: Path, limit: int | None = None) -> np.ndarray:
     import pydicom
     from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
     try:
-        ds = pydicom.dcmread(path)
+        ds = pydicom.dcmread(path)  # pixel data stays encoded until pixel_array
+        _check_dicom_pixels(path, ds, limit)
         samples = int(ds.get("SamplesPerPixel", 1))
         frames = int(ds.get("NumberOfFrames", 1) or 1)
         if samples != 1 or frames != 1:

@@ -41,10 +41,9 @@ from collections import defaultdict
 import pandas as pd
 
 from ..errors import FormatError
-from ..manifests import class_lookup, file_entries
-from .base import BaseDataset, Box, Region, Sample
-from .images import ImageFolder
-from .records import check_split, csv_records
+from ..manifests import class_lookup
+from .base import BaseDataset, Box, Region
+from .records import csv_records
 from .regions import validate_box
 
 __all__ = ["NIHBoxes"]
@@ -53,11 +52,10 @@ __all__ = ["NIHBoxes"]
 class NIHBoxes(BaseDataset):
     """NIH ChestX-ray14 boxes with Data_Entry labels (module docstring)."""
 
+    nested_images = True
+
     def _read_index(self) -> pd.DataFrame:
-        check_split(self)
         box_path, label_path = self.file("boxes"), self.file("labels")
-        images = file_entries(self.manifest, self.split)["images"]
-        self.images = ImageFolder(self.root / images["path"], images.get("source"))
         size = tuple(int(v) for v in self.manifest.get("image_size", (1024, 1024)))
         lookup = class_lookup(self.manifest)
         header, rows = csv_records(box_path)
@@ -95,7 +93,7 @@ class NIHBoxes(BaseDataset):
                           reason="image missing from Data_Entry")
                 continue
             found = {lookup.get(t) for t in str(entry.at[image, "labels"]).split("|")}
-            row = {"case_id": image, "image_path": str(self.images.folder / image), "height": size[0], "width": size[1],
+            row = {"case_id": image, "image_path": str(self.image_path(image)), "height": size[0], "width": size[1],
                    "view": entry.at[image, "view"] or None}
             row.update({f"label:{f}": float(f in found or bool(regions[f])) for f in self.findings})
             table.append(row)
@@ -115,8 +113,3 @@ class NIHBoxes(BaseDataset):
 
     def _regions(self, row: pd.Series) -> dict[str, list[Region]]:
         return self._boxes[str(row["case_id"])]
-
-    def __getitem__(self, index: int) -> Sample:  # type: ignore[override]
-        sample = super().__getitem__(index)
-        sample.reader = self.images.read
-        return sample

@@ -399,7 +399,9 @@ class Phantom(ChestXDet):
             raise UnknownNameError("split of dataset 'phantom'", split, splits)
         given = {"size": size, "bit_depth": bit_depth, "seed": seed, "prevalence": prevalence}
         gen.update({k: v for k, v in given.items() if v is not None})
-        self.params = PhantomParams(split=split, cases=int(cases or splits[split]["cases"]), **gen)
+        if cases is not None and cases < 1:  # 0 used to fall back to the split's default size silently
+            raise XBenchError(f"phantom: cases must be >= 1 (an empty dataset has nothing to evaluate), got {cases!r}")
+        self.params = PhantomParams(split=split, cases=int(cases if cases is not None else splits[split]["cases"]), **gen)
         folder = ensure_split(self.params, root)
         manifest = {**manifest, "image_size": [self.params.size, self.params.size]}
         super().__init__(folder, split, manifest=manifest, on_error=on_error)

@@ -1,4 +1,4 @@
-"""Small readers shared by the loaders: CSV rows with their 1-based line numbers, split checks.
+"""Small readers shared by the loaders: CSV rows with their 1-based line numbers.
 
 Line numbers are those of the file as a text editor shows them: the header is
 line 1, the first data row line 2 (a quoted field spanning lines counts from the
@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..errors import FormatError, UnknownNameError
+from ..errors import FormatError
 
-if TYPE_CHECKING:
-    from .base import BaseDataset
-
-__all__ = ["csv_records", "check_split"]
+__all__ = ["csv_records"]
 
 
 def csv_records(path: str | Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
@@ -44,10 +40,3 @@ def csv_records(path: str | Path) -> tuple[list[str], list[tuple[int, list[str]]
     if not rows:
         raise FormatError(path, "empty file: expected a header line", line=1)
     return rows[0][1], rows[1:]
-
-
-def check_split(ds: BaseDataset) -> None:
-    """Raise :class:`~xbench.errors.UnknownNameError` unless ``ds.split`` is one of the manifest's ``splits``."""
-    splits = ds.manifest.get("splits") or {}
-    if ds.split not in splits:
-        raise UnknownNameError(f"split of dataset {ds.name!r}", ds.split, splits)

@@ -8,14 +8,14 @@ covers ``[c, c+1) × [r, r+1)`` and has its centre at ``(c + 0.5, r + 0.5)``.
 A target grid ``(h, w)`` covers the same field of view (plain resize, no crop):
 its pixel ``(r, c)`` covers ``[c·W/w, (c+1)·W/w) × [r·H/h, (r+1)·H/h)``.
 
-Boxes (:class:`~xbench.datasets.base.Box`, ``x_max``/``y_max`` exclusive)
+Boxes (:class:`Box`, ``x_max``/``y_max`` exclusive)
     Rasterised exactly on the target grid: pixel ``(r, c)`` is inside iff its
     centre mapped to original coordinates, ``x = (c + 0.5)·W/w`` and
     ``y = (r + 0.5)·H/h``, satisfies ``x_min ≤ x < x_max`` and ``y_min ≤ y < y_max``.
     At original size an integer box ``(10, 20, 30, 40)`` covers columns 10–29
     and rows 20–39. A box smaller than one target pixel may cover nothing.
 
-Polygons (:class:`~xbench.datasets.base.Polygon`) and encoded masks (:class:`~xbench.datasets.base.EncodedMask`)
+Polygons (:class:`Polygon`) and encoded masks (:class:`EncodedMask`)
     Polygons are drawn at original size with ``PIL.ImageDraw.polygon(points,
     outline=1, fill=1)`` — the cheXlocalize convention
     (rajpurkarlab/cheXlocalize ``annotation_to_segmentation.py``), which
@@ -39,13 +39,17 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Union
 
 import numpy as np
 
-from .base import Box, EncodedMask, Polygon, Region
-
 __all__ = [
+    "Box",
+    "Polygon",
+    "EncodedMask",
+    "Region",
     "rasterize",
     "box_mask",
     "polygon_mask",
@@ -57,6 +61,34 @@ __all__ = [
     "GAMMA",
     "BOX_TOLERANCE",
 ]
+
+@dataclass(frozen=True)
+class Box:
+    """Axis-aligned box ``(x_min, y_min, x_max, y_max)`` in original pixels (max exclusive)."""
+
+    x_min: float
+    y_min: float
+    x_max: float
+    y_max: float
+
+
+@dataclass(frozen=True)
+class Polygon:
+    """Closed polygon; ``points`` is ``(P, 2)`` of ``(x, y)`` in original pixels."""
+
+    points: np.ndarray
+
+
+@dataclass(frozen=True)
+class EncodedMask:
+    """A mask decoded lazily: ``decode()`` returns a bool ``(height, width)`` array at original size."""
+
+    decode: Callable[[], np.ndarray]
+    description: str = ""
+
+
+Region = Union[Box, Polygon, EncodedMask]
+
 
 GAMMA = 0.5  #: coverage fraction at or above which a resampled pixel is inside
 BOX_TOLERANCE = 1.0  #: how far (px) a box may stick out of the image before it is malformed
@@ -221,19 +253,27 @@ def siim_rle_runs(rle: str, height: int = 1024, width: int = 1024) -> tuple[np.n
     text = rle.strip()
     if text == "-1":
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    try:
-        values = np.array([int(tok) for tok in text.split()], dtype=np.int64)
-    except ValueError as exc:
-        raise ValueError(f"RLE has a non-integer token: {exc}") from None
-    if len(values) % 2:
-        raise ValueError(f"RLE needs (offset, length) pairs, got an odd number of values ({len(values)})")
+    total = height * width
+    tokens = text.split()
+    parsed: list[int] = []
+    for number, token in enumerate(tokens):
+        try:
+            value = int(token) if len(token) <= 20 else None
+        except ValueError:
+            raise ValueError(f"RLE has a non-integer token {token[:30]!r} at pair {number // 2 + 1}") from None
+        if value is None or value > total:  # no run can exceed the image: bounds every later sum (no int64 overflow)
+            raise ValueError(f"RLE value {token[:30]}{'...' if len(token) > 30 else ''} at pair {number // 2 + 1} is larger "
+                             f"than the {height}x{width} image ({total} pixels)")
+        parsed.append(value)
+    if len(parsed) % 2:
+        raise ValueError(f"RLE needs (offset, length) pairs, got an odd number of values ({len(parsed)})")
+    values = np.array(parsed, dtype=np.int64)
     offsets, lengths = values[0::2], values[1::2]
     if (offsets < 0).any():
         raise ValueError(f"RLE has a negative offset at pair {int(np.argmax(offsets < 0)) + 1}")
     if (lengths <= 0).any():
         raise ValueError(f"RLE has a non-positive run length at pair {int(np.argmax(lengths <= 0)) + 1}")
     ends = np.cumsum(offsets + lengths)
-    total = height * width
     if ends[-1] > total:
         raise ValueError(f"RLE runs past the end of the {height}x{width} image (last run ends at {int(ends[-1])} > {total})")
     return ends - lengths, ends

@@ -34,7 +34,7 @@ import pandas as pd
 from ..errors import FormatError
 from ..manifests import file_entries
 from .base import BaseDataset, Box, Region
-from .records import check_split, csv_records
+from .records import csv_records
 from .regions import validate_box
 
 __all__ = ["RSNAPneumonia"]
@@ -46,11 +46,9 @@ class RSNAPneumonia(BaseDataset):
     """RSNA pneumonia boxes (module docstring); single class from the manifest."""
 
     def _read_index(self) -> pd.DataFrame:
-        check_split(self)
         labels_path = self.file("labels")
         entries = file_entries(self.manifest, self.split)
         split_path = self.file("split_list") if "split_list" in entries else None
-        image_dir = self.root / entries["images"]["path"]
         size = tuple(int(v) for v in self.manifest.get("image_size", (1024, 1024)))
         (finding,) = self.findings
         header, rows = csv_records(labels_path)
@@ -86,7 +84,7 @@ class RSNAPneumonia(BaseDataset):
         self._boxes = {pid: {finding: boxes[pid]} for pid in ids}
         return pd.DataFrame({
             "case_id": ids,
-            "image_path": [str(image_dir / f"{pid}.dcm") for pid in ids],
+            "image_path": [str(self.image_path(f"{pid}.dcm")) for pid in ids],
             "height": size[0],
             "width": size[1],
             "view": None,

@@ -36,9 +36,8 @@ import pandas as pd
 
 from ..errors import FormatError
 from ..manifests import file_entries
-from .base import BaseDataset, EncodedMask, Region, Sample
-from .images import ImageFolder
-from .records import check_split, csv_records
+from .base import BaseDataset, EncodedMask, Region
+from .records import csv_records
 from .regions import decode_siim_rle, siim_rle_runs
 
 __all__ = ["SIIMPneumothorax"]
@@ -47,12 +46,12 @@ __all__ = ["SIIMPneumothorax"]
 class SIIMPneumothorax(BaseDataset):
     """SIIM-ACR pneumothorax masks (module docstring); single class from the manifest."""
 
+    nested_images = True
+
     def _read_index(self) -> pd.DataFrame:
-        check_split(self)
         rle_path = self.file("masks")
         entries = file_entries(self.manifest, self.split)
         split_path = self.file("split_list") if "split_list" in entries else None
-        self.images = ImageFolder(self.root / entries["images"]["path"], entries["images"].get("source"))
         height, width = (int(v) for v in self.manifest.get("image_size", (1024, 1024)))
         (finding,) = self.findings
         header, rows = csv_records(rle_path)
@@ -77,7 +76,7 @@ class SIIMPneumothorax(BaseDataset):
         self._masks = {image_id: {finding: masks[image_id]} for image_id in ids}
         return pd.DataFrame({
             "case_id": ids,
-            "image_path": [str(self.images.folder / f"{image_id}.dcm") for image_id in ids],
+            "image_path": [str(self.image_path(f"{image_id}.dcm")) for image_id in ids],
             "height": height,
             "width": width,
             "view": None,
@@ -98,8 +97,3 @@ class SIIMPneumothorax(BaseDataset):
 
     def _regions(self, row: pd.Series) -> dict[str, list[Region]]:
         return self._masks[str(row["case_id"])]
-
-    def __getitem__(self, index: int) -> Sample:  # type: ignore[override]
-        sample = super().__getitem__(index)
-        sample.reader = self.images.read
-        return sample

@@ -44,7 +44,7 @@ import pandas as pd
 from ..errors import FormatError, MissingFileError, UnknownNameError
 from .base import BaseDataset, Box, Region
 from .images import image_size
-from .records import check_split, csv_records
+from .records import csv_records
 from .regions import validate_box
 
 __all__ = ["VinDrCXR"]
@@ -71,17 +71,15 @@ class VinDrCXR(BaseDataset):
     """
 
     def _read_index(self) -> pd.DataFrame:
-        check_split(self)
         labels_path = self.file("labels")
         boxes_path = self.file("annotations")
         images = self.manifest["files"]["images"]
-        images_dir = self.root / str(images["path"]).format(split=self.split)
 
         self.image_labels = self._read_labels(labels_path)
         sizes: dict[str, tuple[int, int]] = {}
         paths: dict[str, Path] = {}
         for image_id in self.image_labels.index:
-            path = images_dir / f"{image_id}.dicom"
+            path = self.image_path(f"{image_id}.dicom")
             if not path.is_file():
                 raise MissingFileError(path, f"VinDr-CXR image {image_id} (its DICOM header gives the size)",
                                        images.get("source"))

@@ -161,7 +161,7 @@ def normalize_maps(
            [[0.  , 0.  ],
             [0.  , 0.  ]]], dtype=float32)
     """
-    arr = _sweep.as_maps(maps).copy()
+    arr = _sweep.as_maps(_float32_maps(maps, case_ids, findings)).copy()
     if nonfinite not in ("raise", "skip"):
         raise ValueError(f"nonfinite must be 'raise' or 'skip'; got {nonfinite!r}")
     n = len(arr)
@@ -244,7 +244,7 @@ def pointing_game(
     (array([0.]), array([1.]))
     """
     counts = _sweep.count_pairs(
-        maps, masks, ties=ties, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
+        _float32_maps(maps, case_ids, findings), masks, ties=ties, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
     )
     return counts.hit
 
@@ -359,9 +359,31 @@ def _overlap(counts: _sweep.Counts, inter: np.ndarray, pred: np.ndarray) -> tupl
     return d, j
 
 
+def _fixed_threshold(threshold) -> float:
+    """τ of the fixed-threshold metrics: finite, like every τ of a curve (:func:`_sweep.as_thresholds`)."""
+    value = float(threshold)
+    if not np.isfinite(value):
+        raise ValueError(f"threshold must be finite; got {threshold!r}")
+    return value
+
+
+def _float32_maps(maps, case_ids, findings):
+    """Maps as float32, refusing finite values that the float32 cast would turn into ±inf (named, not "NaN or inf")."""
+    arr = _sweep.as_numpy(maps, "maps")
+    if arr.dtype.kind == "f" and arr.dtype.itemsize > 4 and arr.ndim == 3 and arr.size:
+        with np.errstate(invalid="ignore"):
+            big = np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)
+        if big.any():
+            i = int(np.flatnonzero(big.reshape(len(arr), -1).any(axis=1))[0])
+            value = float(arr[i][big[i]][0])
+            raise ValueError(f"{_sweep.pair_name(i, case_ids, findings)}: map value {value:g} overflows float32 "
+                             f"(|v| > {np.finfo(np.float32).max:g}); rescale the map before scoring")
+    return arr
+
+
 def _fixed(maps, masks, threshold, nonfinite, case_ids, findings, chunk_size):
     counts = _sweep.count_pairs(
-        maps, masks, fixed=float(threshold), nonfinite=nonfinite, case_ids=case_ids, findings=findings,
+        _float32_maps(maps, case_ids, findings), masks, fixed=_fixed_threshold(threshold), nonfinite=nonfinite, case_ids=case_ids, findings=findings,
         chunk_size=chunk_size,
     )
     return _overlap(counts, counts.fixed_inter.astype(np.float64), counts.fixed_pred.astype(np.float64))
@@ -505,7 +527,7 @@ def dice_iou_curves(
     """
     t = _sweep.as_thresholds(thresholds)
     counts = _sweep.count_pairs(
-        maps, masks, thresholds=t, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
+        _float32_maps(maps, case_ids, findings), masks, thresholds=t, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
     )
     return _overlap(counts, counts.inter.astype(np.float64), counts.pred.astype(np.float64))
 
@@ -741,7 +763,7 @@ def grounding_scores(
         )
     t = _sweep.as_thresholds(thresholds)
     counts = _sweep.count_pairs(
-        maps, masks_arr, thresholds=t, fixed=float(threshold), ties=ties, nonfinite=nonfinite,
+        _float32_maps(maps, case_ids, findings), masks_arr, thresholds=t, fixed=_fixed_threshold(threshold), ties=ties, nonfinite=nonfinite,
         case_ids=case_ids, findings=findings, chunk_size=chunk_size,
     )
     d, j = _overlap(counts, counts.fixed_inter.astype(np.float64), counts.fixed_pred.astype(np.float64))

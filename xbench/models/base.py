@@ -21,7 +21,8 @@ input (templates, entity lookup) and documents how it handles unseen classes.
 
 Weights are local only: ``create_model(name, weights=DIR)``; without ``weights``
 the folder ``$XBENCH_WEIGHTS/<name>`` is used. Checkpoints are read with
-``torch.load(weights_only=True)`` or safetensors, never by executing pickled code.
+:mod:`xbench.models.checkpoint` (safetensors, ``torch.load(weights_only=True)`` or a restricted
+unpickler), never by executing pickled code.
 """
 from __future__ import annotations
 
@@ -131,6 +132,14 @@ def resize_crop_window(size: tuple[int, int], crop: int, mode: str = "shortest")
     return (y0, x0, y0 + side, x0 + side)
 
 
+def check_pixels(pixels: torch.Tensor, size: int, name: str) -> None:
+    """``ValueError`` naming the model, the expected ``(B, 3, size, size)`` and the shape received."""
+    shape = tuple(getattr(pixels, "shape", ()))
+    if len(shape) != 4 or shape[1:] != (3, size, size) or shape[0] < 1:
+        raise ValueError(f"{name} predict expects preprocessed pixels of shape (B, 3, {size}, {size}) "
+                         f"(the output of {name}.preprocess, stacked), got {shape}")
+
+
 # -- weights ---------------------------------------------------------------------------
 def weights_dir(name: str, weights: str | Path | None) -> Path | None:
     """The local weights folder for ``name``: ``weights`` if given, else ``$XBENCH_WEIGHTS/<name>`` if it exists."""
@@ -159,25 +168,26 @@ def weight_file(folder: str | Path, config: Mapping[str, Any], key: str, default
 
 
 def load_checkpoint(path: str | Path) -> Any:
-    """Load a ``.pt/.pth/.ckpt`` (``torch.load(weights_only=True)``) or ``.safetensors`` file on CPU.
+    """Load a ``.pt/.pth/.ckpt/.bin`` or ``.safetensors`` file on CPU without running any code from it.
 
-    A file that cannot be read safely raises :class:`CheckpointError` naming it.
+    Delegates to :func:`xbench.models.checkpoint.read_checkpoint`: safetensors, else
+    ``torch.load(weights_only=True)``, else the restricted unpickler (numpy scalars, ``Namespace``,
+    config objects as inert placeholders, reported by a warning). A file that cannot be read safely
+    raises :class:`CheckpointError` naming it.
     """
-    path = Path(path)
-    if not path.exists():
-        raise MissingFileError(path, "checkpoint")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    from .checkpoint import read_checkpoint
 
-        return load_file(str(path))
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated zip, pickled code, ...
-        raise CheckpointError(f"{path}: cannot be read as a weights-only checkpoint ({type(exc).__name__}: {exc})") from exc
+    return read_checkpoint(path)
 
 
 def load_state_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
-    """``load_state_dict(strict=True)`` with an error that lists missing / unexpected / mis-shaped keys."""
+    """``load_state_dict(strict=True)`` with an error that lists missing / unexpected / mis-shaped keys.
+
+    A non-string key or a non-tensor value raises :class:`CheckpointError` naming ``where`` and the key.
+    """
+    from .checkpoint import require_tensor_state
+
+    state = require_tensor_state(state, where)
     own = module.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]

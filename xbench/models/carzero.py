@@ -54,7 +54,8 @@ Text input
     :func:`clean_text` (official ``process_text``) and tokenised with ``padding="max_length",
     max_length=97, truncation=True``.
 Preprocessing (``process_img``)
-    8-bit image (``np.round(image * 255)``) -> longest side to 256 with OpenCV ``INTER_AREA`` (other
+    8-bit image (``np.round(image * 255)``; a 16-bit PNG ``v >> 8`` as ``cv2.imread(path, 0)``,
+    :mod:`xbench.models.inputs`) -> longest side to 256 with OpenCV ``INTER_AREA`` (other
     side ``int(side * 256 / longest)``), zero-pad the short side to 256 (floor half before, ceil half
     after) -> grey to RGB -> ``CenterCrop(224)`` -> ``ToTensor`` -> ``Normalize(0.4978, 0.2449)``.
     ``INTER_AREA`` is re-implemented without OpenCV (:func:`resize_area`), bit-exact to OpenCV's
@@ -81,10 +82,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertModel, BertTokenizer
+from transformers import BertConfig, BertModel
 
 from ..errors import CheckpointError, MissingFileError
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, weight_file
+from .checkpoint import require_tensor_state
+from .inputs import to_uint8
+from .text import load_bert_tokenizer
 
 __all__ = [
     "CARZeroAdapter",
@@ -255,8 +259,9 @@ def preprocess_stages(image: np.ndarray) -> dict[str, Any]:
     Parameters
     ----------
     image : numpy.ndarray
-        ``(H, W)`` float32 in [0, 1] at original size; converted with ``np.round(image * 255)`` to
-        the 8-bit image the official ``cv2.imread(path, 0)`` reads (exact for 8-bit sources).
+        ``(H, W)`` float32 in [0, 1] at original size; converted to the 8-bit image the official
+        ``cv2.imread(path, 0)`` reads by :func:`xbench.models.inputs.to_uint8` (rule ``"opencv"``):
+        ``np.round(image * 255)`` for 8-bit sources and DICOM, ``v >> 8`` for 16-bit PNGs.
 
     Returns
     -------
@@ -268,7 +273,7 @@ def preprocess_stages(image: np.ndarray) -> dict[str, Any]:
     image = np.asarray(image)
     if image.ndim != 2:
         raise ValueError(f"expected a grey image of shape (H, W), got shape {image.shape}")
-    u8 = np.clip(np.round(image.astype(np.float32) * 255), 0, 255).astype(np.uint8)
+    u8 = to_uint8(image, "opencv")  # cv2.imread(path, 0): 8-bit files exact, 16-bit PNGs v >> 8
     padded = resize_and_pad(u8, RESIZE)
     top = int(round((RESIZE - CROP) / 2.0))
     cropped = padded[top: top + CROP, top: top + CROP]
@@ -584,71 +589,28 @@ class CARZeroModel(nn.Module):
 
 
 # -- checkpoint ----------------------------------------------------------------------------------
-class _Inert:
-    """Stand-in for a non-tensor class named in a checkpoint (OmegaConf, Lightning, ...).
-
-    It records the pickled arguments and state and runs no code of the named package, which need
-    not be installed.
-    """
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> _Inert:
-        obj = super().__new__(cls)
-        obj.__dict__["pickled_args"] = args
-        return obj
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        self.__dict__["pickled_state"] = state
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self.__dict__.setdefault("pickled_items", {})[key] = value
-
-    def append(self, value: Any) -> None:
-        self.__dict__.setdefault("pickled_list", []).append(value)
-
-    def extend(self, values: Any) -> None:
-        self.__dict__.setdefault("pickled_list", []).extend(values)
-
-
-def _inert_class(qualified: str) -> type:
-    """A fresh :class:`_Inert` subclass that the unpickler accepts in place of ``qualified``."""
-    module, _, name = qualified.rpartition(".")
-    return type(name or qualified, (_Inert,), {"__module__": module or "builtins"})
-
-
 def load_carzero_checkpoint(path: str | Path) -> Any:
-    """Read ``CARZero_best_model.ckpt`` safely (no pickled code runs).
+    """Read ``CARZero_best_model.ckpt`` safely: :func:`xbench.models.checkpoint.read_checkpoint`.
 
-    First ``torch.load(weights_only=True)`` (:func:`~xbench.models.base.load_checkpoint`). The real
-    Lightning file also pickles its OmegaConf training config (``hyper_parameters``) and Lightning
-    bookkeeping, which the weights-only unpickler refuses; then every non-allowlisted global that
-    the file names (``torch.serialization.get_unsafe_globals_in_checkpoint``) is mapped to an inert
-    placeholder class and the file is read again with ``weights_only=True`` under
-    ``torch.serialization.safe_globals``. The tensors of ``state_dict`` are read exactly; the
-    placeholders only hold raw pickled state (``omegaconf`` need not be installed).
+    The real Lightning file also pickles its OmegaConf training config (``hyper_parameters``) and
+    Lightning bookkeeping; those become inert placeholders (reported by a warning, never run,
+    ``omegaconf`` need not be installed); the tensors of ``state_dict`` are read exactly.
     Unreadable files raise :class:`CheckpointError` naming the file.
     """
-    path = Path(path)
-    try:
-        return load_checkpoint(path)
-    except CheckpointError as first:
-        try:
-            names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-            with torch.serialization.safe_globals([(_inert_class(n), n) for n in names]):
-                return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise CheckpointError(f"{path}: cannot be read as a CARZero Lightning checkpoint ({type(exc).__name__}: {exc})") from first
+    return load_checkpoint(path)
 
 
-def official_state(checkpoint: Any) -> dict[str, torch.Tensor]:
-    """``checkpoint['state_dict']`` with keys stripped as the official loader does (``k.split('CARZero.')[-1]``)."""
+def official_state(checkpoint: Any, where: str = "CARZero checkpoint") -> dict[str, torch.Tensor]:
+    """``checkpoint['state_dict']`` with keys stripped as the official loader does (``k.split('CARZero.')[-1]``).
+
+    A non-string key or a non-tensor value raises :class:`CheckpointError` naming ``where`` (the file) and the key.
+    """
     if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
         got = sorted(map(str, checkpoint))[:8] if isinstance(checkpoint, Mapping) else type(checkpoint).__name__
-        raise CheckpointError(f"CARZero checkpoint: expected a Lightning dict with a 'state_dict' mapping "
+        raise CheckpointError(f"{where}: expected a Lightning dict with a 'state_dict' mapping "
                               f"(CARZero_best_model.ckpt), got {got}")
-    return {k.split("CARZero.")[-1]: v for k, v in checkpoint["state_dict"].items()}
+    state = require_tensor_state(checkpoint["state_dict"], f"{where}['state_dict']")
+    return {k.split("CARZero.")[-1]: v for k, v in state.items()}
 
 
 def bert_config_from_state(state: Mapping[str, torch.Tensor], bert_config: BertConfig | None = None) -> BertConfig:
@@ -659,16 +621,16 @@ def bert_config_from_state(state: Mapping[str, torch.Tensor], bert_config: BertC
     return config
 
 
-def load_official_checkpoint(model: CARZeroModel, checkpoint: Any) -> None:
+def load_official_checkpoint(model: CARZeroModel, checkpoint: Any, where: str = "CARZero checkpoint") -> None:
     """Load an official (or synthetic) CARZero checkpoint dict into ``model``.
 
     As the official ``load_CARZero``: strip everything up to ``CARZero.``, keep only keys the model
     has (drops e.g. ``position_ids`` of older transformers), then a strict load. Missing keys or
     shape mismatches raise :class:`CheckpointError` listing them (nothing is loaded then).
     """
-    state = official_state(checkpoint)
+    state = official_state(checkpoint, where)
     own = model.state_dict()
-    load_state_strict(model, {k: v for k, v in state.items() if k in own}, "CARZero checkpoint['state_dict']")
+    load_state_strict(model, {k: v for k, v in state.items() if k in own}, f"{where}['state_dict']")
 
 
 # -- adapter -------------------------------------------------------------------------------------
@@ -762,10 +724,10 @@ class CARZeroAdapter(Adapter):
             ckpt_path = weight_file(weights_dir, config, "checkpoint", ckpt_name, "CARZero checkpoint")
             tok_dir = weight_file(weights_dir, config, "text_encoder", tok_name, "BioClinicalMPBERT tokenizer folder")
             vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", tok_spec.get("source"))
-            tokenizer = BertTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+            tokenizer = load_bert_tokenizer(tok_dir, source=tok_spec.get("source"))
             bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
             return cls.from_official_checkpoint(load_carzero_checkpoint(ckpt_path), tokenizer, read_vocab(vocab_path),
-                                                bert_config, config, device)
+                                                bert_config, config, device, where=str(ckpt_path))
         if not params.get("random_init", False):
             raise MissingFileError(
                 Path("$XBENCH_WEIGHTS") / str(config.get("name", "carzero")) / ckpt_name,
@@ -780,14 +742,15 @@ class CARZeroAdapter(Adapter):
 
     @classmethod
     def from_official_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str], bert_config: BertConfig | None = None,
-                                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu") -> CARZeroAdapter:
+                                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu",
+                                 where: str = "CARZero checkpoint") -> CARZeroAdapter:
         """Adapter from a loaded checkpoint dict (the path a user's ``CARZero_best_model.ckpt`` takes).
 
         The BERT vocabulary size is read from the checkpoint; other BERT sizes come from
         ``bert_config`` (bert-base when ``None``). Mismatches raise :class:`CheckpointError`.
         """
-        model = CARZeroModel(bert_config_from_state(official_state(checkpoint), bert_config))
-        load_official_checkpoint(model, checkpoint)
+        model = CARZeroModel(bert_config_from_state(official_state(checkpoint, where), bert_config))
+        load_official_checkpoint(model, checkpoint, where)
         adapter = cls(model, tokenizer, vocab, config, device)
         adapter.weights_label = "official"
         return adapter

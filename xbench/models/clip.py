@@ -10,8 +10,10 @@ Weights (local only, never downloaded), one of, looked up in this order inside t
       https://huggingface.co/timm/vit_base_patch16_clip_224.openai (a plain open_clip state dict);
     * ``ViT-B-16.pt``, OpenAI's TorchScript archive
       (https://openaipublic.azureedge.net/clip/models/5806e77cd80f8b59890b7e101eabd078d9fb84e6937f9e85e4ecb61988df416f/ViT-B-16.pt).
-      It is opened with ``torch.jit.load(map_location="cpu")`` and only its ``state_dict()`` is used (TorchScript, no
-      pickle execution); its fp16 tensors are cast to float32 and its three metadata entries ``input_resolution``,
+      Its code is never compiled or run (XBench has no TorchScript loader): only its ``data.pkl`` is read, by XBench's
+      restricted unpickler (:func:`xbench.models.checkpoint.read_torchscript_state_dict`), giving the tensors that
+      the archive's ``state_dict()`` holds; a file without them is refused with an error that points to the
+      ``open_clip_pytorch_model.bin`` / ``open_clip_model.safetensors`` files. Its fp16 tensors are cast to float32 and its three metadata entries ``input_resolution``,
       ``context_length`` and ``vocab_size`` are dropped, as open_clip's ``build_model_from_openai_state_dict`` does.
     Without weights and with ``params.random_init: true`` the full-size network gets seeded random weights and is
     labelled ``"random-init"``.
@@ -48,7 +50,6 @@ Deviations
 """
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -103,15 +104,20 @@ def clip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
 
 
 def load_openai_archive(path: str | Path) -> dict[str, torch.Tensor]:
-    """``state_dict()`` of OpenAI's TorchScript ``ViT-B-16.pt`` (``torch.jit.load`` on CPU; no pickle execution)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated")
-            archive = torch.jit.load(str(path), map_location="cpu")
-    except Exception as exc:  # not a TorchScript zip, truncated file, ...
-        raise CheckpointError(
-            f"{path}: cannot be read as OpenAI's TorchScript archive ({type(exc).__name__}: {exc})") from exc
-    return dict(archive.state_dict())
+    """Tensors of OpenAI's TorchScript ``ViT-B-16.pt`` read as data: its code is never compiled or run.
+
+    The archive's ``data.pkl`` is read by the restricted unpickler
+    (:func:`xbench.models.checkpoint.read_torchscript_state_dict`): the module tree's tensors under their
+    dotted names, the keys ``state_dict()`` of the archive has. A file that is not such an archive, or
+    one that holds no tensors (a crafted payload), raises :class:`CheckpointError` naming it and
+    pointing to the plain state-dict files.
+    """
+    from xbench.models.checkpoint import read_torchscript_state_dict
+
+    hint = (f"Use {CHECKPOINT_FILES[0]} or {CHECKPOINT_FILES[1]} from {WEIGHTS_SOURCE} instead "
+            "(plain state dicts of the same OpenAI weights).")
+    state, _ = read_torchscript_state_dict(path, hint)
+    return state
 
 
 def read_clip_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], Path]:

@@ -77,7 +77,7 @@ import torch.nn.functional as F
 import torchvision
 from PIL import Image
 from torch import nn
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import BertConfig, BertModel
 
 from ..errors import CheckpointError, MissingFileError
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
@@ -388,11 +388,15 @@ class HashWordTokenizer:
 
 
 class MedKEBERTTokenizer:
-    """The official tokenizer: ``AutoTokenizer`` from a local Med-KEBERT folder, ``do_lower_case=True``, 256 tokens."""
+    """The official tokenizer (``AutoTokenizer``, i.e. ``BertTokenizerFast``) from a local Med-KEBERT folder,
+    ``do_lower_case=True``, 256 tokens; every published folder layout is accepted
+    (:func:`xbench.models.text.load_bert_tokenizer`: vocab-only, with or without ``tokenizer_config.json``)."""
 
     def __init__(self, folder: str | Path, max_length: int = MAX_LENGTH):
+        from .text import load_bert_tokenizer
+
         self.max_length = max_length
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder), do_lower_case=True, local_files_only=True)
+        self.tokenizer = load_bert_tokenizer(folder, fast=True, do_lower_case=True, source="https://huggingface.co/xmcmic/Med-KEBERT")
 
     def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.tokenizer(list(texts), add_special_tokens=True, max_length=self.max_length,

@@ -84,7 +84,7 @@ import torchvision
 from torch import nn
 
 from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
+from .base import Adapter, Prediction, check_pixels, load_checkpoint, load_state_strict, weight_file
 from .medklip import (  # MAVL is built on MedKLIP's code base: same entities, transform and text helpers
     D_MODEL, ENTITIES, GRID, QueryDecoder, INPUT_SIZE, SYNONYMS, TAIL_ENTITY, TEXT_ENCODER_SOURCE,
     TEXT_LENGTH, bert_from_state, canonical_class, encode_cls, layer_mean, load_text_encoder, normalize_uint8,
@@ -387,6 +387,7 @@ class MAVLAdapter(Adapter):
 
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (probabilities, mode per ``params.score_mode``) and raw 14×14 maps ``(B, C, 14, 14)``."""
+        check_pixels(pixels, self.input_size, self.name)
         diseases, columns = self.resolve(prompts)
         out = self.forward_features(pixels, self.concept_book(diseases))
         index = torch.tensor(columns, device=out["maps"].device)

@@ -84,7 +84,7 @@ from PIL import Image
 from torch import nn
 
 from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
+from .base import Adapter, Prediction, check_pixels, load_checkpoint, load_state_strict, weight_file
 
 # The 75 entities, in the order of `original_class` / `disease_name` of the official code and of
 # the official `observation explanation.json` (MedKLIP test.py, model_MedKLIP.py).
@@ -226,11 +226,16 @@ def bert_from_state(state: Mapping[str, torch.Tensor] | None = None, seed: int =
 
 
 def load_text_encoder(folder: str | Path) -> tuple[nn.Module, Any]:
-    """Local Bio_ClinicalBERT folder → (``BertModel`` in eval mode, ``BertTokenizer``); never calls a hub."""
-    from transformers import BertModel, BertTokenizer
+    """Local Bio_ClinicalBERT folder → (``BertModel`` in eval mode, ``BertTokenizer``); never calls a hub.
 
-    bert = BertModel.from_pretrained(str(folder), local_files_only=True).eval()
-    return bert, BertTokenizer.from_pretrained(str(folder), local_files_only=True)
+    The encoder is loaded strictly (:func:`xbench.models.text.load_bert_folder`: a missing or unexpected
+    weight is an error naming it; the unused pooler is not built); the tokenizer accepts every published
+    folder layout (:func:`xbench.models.text.load_bert_tokenizer`).
+    """
+    from .text import load_bert_folder, load_bert_tokenizer
+
+    return (load_bert_folder(folder, use_pooler=False, source=TEXT_ENCODER_SOURCE),
+            load_bert_tokenizer(folder, source=TEXT_ENCODER_SOURCE))
 
 
 def read_descriptions(path: str | Path) -> dict[str, str]:
@@ -501,6 +506,7 @@ class MedKLIPAdapter(Adapter):
 
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (probabilities) and raw 14×14 layer-mean cross-attention maps ``(B, C, 14, 14)``."""
+        check_pixels(pixels, self.input_size, self.name)
         queries, columns = self.resolve(prompts)
         out = self.forward_features(pixels, self.query_book(queries))
         index = torch.tensor(columns, device=out["scores"].device)

@@ -78,7 +78,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import XBenchWarning
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from .base import Adapter, Prediction, check_pixels, load_checkpoint, load_state_strict, require_file
 
 VOCAB: tuple[str, ...] = (
     "[pad]", "[unk]", "a", "an", "the", "chest", "x-ray", "radiograph", "image", "showing", "shows", "with",
@@ -310,6 +310,7 @@ class PatchSimAdapter(_ReferenceAdapter):
 
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        check_pixels(pixels, self.input_size, self.name)
         _warn_unknown(prompts, tokenize(list(prompts))[1])
         positive = self.model.class_embeddings(prompts, POSITIVE_TEMPLATES)
         negative = self.model.class_embeddings(prompts, NEGATIVE_TEMPLATES)
@@ -326,6 +327,7 @@ class XAttnAdapter(_ReferenceAdapter):
 
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        check_pixels(pixels, self.input_size, self.name)
         _warn_unknown(prompts, tokenize(list(prompts))[1])
         logits, maps = self.model.forward_features(pixels.to(self.device, torch.float32),
                                                    self.model.class_embeddings(prompts))

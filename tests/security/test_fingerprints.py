@@ -1,0 +1,74 @@
+"""Issue 12 item 2: results of different inputs are never mixed.
+
+ref_xattn shards made with different weights files are refused by `merge`, and a resumed run after the weights
+file changed is refused, each naming the differing fingerprint key. (On the old main both were accepted silently:
+`SHARD_KEYS` held no weights content and `meta.json` held the weights path only.)"""
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_run
+from safetensors.torch import load_file, save_file
+
+from xbench.config import RunConfig
+from xbench.errors import XBenchError, XBenchWarning
+from xbench.runner import merge, run
+
+REFERENCE = Path(__file__).resolve().parents[2] / "xbench" / "reference_weights" / "ref_xattn"
+KEY = "fingerprint.weights.model.safetensors"
+
+pytestmark = pytest.mark.usefixtures("phantom_cache")
+
+
+def weights_copy(folder: Path, *, perturb: bool) -> Path:
+    """A copy of the committed ref_xattn weights; ``perturb`` shifts one tensor (another checkpoint)."""
+    folder.mkdir(parents=True)
+    shutil.copyfile(REFERENCE / "model.safetensors", folder / "model.safetensors")
+    if perturb:
+        perturb_in_place(folder / "model.safetensors")
+    return folder
+
+
+def perturb_in_place(path: Path) -> None:
+    state = load_file(path)
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    state[name] = state[name] + 0.5
+    save_file(state, path)
+
+
+def config(out: Path, weights: Path) -> RunConfig:
+    return RunConfig.from_dict(tiny_run(out, cases=12, models=[{"name": "ref_xattn", "weights": str(weights)}],
+                                        bootstrap={"replicates": 0}))
+
+
+def quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        return fn(*args, **kwargs)
+
+
+def test_merge_refuses_shards_made_with_other_weights(tmp_path):
+    torch.set_num_threads(1)
+    a, b = weights_copy(tmp_path / "w_a", perturb=False), weights_copy(tmp_path / "w_b", perturb=True)
+    quiet(run, config(tmp_path / "shard0", a), shard=(0, 2), progress=False)
+    quiet(run, config(tmp_path / "shard1", b), shard=(1, 2), progress=False)
+    with pytest.raises(XBenchError, match=rf"differs in {KEY}") as err:
+        quiet(merge, config(tmp_path / "merged", a), [tmp_path / "shard0", tmp_path / "shard1"], progress=False)
+    assert "shard1" in str(err.value)
+    assert not (tmp_path / "merged" / "tables").exists()  # nothing evaluated from mixed shards
+
+
+def test_resume_after_the_weights_file_changed_is_refused_unless_overwrite(tmp_path):
+    torch.set_num_threads(1)
+    weights = weights_copy(tmp_path / "w", perturb=False)
+    cfg = config(tmp_path / "run", weights)
+    quiet(run, cfg, shard=(0, 2), progress=False)  # interrupted: half the chunks
+    perturb_in_place(weights / "model.safetensors")  # the checkpoint is replaced at the same path
+    with pytest.raises(XBenchError, match=rf"differs in {KEY}.*--overwrite"):
+        quiet(run, cfg, progress=False)
+    quiet(run, cfg, progress=False, overwrite=True)  # recomputes every chunk with the new file
+    assert (tmp_path / "run" / "tables" / "metrics.parquet").exists()

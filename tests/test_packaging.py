@@ -1,0 +1,41 @@
+"""A non-editable wheel ships the dataset manifests and the notebooks (built and installed offline)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_install_lists_datasets_and_carries_notebooks(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, src / name)
+    for name in ("xbench", "data_manifests", "notebooks"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    wheels, target = tmp_path / "wheels", tmp_path / "target"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(wheels), str(src)],
+                   check=True, cwd=tmp_path, capture_output=True)
+    wheel = next(wheels.glob("xbench-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)], check=True,
+                   cwd=tmp_path, capture_output=True)
+    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    code = ("import xbench, xbench.reproduce as r; print(xbench.__file__); "
+            "print(len(r.notebook_paths())); print(r.NOTEBOOKS_DIR)")
+    info = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
+    where, n_notebooks, notebooks = info.stdout.split("\n")[:3]
+    assert where.startswith(str(target)) and notebooks.startswith(str(target))
+    assert int(n_notebooks) == len(list((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+    listed = subprocess.run([sys.executable, "-m", "xbench.cli", "list", "datasets"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, check=True)
+    assert listed.stdout.split() == sorted(p.stem for p in (REPO / "data_manifests").glob("*.yaml"))
+    checked = subprocess.run([sys.executable, "-m", "xbench.cli", "manifest", "check", "nih_bbox", "--root",
+                              str(tmp_path / "nowhere")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert "Available: (none)" not in checked.stdout + checked.stderr and "MISSING" in checked.stdout

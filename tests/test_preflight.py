@@ -1,0 +1,312 @@
+"""Configs say what they mean, and every late or raw error of a first real run is now an early, clear one.
+
+Each test asserts the message and that nothing was computed on a wrong premise (no store, no predict call).
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from conftest import tiny_run
+from xbench import registry
+from xbench.cli import main
+from xbench.config import RunConfig
+from xbench.errors import FormatError, UnknownNameError, XBenchError, XBenchWarning
+from xbench.models.priors import CenterPrior
+from xbench.preflight import PreflightError, preflight
+from xbench.runner import run
+
+REPO = Path(__file__).resolve().parents[1]
+MINIMAL = {"output_dir": "out", "datasets": ["phantom"], "models": ["center_prior"]}
+
+pytestmark = pytest.mark.usefixtures("phantom_cache")
+
+
+@pytest.fixture()
+def no_predict(monkeypatch):
+    def refuse(self, pixels, prompts):
+        raise AssertionError("a model predicted although the run should have been refused first")
+
+    monkeypatch.setattr(CenterPrior, "predict", refuse)
+
+
+# -- typed config (issue 12 item 9) -------------------------------------------------------------------------
+@pytest.mark.parametrize("change, field, text", [
+    ({"batch_size": 4.7}, "batch_size", "must be an integer, got 4.7"),
+    ({"fixed_threshold": True}, "fixed_threshold", "must be a number, got True"),  # YAML `yes`
+    ({"datasets": "phantom"}, "datasets", "must be a non-empty list"),
+    ({"datasets": []}, "datasets", "must be a non-empty list"),
+    ({"models": []}, "models", "must be a non-empty list"),
+    ({"output_dir": None}, "output_dir", "must be a non-empty path"),
+    ({"output_dir": ""}, "output_dir", "must be a non-empty path"),
+    ({"device": "gpu"}, "device", "must be cpu, cuda, cuda:N, mps or auto"),
+    ({"datasets": [None]}, "datasets", "needs a 'name'"),
+    ({"datasets": [{"name": "phantom", "spilt": "test"}]}, "datasets[0]", "'spilt' (did you mean 'split'?)"),
+    ({"datasets": [{"name": "phantom", "cases": "ten"}]}, "datasets[0].cases", "must be an integer"),
+    ({"datasets": [{"name": "phantom", "split": "tets"}]}, "datasets[0].split", "no split 'tets' (did you mean 'test'?)"),
+    ({"models": [{"name": "center_prior", "params": {"sigmaa": 0.3}}]}, "models[0].params", "'sigmaa' (did you mean 'sigma'?)"),
+    ({"models": [{"name": "center_prior", "params": {"sigma": "wide"}}]}, "models[0].params.sigma", "must be a number"),
+    ({"models": [{"name": "center_prior", "optional": "yes please"}]}, "models[0].optional", "must be true or false"),
+    ({"allow_random_init": "yes"}, "allow_random_init", "must be true or false"),
+])
+def test_config_errors_are_typed_and_name_file_and_field(tmp_path, change, field, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({**MINIMAL, **change}))
+    with pytest.raises(FormatError) as err:
+        RunConfig.from_yaml(path)
+    assert err.value.field == field and text in str(err.value) and str(path) in str(err.value)
+
+
+def test_yaml_yes_for_a_threshold_is_an_error_not_one(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("output_dir: out\ndatasets: [phantom]\nmodels: [center_prior]\nfixed_threshold: yes\n")
+    with pytest.raises(FormatError, match="fixed_threshold.*must be a number, got True"):
+        RunConfig.from_yaml(path)
+
+
+def test_non_utf8_config_is_a_format_error_with_line(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(b"output_dir: out\n# caf\xe9\ndatasets: [phantom]\nmodels: [center_prior]\n")
+    with pytest.raises(FormatError, match="not UTF-8") as err:
+        RunConfig.from_yaml(path)
+    assert err.value.line == 2
+
+
+def test_unknown_model_or_dataset_name_is_caught_when_the_config_is_read():
+    with pytest.raises(UnknownNameError, match="Did you mean 'center_prior'"):
+        RunConfig.from_dict({**MINIMAL, "models": ["centre_prior"]})
+    with pytest.raises(UnknownNameError, match="Did you mean 'nih_bbox'"):
+        RunConfig.from_dict({**MINIMAL, "datasets": ["nih_box"]})
+
+
+def test_cli_reports_a_config_typo_in_one_line(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({**MINIMAL, "output_dir": str(tmp_path / "o"),
+                                    "datasets": [{"name": "phantom", "spilt": "test"}]}))
+    assert main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean 'split'" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_empty_dataset_is_refused_before_any_model_runs(tmp_path, no_predict):
+    cfg = RunConfig.from_dict(tiny_run(tmp_path / "o", models=["center_prior"],
+                                       datasets=[{"name": "phantom", "split": "test", "cases": 0}]))
+    with pytest.raises(PreflightError, match=r"loader failed: XBenchError: phantom: cases must be >= 1"):
+        run(cfg, progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+# -- late errors now found before any model is built -------------------------------------------------------
+def test_fit_split_that_the_dataset_lacks_is_refused_before_any_model_runs(tmp_path, no_predict):
+    cfg = RunConfig.from_dict({"output_dir": str(tmp_path / "o"), "datasets": [{"name": "nih_bbox", "root": str(tmp_path)}],
+                               "models": ["center_prior", {"name": "anatomical_prior", "fit_split": "prior"}]})
+    with pytest.raises(PreflightError, match="fit_split 'prior', which dataset 'nih_bbox' does not have"):
+        run(cfg, progress=False)
+    assert not (tmp_path / "o" / "store").exists()
+
+
+def test_missing_checkpoint_is_found_before_earlier_models_run(tmp_path, no_predict, monkeypatch):
+    monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
+    cfg = RunConfig.from_dict(tiny_run(tmp_path / "o", models=["center_prior", "kad"]))
+    with pytest.raises(PreflightError, match=r"model kad: weight files absent: best_valid.pt, Med-KEBERT/"):
+        run(cfg, progress=False)
+    assert not (tmp_path / "o" / "store").exists()
+
+
+def test_cuda_without_cuda_is_a_clear_error(tmp_path, monkeypatch, capsys, no_predict):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_run(tmp_path / "o", models=["center_prior"])))
+    assert main(["run", "--config", str(path), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "device: 'cuda' asked for but torch sees no CUDA device" in err and "Traceback" not in err
+    assert not (tmp_path / "o" / "store").exists()
+    with pytest.raises(XBenchError, match="sees no CUDA device"):
+        RunConfig.from_yaml(path, device="cuda").resolved_device()
+
+
+def test_check_command_reports_and_exits_non_zero(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(tiny_run(tmp_path / "o", models=["center_prior", "medklip"])))
+    assert main(["check", "--config", str(path)]) == 1
+    out = capsys.readouterr()
+    assert "image files 22 of 22 present, 0 missing" in out.out and "model medklip: missing" in out.out
+    assert "checkpoint_final.pth" in out.err
+    path.write_text(yaml.safe_dump(tiny_run(tmp_path / "o", models=["center_prior"])))
+    assert main(["check", "--config", str(path)]) == 0
+    assert not (tmp_path / "o").exists()  # a check computes and writes nothing
+
+
+# -- random init only where a config opts in; optional models ---------------------------------------------
+def test_paper_config_refuses_random_init_and_leaves_devide_out(monkeypatch):
+    monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
+    cfg = RunConfig.from_yaml(REPO / "xbench" / "configs" / "runs" / "paper.yaml")
+    assert cfg.allow_random_init is False and [m.name for m in cfg.models if m.optional] == ["devide"]
+    report = preflight(cfg, decode=False)
+    assert any(p.startswith("model clip: weight files absent, and the model would run random-init") for p in report.problems)
+    assert not any(p.startswith("model devide") for p in report.problems)
+    assert "devide" in report.left_out
+
+
+def test_random_init_needs_an_explicit_opt_in(tmp_path, monkeypatch):
+    monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
+    base = tiny_run(tmp_path / "o", models=["clip"])
+    assert not preflight(RunConfig.from_dict(base), decode=False).ok
+    assert preflight(RunConfig.from_dict({**base, "allow_random_init": True}), decode=False).ok
+    opted = {**base, "models": [{"name": "clip", "params": {"random_init": True}}]}
+    assert preflight(RunConfig.from_dict(opted), decode=False).ok
+    phantom = RunConfig.from_yaml(REPO / "xbench" / "configs" / "runs" / "phantom.yaml")
+    assert phantom.allow_random_init is True
+
+
+def test_optional_model_without_weights_is_left_out_with_a_note(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
+    cfg = RunConfig.from_dict(tiny_run(tmp_path / "o", models=["center_prior", {"name": "devide", "optional": True}]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        with caplog.at_level("WARNING", logger="xbench"):
+            run(cfg, progress=False)
+    assert sum("devide: optional model left out" in r.getMessage() for r in caplog.records) == 1
+    models = pd.read_csv(tmp_path / "o" / "tables" / "models.csv")
+    row = models[models["model"] == "devide"].iloc[0]
+    assert row["weights"] == "absent" and "optional model left out" in row["note"]
+    log = json.loads((tmp_path / "o" / "run_log.json").read_text())
+    assert [e["model"] for e in log if e.get("left_out")] == ["devide"]
+    assert not (tmp_path / "o" / "store" / "phantom" / "devide").exists()
+
+
+# -- files follow the umask ----------------------------------------------------------------------------------
+def test_output_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", XBenchWarning)
+            run(RunConfig.from_dict(tiny_run(tmp_path / "o", cases=8, models=["center_prior"])), progress=False)
+    finally:
+        os.umask(old)
+    files = [p for p in (tmp_path / "o").rglob("*") if p.is_file()]
+    names = {p.name for p in files}
+    assert {"meta.json", "chunk-00000.npz", "run_log.json", "evaluation_log.json"} <= names
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in files}
+    assert set(modes.values()) == {0o644}, modes
+
+
+# -- reproduce --keep-going ----------------------------------------------------------------------------------
+def _notebook(path: Path, source: str) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('config = ""\noutput_dir = ""\ndevice = "cpu"')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(source)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.write(nb, path)
+
+
+@pytest.mark.slow
+def test_reproduce_keep_going_runs_the_rest_and_lists_failures(tmp_path):
+    from xbench.reproduce import reproduce
+
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _notebook(nbs / "01_fails.ipynb", "raise RuntimeError('boom')")
+    _notebook(nbs / "02_writes.ipynb", "from pathlib import Path\nPath(output_dir, 'done.txt').write_text('ok')")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_run(tmp_path / "o", models=["center_prior"])))
+    with pytest.raises(XBenchError, match="notebook 01_fails.ipynb failed"):
+        reproduce(cfg, output_dir=tmp_path / "stop", notebooks=nbs, progress=False, check=False)
+    assert not (tmp_path / "stop" / "done.txt").exists()
+    with pytest.raises(XBenchError, match=r"1 notebook\(s\) failed \(the others ran\):\n  - notebook 01_fails.ipynb "
+                                          r"failed in cell \d+ \(RuntimeError: boom\)"):
+        reproduce(cfg, output_dir=tmp_path / "go", notebooks=nbs, progress=False, keep_going=True, check=False)
+    assert (tmp_path / "go" / "done.txt").read_text() == "ok"
+
+
+def test_reproduce_preflights_before_any_notebook(tmp_path, monkeypatch):
+    from xbench.reproduce import reproduce
+
+    monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_run(tmp_path / "o", models=["kad"])))
+    with pytest.raises(PreflightError, match="model kad"):
+        reproduce(cfg, output_dir=tmp_path / "o", notebooks=tmp_path / "none")
+    assert not (tmp_path / "o").exists()
+
+
+# -- config search path --------------------------------------------------------------------------------------
+@pytest.fixture()
+def user_configs(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setattr(registry, "MODEL_CONFIG_DIRS", list(registry.MODEL_CONFIG_DIRS))
+    monkeypatch.setattr(registry, "MANIFEST_DIRS", list(registry.MANIFEST_DIRS))
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    folder = tmp_path / "mine"
+    (folder / "models").mkdir(parents=True)
+    (folder / "mypriors.py").write_text("from xbench.models.priors import CenterPrior\n\n\nclass WidePrior(CenterPrior):\n"
+                                        "    pass\n")
+    center = yaml.safe_load((REPO / "xbench" / "configs" / "models" / "center_prior.yaml").read_text())
+    (folder / "models" / "wide_prior.yaml").write_text(yaml.safe_dump({**center, "class": "mypriors:WidePrior",
+                                                                      "params": {"sigma": 0.5}}))
+    return folder
+
+
+def test_config_path_adds_user_models_without_editing_the_package(user_configs, tmp_path, capsys):
+    assert main(["list", "models", "--config-path", str(user_configs)]) == 0
+    assert "wide_prior" in capsys.readouterr().out.split()
+    cfg = RunConfig.from_dict(tiny_run(tmp_path / "o", cases=8, models=[{"name": "wide_prior", "params": {"sigma": 0.4}}]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        run(cfg, progress=False)
+    assert json.loads((tmp_path / "o" / "store" / "phantom" / "wide_prior" / "meta.json").read_text())["params"] == {"sigma": 0.4}
+
+
+def test_config_path_env_var_and_bad_folder(user_configs, tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XBENCH_CONFIG_PATH": str(user_configs), "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "xbench.cli", "list", "models"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and "wide_prior" in out.stdout.split()
+    with pytest.raises(XBenchError, match="holds neither models/ nor datasets/"):
+        registry.add_search_dir(tmp_path)
+
+
+# -- logging and progress -----------------------------------------------------------------------------------
+def test_progress_is_a_few_log_lines_when_not_a_terminal(caplog):
+    from xbench.logs import progress_bar
+
+    bar = progress_bar(total=1000, desc="m × d", unit="img")
+    with caplog.at_level("INFO", logger="xbench"):
+        for _ in range(100):
+            bar.update(10)
+        bar.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert 5 <= len(lines) <= 11 and lines[-1].startswith("m × d: 1000/1000 img")
+
+
+def test_cli_warnings_are_one_line_without_source(tmp_path, capfd):
+    import subprocess
+    import sys
+
+    path = tmp_path / "run.yaml"
+    raw = tiny_run(tmp_path / "o", cases=8, models=["center_prior"])
+    path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "xbench.cli", "run", "--config", str(path)], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "warnings.warn(" not in out.stderr and "XBenchWarning:" in out.stderr  # rare-class bootstrap notes
+    assert "\r" not in out.stderr  # no redrawn bars in a log
+    quiet = subprocess.run([sys.executable, "-m", "xbench.cli", "run", "--config", str(path), "--quiet", "--overwrite"],
+                           env=env, capture_output=True, text=True)
+    assert quiet.returncode == 0 and "img/s" not in quiet.stderr
