@@ -45,7 +45,7 @@ def test_notebook_runs_on_a_small_phantom_run(tmp_path):
     assert 0 <= level["dice@best"] <= 1
     assert (tmp_path / "run" / "report.html").stat().st_size > 10_000
     assert (tmp_path / "run" / "exports" / "phantom" / "anatomical_prior" / "boxes_coco.json").exists()
-    assert (tmp_path / "my_maps" / "tables" / "paper" / "grounding_phantom.md").exists()
+    assert (tmp_path / "my_maps" / "tables" / "paper" / "table1_grounding.md").exists()
 
 
 def test_readme_shows_the_notebook_five_lines():

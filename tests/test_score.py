@@ -58,7 +58,7 @@ def test_reproduces_the_run_tables_exactly(done, tmp_path, model):
         pd.testing.assert_frame_equal(got[key].reset_index(drop=True), w, check_exact=True)
     assert set(got["metrics"]["metric"]) >= {"best_tau", "dice@best", "pointing", "auc"}
     assert got["metrics"]["ci_low"].notna().any()
-    assert (tmp_path / "scored" / "tables" / "paper" / "grounding_phantom.md").exists()
+    assert (tmp_path / "scored" / "tables" / "paper" / "table1_grounding.md").exists()
 
 
 def test_folder_of_npz_and_npy_equals_arrays_and_no_probs_drops_recognition(done, tmp_path):

@@ -136,10 +136,15 @@ def _tables_html(tidy: pd.DataFrame) -> str:
 
 
 def _paper_tables_html(run_dir: Path) -> str:
-    """Every paper-form table the run's notebooks wrote (``tables/**/<stem>.csv`` next to ``<stem>.md``), sortable."""
+    """Every paper-form table of the run folder, sortable: ``tables/**/<stem>.html`` written by
+    :meth:`xbench.tables.PaperTable.write` as is; tables written by :func:`xbench.tables.write_table`
+    (``<stem>.csv`` next to ``<stem>.md``, no ``.html``) rendered from their CSV."""
     parts = []
+    for path in sorted((run_dir / "tables").rglob("*.html")):
+        name = str(path.relative_to(run_dir / "tables").with_suffix(""))
+        parts.append(f'<h3>Paper-form table: {html.escape(name)}</h3><div class="paper">{path.read_text()}</div>')
     for path in sorted((run_dir / "tables").rglob("*.csv")):
-        if not path.with_suffix(".md").exists():
+        if not path.with_suffix(".md").exists() or path.with_suffix(".html").exists():
             continue
         frame = pd.read_csv(path, index_col=0)
         cells = [c.rsplit(" / ", 1)[0] for c in frame.columns if c.endswith(" / value")]
@@ -398,6 +403,12 @@ _JS = r"""
     history.replaceState(null, '', '#' + p.toString());
     apply();
   }
+  function cellValue(cell){
+    if(!cell){ return ''; }
+    if(cell.dataset.v !== undefined){ return cell.dataset.v; }
+    var t = cell.textContent.trim();
+    return (t === '–' || t === '') ? '' : t;
+  }
   function sortBy(th){
     var table = th.closest('table'), idx = Array.prototype.indexOf.call(th.parentNode.children, th);
     var asc = !th.classList.contains('asc');
@@ -405,7 +416,7 @@ _JS = r"""
     th.classList.add(asc ? 'asc' : 'desc');
     var rows = Array.prototype.slice.call(table.tBodies[0].rows);
     rows.sort(function(a, b){
-      var x = a.cells[idx].dataset.v, y = b.cells[idx].dataset.v;
+      var x = cellValue(a.cells[idx]), y = cellValue(b.cells[idx]);
       var nx = parseFloat(x), ny = parseFloat(y);
       var cmp = (x===''||x===undefined) ? 1 : (y===''||y===undefined) ? -1
               : (!isNaN(nx) && !isNaN(ny)) ? nx - ny : String(x).localeCompare(String(y));
@@ -414,7 +425,11 @@ _JS = r"""
     rows.forEach(function(r){ table.tBodies[0].appendChild(r); });
   }
   document.addEventListener('DOMContentLoaded', function(){
-    document.querySelectorAll('table.sortable th').forEach(function(th){ th.addEventListener('click', function(){ sortBy(th); }); });
+    document.querySelectorAll('.paper table').forEach(function(t){ if(t.tHead && t.tBodies.length){ t.classList.add('sortable'); } });
+    document.querySelectorAll('table.sortable').forEach(function(t){
+      var last = t.tHead.rows[t.tHead.rows.length - 1];  // sort by the bottom header row (it lines up with body cells)
+      Array.prototype.forEach.call(last.cells, function(th){ th.addEventListener('click', function(){ sortBy(th); }); });
+    });
     document.querySelectorAll('.filters select').forEach(function(x){ x.addEventListener('change', toHash); });
     window.addEventListener('hashchange', fromHash);
     fromHash();

@@ -337,25 +337,26 @@ def evaluate_maps(
 
 
 def write_paper_tables(output_dir: str | Path) -> list[Path]:
-    """Paper-form tables of a scored run under ``<output_dir>/tables/paper/`` (CSV + Markdown + LaTeX).
+    """Paper-form tables of a scored run under ``<output_dir>/tables/paper/`` (CSV, Markdown, LaTeX, HTML).
 
-    Hook: uses :mod:`xbench.tables` (grounding summary per dataset and per-class pointing) —
-    when the paper-form writers of :mod:`xbench.tables` grow, call them here.
+    Calls the paper-form writers of :mod:`xbench.tables` (:func:`~xbench.tables.paper_table1` and
+    :func:`~xbench.tables.paper_class_table` for the pointing game and Dice at the best τ of each
+    dataset) — the hook where further paper tables go.
     """
     from . import tables
     from .evaluate import load_tables
-    from .metrics import DATASET_LEVEL, DICE_BEST, POINTING, dice_at
 
     t = load_tables(output_dir)
     tidy, folder = t["metrics"], Path(output_dir) / "tables" / "paper"
-    fixed = next((m for m in tidy["metric"].unique() if m.startswith("dice@") and m != DICE_BEST), dice_at(0.5))
-    written = []
+    log_path = Path(output_dir) / "tables" / "evaluation_log.json"
+    log = json.loads(log_path.read_text()) if log_path.exists() else None
+    baselines, unverified = tables.model_flags(t["models"])
+    flags = {"baselines": baselines, "unverified": unverified, "notes": tables.model_notes(t["models"]), "log": log}
+    written = tables.paper_table1(tidy, **flags).write(folder / "table1_grounding")
     for ds in tidy["dataset"].unique():
-        summary = tables.wide(tidy, rows="model", columns=["dataset"], metrics=[POINTING, fixed, DICE_BEST, "best_tau"],
-                              finding=DATASET_LEVEL, dataset=ds)
-        written += tables.write_table(summary, folder / f"grounding_{ds}", caption=f"Grounding on {ds} (mean over classes)")
-        written += tables.write_table(tables.per_class(tidy, ds, POINTING), folder / f"pointing_per_class_{ds}",
-                                      models_on="columns", caption=f"Pointing game per class, {ds}")
+        for metric in ("pointing", "dice@best"):
+            stem = folder / f"per_class_{metric.replace('@', '_at_')}_{ds}"
+            written += tables.paper_class_table(tidy, ds, metric=metric, **flags).write(stem)
     return written
 
 
