@@ -15,7 +15,8 @@ For every (dataset, model) of an evaluated run and every positive (case, class) 
 Written under ``<run>/exports/<dataset>/<model>/``:
 
 * ``masks.npz`` — one bool ``(h, w)`` array per pair, key ``<case_id>|<class>``, at the evaluation grid;
-* ``boxes.csv`` — one row per box: ``img_id, task, x_min, y_min, x_max, y_max, score, area_cells``
+* ``boxes.csv`` — one row per box: ``img_id, task, x_min, y_min, x_max, y_max, score, area_cells,
+  image_height, image_width``
   (``img_id``/``task`` as cheXlocalize names a CXR and a pathology);
 * ``boxes_coco.json`` — COCO detection results plus ``images``/``categories``: ``bbox`` =
   ``[x, y, width, height]`` in original pixels, ``score``;
