@@ -133,3 +133,11 @@ def test_in_headless_chromium(report, tmp_path):
             assert others and params["model"] not in others
         counts.add(want)
     assert len(counts) >= 2 and 0 < max(counts) < total, "the filters must change what is shown"
+
+
+def test_paper_form_tables_are_included(report, tmp_path):
+    from xbench.score import write_paper_tables
+
+    written = write_paper_tables(report["out"])
+    text = build_report(report["out"], tmp_path / "r.html", max_cases_per_class=1).read_text()
+    assert text.count("Paper-form table:") == sum(1 for p in written if p.suffix == ".md") >= 2

@@ -58,7 +58,7 @@ def test_reproduces_the_run_tables_exactly(done, tmp_path, model):
         pd.testing.assert_frame_equal(got[key].reset_index(drop=True), w, check_exact=True)
     assert set(got["metrics"]["metric"]) >= {"best_tau", "dice@best", "pointing", "auc"}
     assert got["metrics"]["ci_low"].notna().any()
-    assert (tmp_path / "scored" / "tables" / "paper" / "grounding_phantom.md").exists()
+    assert (tmp_path / "scored" / "tables" / "paper" / "table1_grounding.md").exists()
 
 
 def test_folder_of_npz_and_npy_equals_arrays_and_no_probs_drops_recognition(done, tmp_path):
@@ -66,12 +66,16 @@ def test_folder_of_npz_and_npy_equals_arrays_and_no_probs_drops_recognition(done
     findings = xbench.load_dataset("phantom", split="test", cases=CASES).findings
     ids = st["case_ids"].tolist()
     a = score(st["maps"], tmp_path / "a", case_ids=ids)
-    for suffix in ("npz", "npy"):
+    from safetensors.numpy import save_file
+
+    for suffix in ("npz", "npy", "safetensors"):
         folder = tmp_path / f"maps-{suffix}"
         folder.mkdir()
         for cid, m in zip(ids, st["maps"]):
             if suffix == "npz":
                 np.savez(folder / f"{cid}.npz", **{f: m[c] for c, f in enumerate(findings)})
+            elif suffix == "safetensors":
+                save_file({f: np.ascontiguousarray(m[c]) for c, f in enumerate(findings)}, str(folder / f"{cid}.safetensors"))
             else:
                 np.save(folder / f"{cid}.npy", m)
         b = score(folder, tmp_path / f"b-{suffix}", classes=findings if suffix == "npy" else None)
@@ -90,6 +94,9 @@ def test_cases_without_maps_are_counted_and_bad_input_is_named(done, tmp_path):
 
     log = json.loads((tmp_path / "part" / "tables" / "evaluation_log.json").read_text())
     assert log[0]["cases_skipped_at_inference"] == CASES - 10
+    with pytest.raises(XBenchError, match="did not write"):
+        score(st["maps"], done, case_ids=ids)  # never overwrite a model run's store
+    assert (done / "store" / "phantom" / "center_prior").exists()
     with pytest.raises(XBenchError, match="not cases of phantom"):
         score(st["maps"][:2], tmp_path / "x", case_ids=["nope", ids[0]])
     findings = xbench.load_dataset("phantom", split="test", cases=CASES).findings
@@ -172,3 +179,18 @@ def test_cli_score_single_npz(done, tmp_path, capsys):
     want = load_tables(done)["metrics"]
     pd.testing.assert_frame_equal(got, want[want["model"] == "anatomical_prior"].reset_index(drop=True), check_exact=True)
     assert main(["score", "--maps", str(tmp_path / "nothing"), "--dataset", "phantom"]) == 2
+
+
+def test_tolerance_margins_add_named_rows(done, tmp_path):
+    st = stored(done, "center_prior")
+    got = score(st["maps"], tmp_path / "m", case_ids=st["case_ids"].tolist(), probs=st["probs"], pointing_margins=(0, 6))
+    m = got["metrics"]
+    assert set(m["metric"]) >= {"pointing", "pointing@6px", "auc"} and not m["metric"].str.contains("@0px").any()
+    base = m[m["metric"] == "pointing"].set_index("finding")["value"]
+    wide = m[m["metric"] == "pointing@6px"].set_index("finding")["value"]
+    assert (wide.reindex(base.index) >= base).all() and (wide > base).any()
+    from xbench.exports import pointing_tolerance_table
+
+    score(np.zeros_like(st["maps"]), tmp_path / "flat", case_ids=st["case_ids"].tolist())  # all pixels tied
+    with pytest.raises(XBenchError, match="pointing_ties"):
+        pointing_tolerance_table(tmp_path / "flat", [3], ties="any", n_boot=0)

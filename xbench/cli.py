@@ -9,6 +9,7 @@
     xbench list models|datasets
     xbench score --maps DIR|FILE.npz --dataset NAME [--split S] [--root DIR] [--output-dir DIR] [--name N]
     xbench report --run DIR [--out FILE.html]
+    xbench export --run DIR [--tau best|T] [--margin M]
 
 Every subcommand takes ``-q/--quiet`` (warnings and errors only, no progress), ``-v/--verbose``
 (debug) and ``--config-path DIR`` (repeatable; a folder with ``models/`` and/or ``datasets/`` of
@@ -97,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_beyond_commands(add: "Callable[..., argparse.ArgumentParser]") -> None:
     """`xbench score` (your own maps → the run tables) and `xbench report` (HTML report of a run)."""
     p = add("score", help="score your own saliency maps (folder of .npz/.npy/.safetensors, one .npz, "
-                                     "or a cheXlocalize *_map.pkl folder)")
+                     "or a cheXlocalize *_map.pkl folder)")
     p.add_argument("--maps", required=True, help="folder or .npz file of maps (see xbench.score)")
     p.add_argument("--dataset", required=True)
     p.add_argument("--split")
@@ -108,6 +109,8 @@ def _add_beyond_commands(add: "Callable[..., argparse.ArgumentParser]") -> None:
     p.add_argument("--output-dir", help="default: results/<name>-<dataset>")
     p.add_argument("--grid", type=int, nargs=2, default=(224, 224), metavar=("H", "W"))
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (0: no CIs)")
+    p.add_argument("--margin", type=int, nargs="+", default=[], help="also the tolerance pointing game at these "
+                                                                       "margins (grid pixels): metric pointing@Npx")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="dataset option (e.g. cases=22 for the phantom); repeatable")
 
@@ -117,8 +120,22 @@ def _add_beyond_commands(add: "Callable[..., argparse.ArgumentParser]") -> None:
     p.add_argument("--grid", type=int, nargs=2, metavar=("H", "W"), help="evaluation grid (default: from the tables)")
     p.add_argument("--cases-per-class", type=int, default=24, help="cases per class in the overlay browser")
 
+    p = add("export", help="maps of a run → masks, boxes (COCO JSON, CSV) and per-case metric CSVs")
+    p.add_argument("--run", required=True, help="the run's output folder")
+    p.add_argument("--out", help="default: <run>/exports")
+    p.add_argument("--tau", default="best", help="'best' (each class's best τ) or a number in [0, 1]")
+    p.add_argument("--margin", type=int, default=0, help="pointing tolerance in grid pixels for the per-case CSV")
+    p.add_argument("--grid", type=int, nargs=2, metavar=("H", "W"), help="evaluation grid (default: from the tables)")
+
 
 def _score_or_report(args: argparse.Namespace) -> int:
+    if args.command == "export":
+        from .exports import export_run
+
+        tau = args.tau if args.tau == "best" else float(args.tau)
+        files = export_run(args.run, args.out, tau=tau, grid=args.grid, margin=args.margin)
+        print(f"{len(files)} files under {args.out or str(args.run) + '/exports'}")
+        return 0
     if args.command == "report":
         from .report import build_report
 
@@ -138,7 +155,7 @@ def _score_or_report(args: argparse.Namespace) -> int:
     tables = evaluate_maps(maps, dataset=args.dataset, split=args.split, root=args.root,
                            classes=None if args.chexlocalize else args.classes, name=args.name,
                            output_dir=args.output_dir, grid=tuple(args.grid), bootstrap=args.bootstrap,
-                           dataset_options=options, progress=True)
+                           dataset_options=options, pointing_margins=args.margin, progress=not args.quiet)
     from .metrics import DATASET_LEVEL
 
     level = tables["metrics"][tables["metrics"]["finding"] == DATASET_LEVEL]
@@ -167,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from .config import RunConfig
 
-    if args.command in ("score", "report"):
+    if args.command in ("score", "report", "export"):
         return _score_or_report(args)
     if args.command == "list":
         from .registry import list_datasets, list_models

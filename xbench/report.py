@@ -23,7 +23,6 @@ import base64
 import html
 import io
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import XBenchError
+from .exports import maps_at_grid, open_run_dataset, run_grid
 
 __all__ = ["build_report", "SIZE_EDGES"]
 
@@ -60,10 +60,10 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
         raise XBenchError(f"{run_dir} has no store/<dataset>/<model>/meta.json: not a run folder")
     log = _read_json(run_dir / "tables" / "evaluation_log.json")
     run_log = _read_json(run_dir / "run_log.json")
-    grid = tuple(grid) if grid is not None else _grid(t["pairs"])
+    grid = tuple(grid) if grid is not None else run_grid(t["pairs"])
     cards, note = _cards(run_dir, t["pairs"], t["metrics"], metas, grid, max_cases_per_class, thumb, progress)
     sections = [
-        ("Tables", _tables_html(t["metrics"])),
+        ("Tables", _tables_html(t["metrics"]) + _paper_tables_html(run_dir)),
         ("Per-case browser", note + _browser_html(cards, t["pairs"], metas)),
         ("Figures", _figures_html(run_dir)),
         ("Models and weights", _models_html(t["models"])),
@@ -132,6 +132,34 @@ def _tables_html(tidy: pd.DataFrame) -> str:
                                  for m in models]))
             if rows:
                 parts.append(f"<h3>{html.escape(ds)}: {metric} per class</h3>" + _sortable("class", rows, models, metric))
+    return "\n".join(parts)
+
+
+def _paper_tables_html(run_dir: Path) -> str:
+    """Every paper-form table of the run folder, sortable: ``tables/**/<stem>.html`` written by
+    :meth:`xbench.tables.PaperTable.write` as is; tables written by :func:`xbench.tables.write_table`
+    (``<stem>.csv`` next to ``<stem>.md``, no ``.html``) rendered from their CSV."""
+    parts = []
+    for path in sorted((run_dir / "tables").rglob("*.html")):
+        name = str(path.relative_to(run_dir / "tables").with_suffix(""))
+        parts.append(f'<h3>Paper-form table: {html.escape(name)}</h3><div class="paper">{path.read_text()}</div>')
+    for path in sorted((run_dir / "tables").rglob("*.csv")):
+        if not path.with_suffix(".md").exists() or path.with_suffix(".html").exists():
+            continue
+        frame = pd.read_csv(path, index_col=0)
+        cells = [c.rsplit(" / ", 1)[0] for c in frame.columns if c.endswith(" / value")]
+        if not cells:
+            continue
+        rows = []
+        for idx, r in frame.iterrows():
+            vals = []
+            for c in cells:
+                v, lo, hi = (float(r.get(f"{c} / {k}", np.nan)) for k in ("value", "ci_low", "ci_high"))
+                vals.append((v, _fmt(v, lo, hi)))
+            rows.append((str(idx), vals))
+        name = str(path.relative_to(run_dir / "tables").with_suffix(""))
+        parts.append(f"<h3>Paper-form table: {html.escape(name)}</h3>"
+                     + _sortable(str(frame.index.name or ""), rows, cells, "paper"))
     return "\n".join(parts)
 
 
@@ -227,9 +255,7 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
     from matplotlib import colormaps
     from .logs import progress_iter
 
-    from .metrics import normalize_maps, upsample_maps
     from .results import ResultStore
-    from .windows import is_whole_image, place_maps
 
     if pairs.empty:
         return [], "<p>No positive pairs in this run.</p>"
@@ -241,10 +267,12 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
     for ds, dpairs in pairs.groupby("dataset", sort=False):
         dmetas = {m: meta for (d, m), meta in metas.items() if d == ds}
         first = next(iter(dmetas.values()))
-        data = _open(first)
+        data = open_run_dataset(first)
         row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
         preds = {m: store.read(ds, m) for m in dmetas}
         pos = {m: {c: i for i, c in enumerate(p.case_ids.tolist())} for m, p in preds.items()}
+        result = {(m, str(c), f): (h, d) for m, c, f, h, d in zip(dpairs["model"], dpairs["case_id"], dpairs["finding"],
+                                                                  dpairs["pointing"], dpairs["dice@best"])}
         chosen = []
         for finding, fp in dpairs.groupby("finding", sort=False):
             ids = list(dict.fromkeys(fp["case_id"].astype(str)))
@@ -265,17 +293,12 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
             card = {"dataset": ds, "case": case_id, "cls": finding, "size": _size_bin(frac), "area": round(frac, 4),
                     "img": _jpeg((gt * 255).astype(np.uint8)), "models": []}
             for model, p in preds.items():
-                row = dpairs[(dpairs["model"] == model) & (dpairs["case_id"].astype(str) == case_id)
-                             & (dpairs["finding"] == finding)]
-                if case_id not in pos[model] or row.empty:
+                if case_id not in pos[model] or (model, case_id, finding) not in result:
                     continue
+                hit, dice_best = result[(model, case_id, finding)]
                 i = pos[model][case_id]
-                native = p.maps[i:i + 1, c].astype(np.float32)
-                window, sz = p.windows[i:i + 1], p.sizes[i:i + 1]
-                if np.isfinite(window).all() and not is_whole_image(np.nan_to_num(window), sz)[0]:
-                    native = place_maps(native, window, sz, grid)
-                up = upsample_maps(native, grid)
-                v = normalize_maps(up, nonfinite="skip")[0]
+                up, norm = maps_at_grid(p.maps[i:i + 1, c], p.windows[i:i + 1], p.sizes[i:i + 1], grid)
+                v = norm[0]
                 y, x = np.unravel_index(int(np.argmax(up[0])), grid)
                 heat = jet(np.nan_to_num(_resize(v, size)))[..., :3]
                 rgb = 0.55 * base + 0.45 * heat
@@ -285,36 +308,16 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
                         if 0 <= yy < size and 0 <= xx < size:
                             rgb[yy, xx] = 1.0
                 rgb[_outline(tm)] = (1.0, 0.15, 0.15)
-                r = row.iloc[0]
                 tau = best_tau.get((ds, model, finding), np.nan)
                 card["models"].append({"model": model, "img": _jpeg((np.clip(rgb, 0, 1) * 255).astype(np.uint8)),
-                                       "hit": None if not np.isfinite(r["pointing"]) else bool(r["pointing"]),
-                                       "dice": None if not np.isfinite(r["dice@best"]) else round(float(r["dice@best"]), 3),
+                                       "hit": None if not np.isfinite(hit) else bool(hit),
+                                       "dice": None if not np.isfinite(dice_best) else round(float(dice_best), 3),
                                        "tau": None if not np.isfinite(tau) else round(float(tau), 2)})
             cards.append(card)
     note = (f"<p>Showing {shown_total} of {all_total} positive (case, class) pairs: the first {per_class} of each "
             "class in dataset order. Red outline: ground truth; white cross: the map's argmax at the evaluation grid; "
             "Dice at the class's best τ.</p>")
     return cards, note
-
-
-def _open(meta: dict) -> Any:
-    from .datasets import load_dataset
-
-    return load_dataset(meta["dataset"], root=meta.get("dataset_root"), split=meta.get("split"),
-                        **(meta.get("dataset_options") or {}))
-
-
-def _grid(pairs: pd.DataFrame) -> tuple[int, int]:
-    """The evaluation grid of a run from its pairs table (``gt_area / area_fraction`` = H·W; square grids)."""
-    ok = pairs[pairs["area_fraction"] > 0] if len(pairs) else pairs
-    if len(ok):
-        cells = float((ok["gt_area"] / ok["area_fraction"]).median())
-        side = int(round(math.sqrt(cells)))
-        if side * side == round(cells):
-            return side, side
-    raise XBenchError("cannot recover the evaluation grid from pairs.parquet (non-square grid?): pass grid=(H, W) "
-                      "/ --grid H W")
 
 
 def _browser_html(cards: list[dict], pairs: pd.DataFrame, metas: dict) -> str:
@@ -356,7 +359,7 @@ body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}
 h1{font-size:1.4em} h2{border-bottom:1px solid #ccc;margin-top:1.5em} h3{font-size:1em;margin:1em 0 .3em}
 table{border-collapse:collapse;font-size:12px;margin-bottom:.8em} th,td{border:1px solid #ddd;padding:2px 6px}
 th{background:#f2f2f2;cursor:pointer;user-select:none} th.asc:after{content:" ▲"} th.desc:after{content:" ▼"}
-.ci{color:#888;font-size:10px} pre{font-size:11px;background:#f7f7f7;padding:.5em;overflow:auto;max-height:30em}
+.ci{color:#888;font-size:10px} #js-errors:empty{display:none} pre{font-size:11px;background:#f7f7f7;padding:.5em;overflow:auto;max-height:30em}
 figure{display:inline-block;margin:.4em;vertical-align:top} figure img{max-width:520px}
 figcaption{font-size:11px;color:#555}
 .filters{position:sticky;top:0;background:#fff;padding:.4em 0;z-index:2;border-bottom:1px solid #eee}
@@ -400,6 +403,12 @@ _JS = r"""
     history.replaceState(null, '', '#' + p.toString());
     apply();
   }
+  function cellValue(cell){
+    if(!cell){ return ''; }
+    if(cell.dataset.v !== undefined){ return cell.dataset.v; }
+    var t = cell.textContent.trim();
+    return (t === '–' || t === '') ? '' : t;
+  }
   function sortBy(th){
     var table = th.closest('table'), idx = Array.prototype.indexOf.call(th.parentNode.children, th);
     var asc = !th.classList.contains('asc');
@@ -407,7 +416,7 @@ _JS = r"""
     th.classList.add(asc ? 'asc' : 'desc');
     var rows = Array.prototype.slice.call(table.tBodies[0].rows);
     rows.sort(function(a, b){
-      var x = a.cells[idx].dataset.v, y = b.cells[idx].dataset.v;
+      var x = cellValue(a.cells[idx]), y = cellValue(b.cells[idx]);
       var nx = parseFloat(x), ny = parseFloat(y);
       var cmp = (x===''||x===undefined) ? 1 : (y===''||y===undefined) ? -1
               : (!isNaN(nx) && !isNaN(ny)) ? nx - ny : String(x).localeCompare(String(y));
@@ -416,7 +425,11 @@ _JS = r"""
     rows.forEach(function(r){ table.tBodies[0].appendChild(r); });
   }
   document.addEventListener('DOMContentLoaded', function(){
-    document.querySelectorAll('table.sortable th').forEach(function(th){ th.addEventListener('click', function(){ sortBy(th); }); });
+    document.querySelectorAll('.paper table').forEach(function(t){ if(t.tHead && t.tBodies.length){ t.classList.add('sortable'); } });
+    document.querySelectorAll('table.sortable').forEach(function(t){
+      var last = t.tHead.rows[t.tHead.rows.length - 1];  // sort by the bottom header row (it lines up with body cells)
+      Array.prototype.forEach.call(last.cells, function(th){ th.addEventListener('click', function(){ sortBy(th); }); });
+    });
     document.querySelectorAll('.filters select').forEach(function(x){ x.addEventListener('change', toHash); });
     window.addEventListener('hashchange', fromHash);
     fromHash();

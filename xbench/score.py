@@ -30,7 +30,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import pickle
 import re
 import shutil
 import warnings
@@ -173,33 +172,23 @@ CHEXPERT_TASKS = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "L
 _CHEXLOCALIZE_NAME = re.compile(r"^(?P<cxr>.+)_(?P<task>[^_]+)_map\.pkl$")
 
 
-class _TensorOnlyUnpickler(pickle.Unpickler):
-    """Admits only what a pickled dict of tensors / arrays / numbers / strings needs; anything else is refused.
+def _storage_from_bytes(data: bytes) -> Any:
+    """Safe stand-in for ``torch.storage._load_from_bytes`` (which calls ``torch.load(weights_only=False)``)."""
+    import torch
 
-    A tensor's storage is pickled by torch as ``torch.storage._load_from_bytes(<torch.save bytes>)``;
-    those bytes are read with ``torch.load(weights_only=True)`` (torch's own safe loader) instead of
-    the original function (which allows arbitrary code).
-    """
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
-    def find_class(self, module: str, name: str) -> Any:
-        import torch
 
-        if (module, name) == ("torch.storage", "_load_from_bytes"):
-            return lambda data: torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        allowed = {
-            ("torch._utils", "_rebuild_tensor_v2"): None, ("torch._utils", "_rebuild_tensor"): None,
-            ("collections", "OrderedDict"): None, ("torch", "Size"): None,
-            ("numpy.core.multiarray", "_reconstruct"): None, ("numpy._core.multiarray", "_reconstruct"): None,
-            ("numpy.core.multiarray", "scalar"): None, ("numpy._core.multiarray", "scalar"): None,
-            ("numpy", "ndarray"): None, ("numpy", "dtype"): None,
-        }
-        if (module, name) in allowed:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: only tensors, arrays and plain values "
-                                     "are read from cheXlocalize map pickles")
+def _map_pickle_unpickler(fh: Any) -> Any:
+    """The project's restricted unpickler (:class:`xbench.models.checkpoint.RestrictedUnpickler`: an allowlist,
+    everything else an inert placeholder) plus one admitted name: a tensor pickled with plain ``pickle``
+    stores its storage as ``torch.storage._load_from_bytes(<torch.save bytes>)``; those bytes are read
+    with ``torch.load(weights_only=True)`` instead."""
+    from .models.checkpoint import RestrictedUnpickler
 
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("persistent ids are not used by cheXlocalize map pickles; refusing")
+    unpickler = RestrictedUnpickler(fh)
+    unpickler._allowed = {**unpickler._allowed, "torch.storage._load_from_bytes": _storage_from_bytes}
+    return unpickler
 
 
 def read_chexlocalize_pickle(path: str | Path) -> dict[str, Any]:
@@ -207,10 +196,14 @@ def read_chexlocalize_pickle(path: str | Path) -> dict[str, Any]:
     ``cxr_img``, ``cxr_dims`` = (w, h)), read with a restricted unpickler: no code from the file runs."""
     path = Path(path)
     with open(path, "rb") as fh:
+        unpickler = _map_pickle_unpickler(fh)
         try:
-            out = _TensorOnlyUnpickler(fh).load()
-        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
-            raise FormatError(path, f"not a readable cheXlocalize map pickle: {exc}") from None
+            out = unpickler.load()
+        except Exception as exc:  # anything the restricted unpickler refuses, truncated files, ...
+            raise FormatError(path, f"not a readable cheXlocalize map pickle ({type(exc).__name__}: {exc})") from None
+    if unpickler.replaced:
+        raise FormatError(path, f"refusing: pickles objects other than tensors, arrays and plain values "
+                                f"({', '.join(unpickler.replaced)}; kept as inert placeholders, never called)")
     if not isinstance(out, dict) or "map" not in out:
         raise FormatError(path, "expected a dict with a 'map' entry (cheXlocalize layout)")
     return out
@@ -268,6 +261,7 @@ def evaluate_maps(
     seed: int = 0,
     chunk_size: int = 256,
     dataset_options: dict[str, Any] | None = None,
+    pointing_margins: Sequence[int] = (),
     progress: bool = False,
 ) -> dict[str, pd.DataFrame]:
     """Score saliency maps on ``dataset``; returns the run tables (``metrics``, ``pairs``, ``curves``, ``models``).
@@ -288,6 +282,9 @@ def evaluate_maps(
         replaced on every call.
     grid, fixed_threshold, pointing_ties, bootstrap, seed, chunk_size
         As the run config keys of the same meaning (``bootstrap`` = replicates).
+    pointing_margins : sequence of int, default=()
+        Also score the tolerance pointing game at these margins (grid pixels): metric rows
+        ``pointing@{m}px`` (:func:`xbench.exports.pointing_tolerance_table`).
 
     Returns
     -------
@@ -304,6 +301,11 @@ def evaluate_maps(
     mapset = _as_mapset(maps, case_ids=case_ids, classes=classes if classes is not None else data.findings, probs=probs)
     index = _class_index(data, mapset.classes)
     out = Path(output_dir) if output_dir is not None else Path("results") / f"{name}-{data.name}"
+    if ((out / "store").exists() or (out / "tables").exists()) and not (out / "score_inputs.json").exists():
+        raise XBenchError(f"{out} holds a results store or tables that evaluate_maps did not write (a model run?); "
+                          "choose another output_dir — evaluate_maps replaces its output folder's store and tables")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "score_inputs.json").write_text(json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
     if (out / "store").exists():
         shutil.rmtree(out / "store")
     if (out / "tables").exists():
@@ -320,34 +322,42 @@ def evaluate_maps(
         if mapset.probs is None:  # constant placeholder probabilities: recognition rows are dropped below
             warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
         tidy = evaluate_run(cfg, progress=progress)
-    if mapset.probs is None:
+    if mapset.probs is None or any(pointing_margins):
+        from .exports import pointing_tolerance_table
         from .results import write_table
 
-        write_table(tidy[~tidy["metric"].isin(RECOGNITION_METRICS)].reset_index(drop=True), out / "tables" / "metrics")
+        if mapset.probs is None:
+            tidy = tidy[~tidy["metric"].isin(RECOGNITION_METRICS)]
+        if any(pointing_margins):
+            extra = pointing_tolerance_table(out, list(pointing_margins), grid=cfg.grid, ties=pointing_ties,
+                                             n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+            tidy = pd.concat([tidy, extra], ignore_index=True)
+        write_table(tidy.reset_index(drop=True), out / "tables" / "metrics")
     write_paper_tables(out)
     return load_tables(out)
 
 
 def write_paper_tables(output_dir: str | Path) -> list[Path]:
-    """Paper-form tables of a scored run under ``<output_dir>/tables/paper/`` (CSV + Markdown + LaTeX).
+    """Paper-form tables of a scored run under ``<output_dir>/tables/paper/`` (CSV, Markdown, LaTeX, HTML).
 
-    Hook: uses :mod:`xbench.tables` (grounding summary per dataset and per-class pointing) —
-    when the paper-form writers of :mod:`xbench.tables` grow, call them here.
+    Calls the paper-form writers of :mod:`xbench.tables` (:func:`~xbench.tables.paper_table1` and
+    :func:`~xbench.tables.paper_class_table` for the pointing game and Dice at the best τ of each
+    dataset) — the hook where further paper tables go.
     """
     from . import tables
     from .evaluate import load_tables
-    from .metrics import DATASET_LEVEL, DICE_BEST, POINTING, dice_at
 
     t = load_tables(output_dir)
     tidy, folder = t["metrics"], Path(output_dir) / "tables" / "paper"
-    fixed = next((m for m in tidy["metric"].unique() if m.startswith("dice@") and m != DICE_BEST), dice_at(0.5))
-    written = []
+    log_path = Path(output_dir) / "tables" / "evaluation_log.json"
+    log = json.loads(log_path.read_text()) if log_path.exists() else None
+    baselines, unverified = tables.model_flags(t["models"])
+    flags = {"baselines": baselines, "unverified": unverified, "notes": tables.model_notes(t["models"]), "log": log}
+    written = tables.paper_table1(tidy, **flags).write(folder / "table1_grounding")
     for ds in tidy["dataset"].unique():
-        summary = tables.wide(tidy, rows="model", columns=["dataset"], metrics=[POINTING, fixed, DICE_BEST, "best_tau"],
-                              finding=DATASET_LEVEL, dataset=ds)
-        written += tables.write_table(summary, folder / f"grounding_{ds}", caption=f"Grounding on {ds} (mean over classes)")
-        written += tables.write_table(tables.per_class(tidy, ds, POINTING), folder / f"pointing_per_class_{ds}",
-                                      models_on="columns", caption=f"Pointing game per class, {ds}")
+        for metric in ("pointing", "dice@best"):
+            stem = folder / f"per_class_{metric.replace('@', '_at_')}_{ds}"
+            written += tables.paper_class_table(tidy, ds, metric=metric, **flags).write(stem)
     return written
 
 
@@ -387,8 +397,8 @@ def _to_float16(maps: np.ndarray) -> np.ndarray:
     lo, hi = flat.min(axis=1, keepdims=True), flat.max(axis=1, keepdims=True)
     span = np.where(hi > lo, hi - lo, 1.0)
     warnings.warn("maps were min–max normalised per map and stored as float16 (the results store's format): "
-                  "values differ from the input by ≤ 2^-11 relative, so a Dice at a τ may move where pixels sit "
-                  "within that of τ", XBenchWarning, stacklevel=3)
+                  "normalised values move by ≤ 2^-11 relative, so a pixel that close to a threshold may change "
+                  "sides", XBenchWarning, stacklevel=3)
     return ((flat - lo) / span).reshape(maps.shape).astype(np.float16)
 
 
