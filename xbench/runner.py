@@ -37,6 +37,7 @@ from . import __version__
 from .config import DatasetSpec, ModelSpec, RunConfig
 from .datasets import BaseDataset, load_dataset
 from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
+from .evaluate import evaluate_run
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
 from .results import ResultStore, _atomic_write_bytes
@@ -67,8 +68,8 @@ def _collate(items: list[Any]) -> list[Any]:
 
 
 def open_dataset(spec: DatasetSpec) -> BaseDataset:
-    """Open a dataset named in a run config."""
-    return load_dataset(spec.name, root=spec.root, split=spec.split, **spec.options)
+    """Open a dataset named in a run config (same as ``spec.open()``)."""
+    return spec.open()
 
 
 def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None = None,
@@ -249,8 +250,6 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     elif shard != (0, 1):
         return out  # independent shards: `xbench merge` evaluates once all are present
     if evaluate:
-        from .evaluate import evaluate_run
-
         evaluate_run(cfg, progress=progress)
     return out
 
@@ -294,7 +293,5 @@ def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = Tru
                             and a["scores"].shape == b["scores"].shape)
                 if not same:
                     raise XBenchError(f"merge: {chunk} and {existing} hold different cases or shapes for the same chunk")
-    from .evaluate import evaluate_run
-
     evaluate_run(cfg, progress=progress)
     return Path(cfg.output_dir)
