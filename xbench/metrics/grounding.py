@@ -114,8 +114,9 @@ def upsample_maps(maps, size: tuple[int, int] = DEFAULT_GRID) -> np.ndarray:
     arr = _sweep.as_maps(maps)
     size = _as_size(size)
     out = np.empty((len(arr), *size), np.float32)
-    for s in range(0, len(arr), 256):
-        out[s : s + 256] = _sweep.upsample_chunk(arr[s : s + 256], size)
+    with _sweep.single_threaded():
+        for s in range(0, len(arr), 256):
+            out[s : s + 256] = _sweep.upsample_chunk(arr[s : s + 256], size)
     return out
 
 
