@@ -19,7 +19,8 @@ normalise, pointing, Dice/IoU at τ = 0.5 and over the 101-point grid) and
 paired bootstrap replicates with τ re-chosen in each). Ground-truth
 rasterisation (once per dataset, in the loaders) is not included.
 
-Models are independent, so ``--models k`` measures ``k`` of them and the
+The tables' SHA-256 is printed, so two versions of the code can be checked to give
+identical tables. Models are independent, so ``--models k`` measures ``k`` of them and the
 total for 7 is extrapolated linearly (printed as such).
 
 Usage::
@@ -31,6 +32,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import tempfile
 import time
@@ -165,6 +167,7 @@ def main() -> None:
 
     wall = cpu = 0.0
     rows = 0
+    digest = hashlib.sha256()
     with tempfile.TemporaryDirectory() as tmp:
         for s in specs:
             data = make_set(s, seed=len(s.name))
@@ -174,13 +177,15 @@ def main() -> None:
                 table = evaluate_one(path, s, data, args.replicates)
                 dw, dc = time.perf_counter() - w, time.process_time() - c
                 wall, cpu, rows = wall + dw, cpu + dc, rows + len(table)
+                digest.update(table.to_csv(index=False).encode())
                 print(f"  {s.name:16s} model {m}: {dw:7.2f} s wall {dc:7.2f} s CPU ({len(table)} rows)")
                 path.unlink()
     load_end = os.getloadavg()
     scale = MODELS_IN_PAPER / args.models
     print(f"load average (1/5/15 min) at start {load_start[0]:.2f}/{load_start[1]:.2f}/{load_start[2]:.2f}, "
           f"at end {load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f}")
-    print(f"measured, {args.models} model(s): {wall:.1f} s wall, {cpu:.1f} s CPU ({rows} table rows)")
+    print(f"measured, {args.models} model(s): {wall:.1f} s wall, {cpu:.1f} s CPU ({rows} table rows, "
+          f"sha256 of the tables {digest.hexdigest()[:16]})")
     if args.models != MODELS_IN_PAPER:
         print(f"extrapolated to {MODELS_IN_PAPER} models (x{scale:.2f}): {wall * scale:.1f} s wall, {cpu * scale:.1f} s CPU")
 
