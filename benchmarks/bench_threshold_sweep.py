@@ -36,7 +36,13 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_info
 
-from xbench.metrics import THRESHOLDS, best_threshold, dice_iou_curves, normalize_maps, upsample_maps
+from xbench.metrics import (
+    THRESHOLDS,
+    best_threshold,
+    dice_iou_curves,
+    normalize_maps,
+    upsample_maps,
+)
 from xbench.metrics._sweep import CHUNK_SIZE, single_threaded, upsample_chunk
 
 GRID = (224, 224)
@@ -96,7 +102,7 @@ class Clock:
     def __init__(self) -> None:
         self.wall = self.cpu = 0.0
 
-    def __enter__(self) -> "Clock":
+    def __enter__(self) -> Clock:  # noqa: PYI034
         self._w, self._c = time.perf_counter(), time.process_time()
         return self
 
