@@ -36,6 +36,7 @@ from .config import DatasetSpec, ModelSpec, RunConfig
 from .datasets import BaseDataset, load_dataset
 from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from .fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
+from .evaluate import evaluate_run
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
 from .logs import progress_bar
@@ -67,8 +68,8 @@ def _collate(items: list[Any]) -> list[Any]:
 
 
 def open_dataset(spec: DatasetSpec) -> BaseDataset:
-    """Open a dataset named in a run config."""
-    return load_dataset(spec.name, root=spec.root, split=spec.split, **spec.options)
+    """Open a dataset named in a run config (same as ``spec.open()``)."""
+    return spec.open()
 
 
 def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None = None,
@@ -299,8 +300,6 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     elif shard != (0, 1):
         return out  # independent shards: `xbench merge` evaluates once all are present
     if evaluate:
-        from .evaluate import evaluate_run
-
         evaluate_run(cfg, progress=progress)
     return out
 
@@ -316,7 +315,5 @@ def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = Tru
     target = ResultStore(check_writable(cfg.output_dir, "output_dir"))
     for src in sources:
         target.merge_from(src)
-    from .evaluate import evaluate_run
-
     evaluate_run(cfg, progress=progress)
     return Path(cfg.output_dir)
