@@ -14,10 +14,14 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     pointing_ties: first            # first | any
     batch_size: 32
     num_workers: 0
-    precision: fp32                 # fp32 | fp16 | bf16 (autocast, CUDA only)
+    precision: fp32                 # fp32 | tf32 | fp16 | bf16 (fp32: TF32 off on CUDA; fp16/bf16: autocast, CUDA only)
     device: cpu                     # cpu | cuda | cuda:1 | auto
     chunk_size: 256                 # cases per store chunk (resume granularity)
     on_missing_image: raise         # raise | skip (counted in run_log.json)
+    decode_once: true               # decode each image once for all models (xbench/cache.py); false: per model
+    cache_dir: null                 # persistent decode cache folder (null: in memory for the run)
+    map_dtype: float16              # float16 | float32 storage of the native-grid maps
+    channels_last: false            # NHWC layout for CNN trunks (speed option)
     bootstrap: {replicates: 1000, seed: 0}
 
 Relative ``output_dir`` and dataset ``root`` paths are resolved against the
@@ -33,6 +37,12 @@ import torch
 
 from .errors import FormatError, MissingFileError
 from .registry import read_yaml
+
+
+def _boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError(value)
 
 
 @dataclass
@@ -68,6 +78,10 @@ class RunConfig:
     device: str = "cpu"
     chunk_size: int = 256
     on_missing_image: str = "raise"
+    decode_once: bool = True
+    cache_dir: str | None = None
+    map_dtype: str = "float16"
+    channels_last: bool = False
     bootstrap_replicates: int = 1000
     bootstrap_seed: int = 0
     source: str | None = None
@@ -87,7 +101,8 @@ class RunConfig:
             if key not in raw:
                 raise FormatError(where, "missing required key", field=key)
         known = {"output_dir", "datasets", "models", "grid", "fixed_threshold", "pointing_ties", "batch_size", "num_workers",
-                 "precision", "device", "chunk_size", "on_missing_image", "bootstrap"}
+                 "precision", "device", "chunk_size", "on_missing_image", "bootstrap",
+                 "decode_once", "cache_dir", "map_dtype", "channels_last"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise FormatError(where, f"unknown key(s) {unknown}; known: {sorted(known)}")
@@ -129,6 +144,10 @@ class RunConfig:
             device=str(raw.get("device", "cpu")),
             chunk_size=typed("chunk_size", int, 256),
             on_missing_image=str(raw.get("on_missing_image", "raise")),
+            decode_once=typed("decode_once", _boolean, True, kind="true or false"),
+            cache_dir=None if raw.get("cache_dir") is None else str(raw["cache_dir"]),
+            map_dtype=str(raw.get("map_dtype", "float16")),
+            channels_last=typed("channels_last", _boolean, False, kind="true or false"),
             bootstrap_replicates=typed("bootstrap", int, None, boot.get("replicates", 1000)),
             bootstrap_seed=typed("bootstrap", int, None, boot.get("seed", 0)),
             source=source,
@@ -140,7 +159,8 @@ class RunConfig:
         where = self.source or "<config>"
         checks = [
             (self.pointing_ties in ("first", "any"), "pointing_ties", "must be 'first' or 'any'"),
-            (self.precision in ("fp32", "fp16", "bf16"), "precision", "must be fp32, fp16 or bf16"),
+            (self.precision in ("fp32", "tf32", "fp16", "bf16"), "precision", "must be fp32, tf32, fp16 or bf16"),
+            (self.map_dtype in ("float16", "float32"), "map_dtype", "must be float16 or float32"),
             (self.on_missing_image in ("raise", "skip"), "on_missing_image", "must be 'raise' or 'skip'"),
             (0.0 <= self.fixed_threshold <= 1.0, "fixed_threshold", "must lie in [0, 1]"),
             (len(self.grid) == 2 and min(self.grid) > 0, "grid", "must be [height, width] > 0"),

@@ -91,6 +91,8 @@ class ResultStore:
                     windows: np.ndarray | None = None) -> Path:
         """Write one chunk atomically (temporary file + rename).
 
+        Maps are stored as float16 unless given as float32 (run config ``map_dtype: float32``).
+
         ``sizes`` / ``windows`` default to "unknown size, whole image" (NaN), which the
         evaluation treats as a plain resize of the whole image.
         """
@@ -102,7 +104,7 @@ class ResultStore:
         os.close(fd)
         try:
             np.savez(tmp, case_ids=ids, scores=np.asarray(scores, np.float32), probs=np.asarray(probs, np.float32),
-                     maps=np.asarray(maps, np.float16), sizes=sizes, windows=windows, skipped_ids=np.asarray(list(skipped), dtype=str),
+                     maps=np.asarray(maps, np.float32 if np.asarray(maps).dtype == np.float32 else np.float16), sizes=sizes, windows=windows, skipped_ids=np.asarray(list(skipped), dtype=str),
                      skipped_reasons=np.asarray(list(skipped.values()), dtype=str))
             os.replace(tmp, path)
         finally:

@@ -40,6 +40,7 @@ from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
 from .results import ResultStore, _atomic_write_bytes
+from .speed import autocast, precision_mode, to_channels_last
 
 
 class _Inputs(Dataset):
@@ -127,6 +128,7 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
         "grid": list(adapter.grid),
         "chunk_size": cfg.chunk_size,
         "precision": cfg.precision,
+        "map_dtype": cfg.map_dtype,
         "code_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
@@ -134,8 +136,12 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
 
 def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
           adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
-          progress: bool = True) -> dict[str, Any]:
-    """Run one (dataset, model) pair into the store; returns counts for the run log."""
+          progress: bool = True, feed: Any = None) -> dict[str, Any]:
+    """Run one (dataset, model) pair into the store; returns counts for the run log.
+
+    ``feed`` (an :class:`xbench.cache.InputFeed` over ``dataset``) supplies inputs decoded once for
+    every model; without it (``decode_once: false``) each model decodes through its own DataLoader.
+    """
     device = cfg.resolved_device()
     dataset = dataset if dataset is not None else open_dataset(dspec)
     adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir)
@@ -156,35 +162,42 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     for k in todo:
         rows = list(range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset))))
         batches += [rows[i:i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
-    loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
-                        num_workers=cfg.num_workers, collate_fn=_collate)
-    amp = (torch.autocast(device.type, dtype=torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
-           if device.type == "cuda" and cfg.precision != "fp32" else nullcontext())
+    amp = autocast(cfg.precision, device)
+    if cfg.channels_last:
+        to_channels_last(adapter)
+    if feed is not None:
+        stream = feed.batches(adapter, batches, device, channels_last=cfg.channels_last)
+    else:
+        loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
+                            num_workers=cfg.num_workers, collate_fn=_collate)
+        stream = (([(it[0], it[1], it[3], it[4], it[5]) for it in items],
+                   torch.stack([it[2] for it in items if it[2] is not None]).to(device)
+                   if any(it[2] is not None for it in items) else None) for items in loader)
+    map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
 
     pending: dict[int, dict[str, list]] = {}
     reasons: Counter[str] = Counter()
     bar = tqdm(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img", disable=not progress)
     started = time.perf_counter()
-    for items in loader:
+    for items, pixels in stream:  # items: (row, case_id, skip reason, (H, W), window)
         chunk = items[0][0] // cfg.chunk_size
         acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [], "windows": [],
                                          "skipped": {}})
-        ok = [it for it in items if it[2] is not None]
-        for _, case_id, _, reason, _, _ in items:
+        ok = [it for it in items if it[2] is None]
+        for _, case_id, reason, _, _ in items:
             if reason is not None:
                 acc["skipped"][case_id] = reason
                 reasons[reason.split(":")[0]] += 1
         if ok:
-            pixels = torch.stack([it[2] for it in ok]).to(device)
-            with amp:
+            with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if feed is not None else nullcontext()):
                 pred = adapter.predict(pixels, prompts)
             scores = pred.scores.float().cpu().numpy()
             acc["ids"] += [it[1] for it in ok]
-            acc["sizes"] += [it[4] for it in ok]
-            acc["windows"] += [it[5] for it in ok]
+            acc["sizes"] += [it[3] for it in ok]
+            acc["windows"] += [it[4] for it in ok]
             acc["scores"].append(scores)
             acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
-            acc["maps"].append(pred.maps.float().cpu().numpy().astype(np.float16))
+            acc["maps"].append(pred.maps.float().cpu().numpy().astype(map_dtype))
         bar.update(len(items))
         bar.set_postfix(img_s=f"{bar.n / max(time.perf_counter() - started, 1e-9):.1f}")
         last_row = min((chunk + 1) * cfg.chunk_size, len(dataset)) - 1
@@ -194,7 +207,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                 dspec.name, mspec.name, chunk, case_ids=acc["ids"],
                 scores=np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
                 probs=np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
-                maps=np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), np.float16),
+                maps=np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), map_dtype),
                 sizes=np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
                 windows=np.asarray(acc["windows"], np.float64).reshape(-1, 4),
                 skipped=acc["skipped"],
@@ -232,13 +245,21 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     log: list[dict[str, Any]] = []
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
-        for mspec in cfg.models:
-            adapter = open_model(mspec, device, dspec, cfg.output_dir)
+        adapters = [open_model(mspec, device, dspec, cfg.output_dir) for mspec in cfg.models]
+        feed = None
+        if cfg.decode_once:
+            from .cache import InputFeed
+
+            feed = InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
+                             skip_missing=cfg.on_missing_image == "skip")
+        for mspec, adapter in zip(cfg.models, adapters):
             entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
-                          progress=progress)
+                          progress=progress, feed=feed)
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
+            entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
             log.append(entry)
+        del feed, adapters
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
     _atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
 
@@ -257,7 +278,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
 
 #: meta keys that must agree between shards of one (dataset, model); paths may differ between machines.
 SHARD_KEYS = ("dataset", "split", "n_cases", "findings", "prompts", "model", "params", "fit_split", "grid", "chunk_size",
-              "precision")
+              "precision", "map_dtype")
 
 
 def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = True) -> Path:
