@@ -37,6 +37,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,6 +262,7 @@ class InputFeed:
             self.add(adapter)
         self.rows: dict[int, tuple[str, dict[str, np.ndarray], str | None, tuple[int, int] | None]] = {}
         self.stats = {"decoded": 0, "from_cache": 0, "skipped": 0}
+        self.seconds = 0.0  # wall time spent decoding / reading the cache
         self._luts: dict[tuple[str, str], torch.Tensor] = {}
 
     def add(self, adapter: Any) -> ModelInput:
@@ -275,6 +277,7 @@ class InputFeed:
         todo = sorted(set(rows) - set(self.rows))
         if not todo:
             return
+        started = time.perf_counter()
         adapters = {k: a for k, (a, _) in self._by_key.items()}
         inputs = {k: s for k, (_, s) in self._by_key.items()}
         source = _Decode(self.dataset, adapters, inputs, self.cache, self.skip_missing)
@@ -283,6 +286,7 @@ class InputFeed:
         for row, case_id, out, reason, shape, decoded in loader:
             self.rows[row] = (case_id, out, reason, shape)
             self.stats["skipped" if reason else ("decoded" if decoded else "from_cache")] += 1
+        self.seconds += time.perf_counter() - started
 
     def release(self) -> None:
         self.rows.clear()

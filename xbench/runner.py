@@ -111,6 +111,45 @@ def _dist_shard() -> tuple[int, int] | None:
     return (int(os.environ.get("RANK", "0")), world) if world > 1 else None
 
 
+def barrier_timeout() -> float:
+    """Seconds a rank waits at the barrier for the others: ``$XBENCH_BARRIER_TIMEOUT`` (default 3600)."""
+    return float(os.environ.get("XBENCH_BARRIER_TIMEOUT", "3600"))
+
+
+_GLOO_GROUP: Any = None
+
+
+def _init_distributed(cfg: RunConfig) -> None:
+    """Join the torchrun group (NCCL on CUDA, else gloo), each rank on GPU ``LOCAL_RANK``, plus a gloo group
+    for the monitored barrier."""
+    global _GLOO_GROUP
+    from datetime import timedelta
+
+    cuda = cfg.resolved_device().type == "cuda"
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" then means this rank's GPU
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=barrier_timeout()))
+    if _GLOO_GROUP is None:
+        _GLOO_GROUP = (torch.distributed.new_group(backend="gloo")
+                       if torch.distributed.get_backend() != "gloo" else torch.distributed.group.WORLD)
+
+
+def _barrier(shard: tuple[int, int]) -> None:
+    """Wait for every rank; a rank that crashed or hangs is an error naming it after the timeout, never a hang."""
+    from datetime import timedelta
+
+    try:
+        torch.distributed.monitored_barrier(group=_GLOO_GROUP, timeout=timedelta(seconds=barrier_timeout()),
+                                            wait_all_ranks=True)
+    except RuntimeError as exc:
+        raise XBenchError(
+            f"rank {shard[0]} of {shard[1]}: not every rank reached the end of inference within "
+            f"{barrier_timeout():g} s (XBENCH_BARRIER_TIMEOUT) — a rank crashed or is stuck ({exc}). The chunks every "
+            "rank finished are in the store; run the same command again to resume, or evaluate with `xbench merge`."
+        ) from exc
+
+
 def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDataset, adapter: Adapter) -> dict[str, Any]:
     return {
         "dataset": dspec.name,
@@ -175,6 +214,9 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                    if any(it[2] is not None for it in items) else None) for items in loader)
     map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
 
+    decode_before = feed.seconds if feed is not None else 0.0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     pending: dict[int, dict[str, list]] = {}
     reasons: Counter[str] = Counter()
     bar = tqdm(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img", disable=not progress)
@@ -217,6 +259,11 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
             counts["cases_skipped"] += len(acc["skipped"])
             del pending[chunk]
     bar.close()
+    counts["seconds"] = round(time.perf_counter() - started, 3)
+    if feed is not None:
+        counts["decode_seconds"] = round(feed.seconds - decode_before, 3)  # decoding for every model of the run
+    if device.type == "cuda":
+        counts["gpu_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
     counts["skip_reasons"] = dict(reasons)
     if counts["cases_skipped"]:
         warnings.warn(f"{mspec.name} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
@@ -235,8 +282,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     dist = _dist_shard() if shard is None else None
     if dist is not None:
         shard = dist
-        if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() and cfg.device != "cpu" else "gloo")
+        _init_distributed(cfg)
     shard = shard or (0, 1)
     if not 0 <= shard[0] < shard[1]:
         raise XBenchError(f"shard index must satisfy 0 <= i < n, got {shard[0]}/{shard[1]}")
@@ -264,7 +310,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     _atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
 
     if dist is not None:
-        torch.distributed.barrier()
+        _barrier(shard)
         if shard[0] != 0:
             return out
     elif shard != (0, 1):
