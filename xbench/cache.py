@@ -38,6 +38,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,12 +89,19 @@ class ModelInput:
         return out if channels_last else out.contiguous()
 
 
+_CALIBRATED: "weakref.WeakKeyDictionary[Any, ModelInput]" = weakref.WeakKeyDictionary()
+
+
 def model_input(adapter: Any) -> ModelInput:
-    """Calibrate ``adapter.preprocess`` once: its transform key and its 8-bit lookup table (or None).
+    """Calibrate ``adapter.preprocess`` once per adapter object: its transform key and 8-bit table (or None).
 
     The key hashes the outputs on two fixed probe images (float-valued portrait, 8-bit-valued
     landscape) and the table, not the class name: adapters with equal preprocessing share entries.
     """
+    try:
+        return _CALIBRATED[adapter]
+    except (KeyError, TypeError):
+        pass
     rng = np.random.default_rng(20251021)
     probes = [rng.random(_PROBE_SHAPE, dtype=np.float32),
               (rng.integers(0, 256, _PROBE_SHAPE[::-1]) / 255).astype(np.float32)]
@@ -110,7 +118,12 @@ def model_input(adapter: Any) -> ModelInput:
     digest = hashlib.sha256(f"{out.shape}|{outs[1].shape}".encode())
     for part in (*outs, lut if lut is not None else np.zeros(0, np.float32)):
         digest.update(part.tobytes())
-    return ModelInput(digest.hexdigest()[:20], lut)
+    spec = ModelInput(digest.hexdigest()[:20], lut)
+    try:
+        _CALIBRATED[adapter] = spec
+    except TypeError:  # not weak-referenceable
+        pass
+    return spec
 
 
 # -- content addressing ------------------------------------------------------------------------

@@ -289,9 +289,15 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
 
     device = cfg.resolved_device()
     log: list[dict[str, Any]] = []
+    built: dict[int, Adapter] = {}  # models without fit_split are built once and serve every dataset
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
-        adapters = [open_model(mspec, device, dspec, cfg.output_dir) for mspec in cfg.models]
+        adapters = []
+        for i, mspec in enumerate(cfg.models):
+            adapter = built.get(i) or open_model(mspec, device, dspec, cfg.output_dir)
+            if mspec.fit_split is None:
+                built[i] = adapter
+            adapters.append(adapter)
         feed = None
         if cfg.decode_once:
             from .cache import InputFeed
