@@ -14,8 +14,8 @@ Phases (``--phases``, in this order; results go to ``<out>/bench_gpu.json`` afte
 * ``default`` — XBench's default on everything: decode once (``--workers`` processes, a cold disk
   cache), batch ``--batch-size``, fp32; then the evaluation (``--bootstrap`` replicates) timed apart.
   Max deviation of scores / maps from ``paper`` on the shared cases.
-* ``multi``   — ``torchrun --nproc_per_node --gpus`` (NCCL; NVLink multicast off) of the default config
-  with its own cold cache; wall time against ``default`` (same machine) and identity of every stored
+* ``multi``   — ``torchrun --nproc_per_node G`` for each G of ``--gpus`` (NCCL; NVLink multicast off) of
+  the default config with its own cold cache and ``--workers`` decode processes per rank; wall time against ``default`` (same machine) and identity of every stored
   array and of the metric tables.
 * ``cached``  — the default run again into a new store from the warm decode cache, evaluation included.
 * ``options`` — speed options (tf32, bf16, fp16, channels_last) against fp32 on ``--paper-fraction``:
@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--bootstrap", type=int, default=1000, help="replicates of the timed evaluation")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--gpus", type=int, default=2)
+    p.add_argument("--gpus", default="2", help="comma-separated GPU counts of the multi phase, e.g. 2,4")
     p.add_argument("--budget", type=float, default=1e9, help="seconds: phases that would start after this are skipped")
     p.add_argument("--tiny", action="store_true", help="CPU smoke version: 0.2 %% of cases, image sides / 4")
     return p
@@ -394,37 +394,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             log(f"phase default failed: {traceback.format_exc()}")
             save()
     if due("multi") and args.device == "cuda":
-        try:
-            import torch
-            import yaml
+        import torch
+        import yaml
 
-            gpus = min(args.gpus, torch.cuda.device_count())
-            raw = {**default, "output_dir": str(args.out / "multi"), "cache_dir": str(args.out / "cache_multi"),
-                   "num_workers": max(1, args.workers // gpus)}
-            shutil.rmtree(args.out / "multi", ignore_errors=True)
-            shutil.rmtree(args.out / "cache_multi", ignore_errors=True)
-            config = args.out / "multi.yaml"
-            config.write_text(yaml.safe_dump(raw))
-            env = {**os.environ, **MULTICAST_OFF, "XBENCH_MANIFESTS": str(args.root / "manifests"), "PYTHONWARNINGS": "ignore"}
-            started = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}",
-                                   "-m", "xbench.cli", "run", "--config", str(config), "--quiet"], env=env,
-                                  capture_output=True, text=True)
-            wall = time.perf_counter() - started
-            multi: dict[str, Any] = {"gpus": gpus, "returncode": proc.returncode, "wall_seconds": round(wall, 2),
-                                     "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
-            if proc.returncode == 0 and "default" in result:
-                multi["one_gpu_wall_seconds"] = result["default"]["whole_seconds"]
-                multi["speedup"] = round(result["default"]["whole_seconds"] / wall, 2)
-                multi["identity"] = identical_stores(args.out / "default", args.out / "multi")
-                multi["tables"] = tables_equal(args.out / "default", args.out / "multi", decimals=12)
-            result["multi"] = multi
-            log(json.dumps(multi))
-            save()
-        except Exception as exc:  # report and go on with the next phase
-            result.setdefault("errors", {})["multi"] = f"{type(exc).__name__}: {exc}"
-            log(f"phase multi failed: {traceback.format_exc()}")
-            save()
+        for gpus in [int(g) for g in str(args.gpus).split(",") if int(g) <= torch.cuda.device_count()]:
+            if time.perf_counter() - t0 > args.budget:
+                result.setdefault("skipped_phases", []).append(f"multi_{gpus}")
+                break
+            try:
+                tag = f"multi_{gpus}"
+                raw = {**default, "output_dir": str(args.out / tag), "cache_dir": str(args.out / f"cache_{tag}"),
+                       "num_workers": args.workers}  # --workers decode processes per rank (per GPU)
+                shutil.rmtree(args.out / tag, ignore_errors=True)
+                shutil.rmtree(args.out / f"cache_{tag}", ignore_errors=True)
+                config = args.out / f"{tag}.yaml"
+                config.write_text(yaml.safe_dump(raw))
+                env = {**os.environ, **MULTICAST_OFF, "XBENCH_MANIFESTS": str(args.root / "manifests"),
+                       "PYTHONWARNINGS": "ignore"}
+                started = time.perf_counter()
+                proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                       f"--nproc_per_node={gpus}", "-m", "xbench.cli", "run", "--config", str(config),
+                                       "--quiet"], env=env, capture_output=True, text=True)
+                wall = time.perf_counter() - started
+                multi: dict[str, Any] = {"gpus": gpus, "returncode": proc.returncode, "wall_seconds": round(wall, 2),
+                                         "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
+                if proc.returncode == 0 and "default" in result:
+                    multi["one_gpu_wall_seconds"] = result["default"]["whole_seconds"]
+                    multi["speedup"] = round(result["default"]["whole_seconds"] / wall, 2)
+                    multi["identity"] = identical_stores(args.out / "default", args.out / tag)
+                    multi["tables"] = tables_equal(args.out / "default", args.out / tag, decimals=12)
+                result[tag] = multi
+                log(json.dumps(multi))
+                save()
+            except Exception as exc:  # report and go on
+                result.setdefault("errors", {})[f"multi_{gpus}"] = f"{type(exc).__name__}: {exc}"
+                log(f"multi {gpus} failed: {traceback.format_exc()}")
+                save()
     if due("cached"):
         try:
             raw = {**default, "output_dir": str(args.out / "cached")}
@@ -485,8 +490,8 @@ def summary(r: dict[str, Any]) -> str:
     for name, x in r.get("options", {}).items():
         lines.append(f"option {name}: passes/s {x.get('passes_per_s')} dev {x.get('deviation_from_fp32')} "
                      f"tables {x.get('tables_vs_fp32')} {x.get('error', '')}")
-    if "multi" in r:
-        lines.append(f"multi: {r['multi']}")
+    for key in sorted(k for k in r if k.startswith("multi_")):
+        lines.append(f"{key}: {r[key]}")
     return "\n".join(lines)
 
 
