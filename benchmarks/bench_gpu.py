@@ -18,6 +18,7 @@ Phases (``--phases``, in this order; results go to ``<out>/bench_gpu.json`` afte
   the default config with its own cold cache and ``--workers`` decode processes per rank; wall time against ``default`` (same machine) and identity of every stored
   array and of the metric tables.
 * ``cached``  — the default run again into a new store from the warm decode cache, evaluation included.
+* ``profile`` — CPU milliseconds per image of each decode step (file read, each model's preprocess).
 * ``options`` — speed options (tf32, bf16, fp16, channels_last) against fp32 on ``--paper-fraction``:
   images/s, max score / map deviation, metric tables (bootstrap off) equal to 2 decimals or not.
 
@@ -187,7 +188,7 @@ def run_config(root: Path, out: Path, *, fraction: float = 1.0, models: list[str
         datasets.append({"name": f"standin_{name}", "root": str(root / name), "cases": max(1, math.ceil(n * fraction))})
     return {"output_dir": str(out), "datasets": datasets,
             "models": [{"name": m, "params": {"random_init": True}} if m in RANDOM_INIT else {"name": m} for m in models],
-            "grid": [224, 224], "chunk_size": 512, "bootstrap": {"replicates": 0, "seed": 0}, **changes}
+            "grid": [224, 224], "chunk_size": 256, "bootstrap": {"replicates": 0, "seed": 0}, **changes}
 
 
 def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
@@ -281,9 +282,40 @@ def identical_stores(a: Path, b: Path) -> dict[str, Any]:
     for rel in sorted(fa & fb):
         with np.load(a / rel) as x, np.load(b / rel) as y:
             if set(x.files) != set(y.files) or not all(np.array_equal(x[k], y[k]) for k in x.files):
-                differing.append(str(rel))
+                diff = {k: float(np.abs(x[k].astype(np.float64) - y[k].astype(np.float64)).max())
+                        for k in ("scores", "maps") if k in x.files and k in y.files}
+                differing.append(f"{rel} {diff}")
     return {"chunks": len(fa), "same_chunk_files": fa == fb, "chunks_differing": differing[:10],
             "identical": fa == fb and not differing}
+
+
+def profile_decode(root: Path, models: list[str], per_dataset: int = 3) -> dict[str, dict[str, float]]:
+    """CPU milliseconds per image of the decode stage, by step (one process): reading the file, then each
+    model's ``preprocess`` on the decoded image — where the decode-once stage spends its time."""
+    import warnings as _w
+
+    import xbench
+    from xbench.datasets.images import read_image
+
+    with _w.catch_warnings():
+        _w.simplefilter("ignore")
+        adapters = {m: xbench.create_model(m, **({"random_init": True} if m in RANDOM_INIT else {})) for m in models}
+    out: dict[str, dict[str, float]] = {}
+    for name in DATASETS:
+        rows = (root / name / "cases.csv").read_text().splitlines()[1: per_dataset + 1]
+        steps: dict[str, float] = {}
+        for line in rows:
+            path = root / name / line.split(",")[1]
+            t = time.perf_counter()
+            image = read_image(path)
+            steps["read"] = steps.get("read", 0.0) + time.perf_counter() - t
+            for m, a in adapters.items():
+                t = time.perf_counter()
+                a.preprocess(image)
+                steps[m] = steps.get(m, 0.0) + time.perf_counter() - t
+        out[name] = {k: round(1000 * v / len(rows), 1) for k, v in steps.items()}
+        out[name]["size"] = list(image.shape)
+    return out
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -309,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--root", type=Path, required=True, help="folder of the stand-in data (generated if absent)")
     p.add_argument("--out", type=Path, required=True, help="folder of stores, caches and bench_gpu.json")
-    p.add_argument("--phases", default="paper,default,options,cached,multi")
+    p.add_argument("--phases", default="paper,default,multi,cached,profile,options")
     p.add_argument("--scale", type=float, default=1.0, help="fraction of every dataset's cases to generate")
     p.add_argument("--size-div", type=int, default=1, help="divide every image side by this (tests)")
     p.add_argument("--paper-fraction", type=float, default=0.1, help="fraction run in the paper setting and options")
@@ -414,13 +446,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 started = time.perf_counter()
                 proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                        f"--nproc_per_node={gpus}", "-m", "xbench.cli", "run", "--config", str(config),
-                                       "--quiet"], env=env, capture_output=True, text=True)
+                                       "--quiet", "--no-eval"], env=env, capture_output=True, text=True)
+                infer_wall = time.perf_counter() - started
+                if proc.returncode == 0:  # the tables, timed apart as for one GPU
+                    from xbench.config import RunConfig
+                    from xbench.evaluate import evaluate_run
+
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        evaluate_run(RunConfig.from_dict(raw), progress=False)
                 wall = time.perf_counter() - started
                 multi: dict[str, Any] = {"gpus": gpus, "returncode": proc.returncode, "wall_seconds": round(wall, 2),
+                                         "infer_wall_seconds": round(infer_wall, 2),
                                          "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
                 if proc.returncode == 0 and "default" in result:
                     multi["one_gpu_wall_seconds"] = result["default"]["whole_seconds"]
                     multi["speedup"] = round(result["default"]["whole_seconds"] / wall, 2)
+                    multi["infer_speedup"] = round(result["default"]["infer_seconds"] / infer_wall, 2)
                     multi["identity"] = identical_stores(args.out / "default", args.out / tag)
                     multi["tables"] = tables_equal(args.out / "default", args.out / tag, decimals=12)
                 result[tag] = multi
@@ -441,12 +483,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             result.setdefault("errors", {})["cached"] = f"{type(exc).__name__}: {exc}"
             log(f"phase cached failed: {traceback.format_exc()}")
             save()
+    if due("profile"):
+        try:
+            result["profile"] = profile_decode(args.root, models, per_dataset=3)
+            log(json.dumps(result["profile"]))
+            save()
+        except Exception as exc:
+            result.setdefault("errors", {})["profile"] = f"{type(exc).__name__}: {exc}"
+            log(f"phase profile failed: {traceback.format_exc()}")
     if due("options"):
         try:
             opts: dict[str, Any] = {}
             base = None
             for name, change in [("fp32", {}), ("tf32", {"precision": "tf32"}), ("bf16", {"precision": "bf16"}),
-                                 ("fp16", {"precision": "fp16"}), ("channels_last", {"channels_last": True})]:
+                                 ("channels_last", {"channels_last": True}), ("fp16", {"precision": "fp16"})]:
                 if time.perf_counter() - t0 > args.budget:
                     break
                 raw = run_config(args.root, args.out / f"opt_{name}", fraction=args.paper_fraction, batch_size=args.batch_size,

@@ -8,7 +8,8 @@ autocast on CUDA when ``precision`` asks) on the rest, writing each chunk
 atomically. Metrics are computed afterwards from the store alone
 (:mod:`xbench.evaluate`), so re-scoring needs no inference.
 
-Scaling out: ``shard=(i, n)`` processes the chunks with ``index % n == i``; under
+Scaling out: ``shard=(i, n)`` processes the chunks with ``(index + offset) % n == i`` (``offset``: the
+chunks of the run's earlier datasets, so shards stay balanced over many small datasets); under
 ``torchrun`` (``RANK``/``WORLD_SIZE`` set) each rank takes its own shard and
 ranks meet at a barrier (gloo or nccl) before rank 0 evaluates. Shards written to
 separate folders are joined with :func:`merge`.
@@ -175,11 +176,13 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
 
 def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
           adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
-          progress: bool = True, feed: Any = None) -> dict[str, Any]:
+          progress: bool = True, feed: Any = None, chunk_offset: int = 0) -> dict[str, Any]:
     """Run one (dataset, model) pair into the store; returns counts for the run log.
 
     ``feed`` (an :class:`xbench.cache.InputFeed` over ``dataset``) supplies inputs decoded once for
     every model; without it (``decode_once: false``) each model decodes through its own DataLoader.
+    Shard ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``; :func:`run` passes the
+    number of chunks of the datasets before this one, so small datasets do not all land on rank 0.
     """
     device = cfg.resolved_device()
     dataset = dataset if dataset is not None else open_dataset(dspec)
@@ -189,9 +192,10 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
 
     n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
     index, count = shard
-    todo = [k for k in range(n_chunks) if k % count == index and not store.has_chunk(dspec.name, mspec.name, k)]
+    mine = [k for k in range(n_chunks) if (k + chunk_offset) % count == index]
+    todo = [k for k in mine if not store.has_chunk(dspec.name, mspec.name, k)]
     counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.name, "chunks_total": n_chunks,
-                              "chunks_done_before": sum(1 for k in range(n_chunks) if k % count == index) - len(todo),
+                              "chunks_done_before": len(mine) - len(todo),
                               "chunks_written": 0, "cases_inferred": 0, "cases_skipped": 0, "skip_reasons": {}}
     if not todo:
         return counts
@@ -290,6 +294,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     device = cfg.resolved_device()
     log: list[dict[str, Any]] = []
     built: dict[int, Adapter] = {}  # models without fit_split are built once and serve every dataset
+    offset = 0  # chunks of the datasets before: shards rotate over datasets (balanced ranks)
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
         adapters = []
@@ -306,11 +311,12 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
                              skip_missing=cfg.on_missing_image == "skip")
         for mspec, adapter in zip(cfg.models, adapters):
             entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
-                          progress=progress, feed=feed)
+                          progress=progress, feed=feed, chunk_offset=offset)
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
             entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
             log.append(entry)
+        offset += math.ceil(len(dataset) / cfg.chunk_size)
         del feed, adapters
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
     _atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
