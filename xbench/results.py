@@ -181,6 +181,8 @@ class ResultStore:
                     windows: np.ndarray | None = None) -> Path:
         """Write one chunk atomically (temporary file + rename), then its index (size, sha256, inputs digest).
 
+        Maps are stored as float16 unless given as float32 (run config ``map_dtype: float32``).
+
         ``sizes`` / ``windows`` default to "unknown size, whole image" (NaN), which the
         evaluation treats as a plain resize of the whole image.
         """
@@ -190,7 +192,7 @@ class ResultStore:
         sizes = np.full((len(ids), 2), -1, np.int64) if sizes is None else np.asarray(sizes, np.int64)
         windows = np.full((len(ids), 4), np.nan) if windows is None else np.asarray(windows, np.float64)
         arrays = dict(case_ids=ids, scores=np.asarray(scores, np.float32), probs=np.asarray(probs, np.float32),
-                      maps=np.asarray(maps, np.float16), sizes=sizes, windows=windows,
+                      maps=np.asarray(maps, np.float32 if np.asarray(maps).dtype == np.float32 else np.float16), sizes=sizes, windows=windows,
                       skipped_ids=np.asarray(list(skipped), dtype=str),
                       skipped_reasons=np.asarray(list(skipped.values()), dtype=str))
         self.index_path(path).unlink(missing_ok=True)  # a chunk without index counts as absent until both are written
