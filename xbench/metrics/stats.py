@@ -384,10 +384,8 @@ class _Recognition:
         for c, f in enumerate(self.classes):
             for name in self.names:
                 self.class_rows.add(f, name, float(getattr(rec, name)[c]), int(known[:, c].sum()))
-        self.cols = [
-            (label_case[known[:, c]], y[known[:, c], c], s[known[:, c], c]) if rec.defined[c] else None
-            for c in range(len(self.classes))
-        ]
+        self.cols = [self._column(label_case[known[:, c]], y[known[:, c], c], s[known[:, c], c]) if rec.defined[c]
+                     else None for c in range(len(self.classes))]
         self.correct = np.zeros(len(cases))
         self.n_known = np.zeros(len(cases))
         np.add.at(self.correct, label_case, (((s >= prob_threshold) == (y == 1)) & known).sum(axis=1))
@@ -395,14 +393,22 @@ class _Recognition:
         self.hamming_rows = _Rows.empty()
         self.hamming_rows.add(DATASET_LEVEL, HAMMING_ACCURACY, rec.hamming_accuracy, int(known.sum()))
 
+    @staticmethod
+    def _column(case: np.ndarray, y: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One class's known cases sorted by decreasing score (stable), the order ``weighted_auc_ap``
+        sorts into: it then finds them sorted, and the weights are gathered once per batch, not twice."""
+        order = np.argsort(-s, kind="stable")
+        return case[order], y[order], s[order]
+
     def replicates(self, w: np.ndarray) -> np.ndarray:
         """Class columns ``(B, 4·nc)`` in :attr:`class_rows` order (NaN for undefined classes)."""
         out = np.full((len(w), len(self.classes), 4), np.nan)
         for c, col in enumerate(self.cols):
             if col is not None:
                 idx, yc, sc = col
-                out[:, c, 0], out[:, c, 1] = weighted_auc_ap(yc, sc, w[:, idx])
-                out[:, c, 2], out[:, c, 3] = weighted_f1_accuracy(yc, sc, w[:, idx], self.prob_threshold)
+                wc = w[:, idx]
+                out[:, c, 0], out[:, c, 1] = weighted_auc_ap(yc, sc, wc)
+                out[:, c, 2], out[:, c, 3] = weighted_f1_accuracy(yc, sc, wc, self.prob_threshold)
         return out.reshape(len(w), -1)
 
     def hamming(self, w: np.ndarray) -> np.ndarray:
