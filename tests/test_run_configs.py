@@ -35,14 +35,15 @@ def test_every_model_config_names_its_weights_and_rules():
             assert "path" in entry and "source" in entry, name
 
 
-def test_weight_file_takes_the_config_name_and_publisher(tmp_path):
+def test_weight_files_take_the_config_name_and_publisher(tmp_path):
     from xbench.errors import MissingFileError
-    from xbench.models.base import weight_file
+    from xbench.models.base import resolve_weight_files
 
-    config = {"weights": {"checkpoint": {"path": "renamed.pt", "source": "https://publisher.example/ckpt"}}}
-    with pytest.raises(MissingFileError, match="renamed.pt.*publisher.example"):
-        weight_file(tmp_path, config, "checkpoint", "default.pt", "checkpoint")
-    (tmp_path / "renamed.pt").write_bytes(b"x")
-    assert weight_file(tmp_path, config, "checkpoint", "default.pt", "checkpoint") == tmp_path / "renamed.pt"
-    with pytest.raises(MissingFileError, match="default.pt.*fallback.example"):
-        weight_file(tmp_path, {}, "checkpoint", "default.pt", "checkpoint", "https://fallback.example")
+    config = {"weights": {"checkpoint": {"path": "renamed.pt", "source": "https://publisher.example/ckpt"},
+                          "archive": {"path": "other.pt", "source": "https://other.example", "alternative_to": "checkpoint"}}}
+    with pytest.raises(MissingFileError, match="renamed.pt or other.pt.*publisher.example"):
+        resolve_weight_files(config, tmp_path, ["checkpoint", "archive"])
+    (tmp_path / "other.pt").write_bytes(b"x")  # the alternative fills the entry
+    assert resolve_weight_files(config, tmp_path, ["checkpoint", "archive"]) == {"checkpoint": tmp_path / "other.pt"}
+    (tmp_path / "renamed.pt").write_bytes(b"x")  # the entry's own file comes first
+    assert resolve_weight_files(config, tmp_path, ["checkpoint"]) == {"checkpoint": tmp_path / "renamed.pt"}

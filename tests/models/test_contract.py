@@ -91,9 +91,7 @@ def test_contract(built):
     if cfg["score_rule"] == "constant":
         assert torch.equal(pred.scores[0], pred.scores[1])
 
-    # thin views and errors
-    assert torch.equal(adapter.scores(pixels[:1], PROMPTS), adapter.predict(pixels[:1], PROMPTS).scores)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # checked before any forward pass
         adapter.predict(pixels, [])
     if cfg["map_source"] != "prior":  # priors take any input size; models name the expected and received shapes
         wrong = torch.zeros(1, 3, size + 32, size + 32)
@@ -105,3 +103,28 @@ def test_contract(built):
 def test_from_config_is_the_one_builder():
     with pytest.raises(TypeError, match="_load / _random"):
         type("Bad", (Adapter,), {"from_config": classmethod(lambda cls, *a: None)})
+
+
+def test_shared_helpers_are_defined_once():
+    """The helpers of models/_common.py have no copies in the package (issue 10: seeded_build twice, the crc32
+    stand-in tokenizer three times, resize_uint8 twice), and no adapter writes the facts its YAML holds."""
+    import ast
+    from pathlib import Path
+
+    import xbench
+
+    helpers = {"seeded_build", "HashWordTokenizer", "to_uint8", "resize_uint8", "normalize_uint8", "check_inputs",
+               "PromptCache"}
+    facts = {"name", "map_source", "score_rule", "input_size", "grid", "verified", "citation"}
+    defined: dict[str, list[str]] = {}
+    for path in Path(xbench.__file__).parent.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in helpers:
+                defined.setdefault(node.name, []).append(path.name)
+            if isinstance(node, ast.ClassDef) and path.parent.name == "models":
+                written = {t.id for stmt in node.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
+                           for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+                           if isinstance(t, ast.Name)} & facts
+                assert path.name == "base.py" or not written, f"{path.name}:{node.name} writes YAML facts {written}"
+    assert defined == {h: ["_common.py"] for h in helpers}, defined

@@ -280,8 +280,8 @@ class RandomPrior(_Prior):
 
     The generator of one case and prompt is ``np.random.default_rng(SeedSequence([seed, H(case id), H(prompt)]))``,
     ``H`` = 128-bit BLAKE2b of the UTF-8 string; it draws the score first, then the ``(h, w)`` map. The pixels are
-    not read, so a changed grey level, decoder or machine redraws nothing. :meth:`predict` (no case ids) keys each
-    image by ``H`` of its thumbnail's float32 bytes instead.
+    not read, so a changed grey level, decoder or machine redraws nothing. :meth:`predict` (no case ids) keeps the
+    earlier key ``SeedSequence([H(thumbnail float32 bytes), H(prompt), seed])``.
     """
 
     config_name = "random_prior"
@@ -298,13 +298,14 @@ class RandomPrior(_Prior):
         """From the config's ``grid``, ``input_size`` and ``params.seed`` (no files)."""
         return cls(config["params"].get("seed", 0), config["grid"], config["input_size"], config, device)
 
-    def _draw(self, keys: Sequence[int], prompts: Sequence[str]) -> Prediction:
+    def _draw(self, keys: Sequence[int], prompts: Sequence[str], by_case: bool) -> Prediction:
         scores = np.empty((len(keys), len(prompts)), dtype=np.float32)
         maps = np.empty((len(keys), len(prompts), *self.grid), dtype=np.float32)
         prompt_keys = [_digest(p.encode("utf-8")) for p in prompts]
         for i, key in enumerate(keys):
             for c, prompt_key in enumerate(prompt_keys):
-                rng = np.random.default_rng(np.random.SeedSequence([self.seed, key, prompt_key]))
+                entropy = [self.seed, key, prompt_key] if by_case else [key, prompt_key, self.seed]
+                rng = np.random.default_rng(np.random.SeedSequence(entropy))
                 scores[i, c] = rng.random()
                 maps[i, c] = rng.random(self.grid)
         return Prediction(scores=torch.from_numpy(scores), maps=torch.from_numpy(maps))
@@ -314,10 +315,10 @@ class RandomPrior(_Prior):
         b, prompts = self._batch(pixels, prompts)
         if len(case_ids) != b:
             raise ValueError(f"RandomPrior: {len(case_ids)} case ids for a batch of {b} images")
-        return self._draw([_digest(str(c).encode("utf-8")) for c in case_ids], prompts)
+        return self._draw([_digest(str(c).encode("utf-8")) for c in case_ids], prompts, by_case=True)
 
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Like :meth:`predict_cases`, each image keyed by its thumbnail's bytes (no case ids known)."""
         b, prompts = self._batch(pixels, prompts)
         images = pixels.detach().to("cpu", torch.float32).contiguous()
-        return self._draw([_digest(image.numpy().tobytes()) for image in images], prompts)
+        return self._draw([_digest(image.numpy().tobytes()) for image in images], prompts, by_case=False)
