@@ -6,6 +6,7 @@
     xbench reproduce --config CONFIG [--notebooks DIR] [--timeout S]
     xbench manifest check|build DATASET --root DIR [--out FILE]
     xbench list models|datasets
+    xbench weights check NAME DIR
 """
 from __future__ import annotations
 
@@ -63,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", required=True)
     p.add_argument("--out", help="case table path for `build` (.csv or .parquet)")
 
+    p = sub.add_parser("weights", help="verify a local weights folder for a model (files, safe read, strict keys, tokenizer)")
+    p.add_argument("action", choices=["check"])
+    p.add_argument("model")
+    p.add_argument("folder")
+
     p = sub.add_parser("list", help="registered models or datasets")
     p.add_argument("what", choices=["models", "datasets"])
     return parser
@@ -85,6 +91,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print("\n".join(list_models() if args.what == "models" else list_datasets()))
         return 0
+    if args.command == "weights":
+        from .models.weights_check import check_weights
+
+        report = check_weights(args.model, args.folder)
+        print(report.format())
+        return 0 if report.ok else 1
     if args.command == "manifest":
         from . import manifests
 
