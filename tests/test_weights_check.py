@@ -43,7 +43,7 @@ def test_wrong_checkpoint_is_read_safely_and_fails_the_strict_match(tmp_path, ca
     marker = tmp_path / "marker"
     folder = tmp_path / "kad"
     (folder / "Med-KEBERT").mkdir(parents=True)
-    (folder / "Med-KEBERT" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "lung"]))
+    (folder / "Med-KEBERT" / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nlung\n")
     torch.save({"image_encoder": {"res_l1.weight": torch.zeros(2, 2)}, "text_encoder": {}, "model": {},
                 "config": argparse.Namespace(lr=np.float64(1e-4)), "epoch": np.int64(3), "hook": Exec(marker)},
                folder / "best_valid.pt")

@@ -39,7 +39,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -73,7 +73,7 @@ class Placeholder:
 
     qualname = "?"
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Placeholder:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Placeholder:  # noqa: PYI034
         obj = super().__new__(cls)
         obj.__dict__["pickled_args"] = args
         if kwargs:
@@ -187,7 +187,7 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: ever
     admitted data types and placeholders (never on a class or a function, which would mutate a global).
     """
 
-    dispatch = dict(pickle._Unpickler.dispatch)
+    dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, file: Any, *, encoding: str = "utf-8", **kwargs: Any):
         super().__init__(file, encoding=encoding, **kwargs)

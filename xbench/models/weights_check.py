@@ -129,9 +129,10 @@ def check_weights(name: str, folder: str | Path) -> WeightsReport:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             adapter = create_model(name, weights=folder)
-    except Exception as exc:  # report any failure of the build, by its message
+    except Exception as exc:  # noqa: BLE001 - any failure of the build is reported by its message
         report.build = ("error", f"{type(exc).__name__}: {exc}")
         return report
-    report.build = ("ok", f"{type(adapter).__name__} built from the folder; every checkpoint and text encoder "
-                          f"matched the architecture strictly (weights label {adapter.weights_label!r})")
+    detail = (f"{type(adapter).__name__} built from the folder; every checkpoint and text encoder "
+              f"matched the architecture strictly (weights label {adapter.weights_label!r})")
+    report.build = ("ok", detail)
     return report
