@@ -10,6 +10,7 @@
     xbench score --maps DIR|FILE.npz --dataset NAME [--split S] [--root DIR] [--output-dir DIR] [--name N]
     xbench report --run DIR [--out FILE.html]
     xbench export --run DIR [--tau best|T] [--margin M]
+    xbench weights check NAME DIR
 
 Every subcommand takes ``-q/--quiet`` (warnings and errors only, no progress), ``-v/--verbose``
 (debug) and ``--config-path DIR`` (repeatable; a folder with ``models/`` and/or ``datasets/`` of
@@ -88,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset")
     p.add_argument("--root", required=True)
     p.add_argument("--out", help="case table path for `build` (.csv or .parquet)")
+
+    p = add("weights", help="verify a local weights folder for a model (files, safe read, strict keys, tokenizer)")
+    p.add_argument("action", choices=["check"])
+    p.add_argument("model")
+    p.add_argument("folder")
 
     p = add("list", help="registered models or datasets")
     p.add_argument("what", choices=["models", "datasets"])
@@ -191,6 +197,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print("\n".join(list_models() if args.what == "models" else list_datasets()))
         return 0
+    if args.command == "weights":
+        from .models.weights_check import check_weights
+
+        report = check_weights(args.model, args.folder)
+        print(report.format())
+        return 0 if report.ok else 1
     if args.command == "manifest":
         from . import manifests
 

@@ -272,3 +272,29 @@ def test_carzero_file_with_a_placeholder_value_is_refused_by_key(tmp_path):
     with pytest.raises(CheckpointError, match=r"CARZero_best_model\.ckpt.*decoder_norm\.weight' is a exec"):
         CARZeroAdapter.from_official_checkpoint(checkpoint, None, [], where=str(path))
     assert not marker.exists()
+
+
+def test_sized_allocations_are_refused(tmp_path):
+    """``bytearray(n)`` / ``range(n)`` from a pickle would allocate or iterate on request: refused or inert."""
+    from xbench.models.checkpoint import CheckpointWarning, Placeholder
+
+    class Bomb:
+        def __reduce__(self):
+            return (bytearray, (10**12,))
+
+    class Lazy:
+        def __reduce__(self):
+            return (range, (10**12,))
+
+    torch.save({"w": torch.ones(1), "x": Bomb()}, tmp_path / "bomb.pt")
+    with pytest.raises(CheckpointError, match=r"bomb\.pt"):  # torch's weights-only step already fails (MemoryError)
+        load_checkpoint(tmp_path / "bomb.pt")
+    from xbench.models.checkpoint import _restricted_load
+
+    with pytest.raises(CheckpointError, match=r"bomb\.pt.*bytearray from a int"):
+        _restricted_load(tmp_path / "bomb.pt")
+    torch.save({"w": torch.ones(1), "x": Lazy()}, tmp_path / "lazy.pt")
+    with pytest.warns(CheckpointWarning, match="range"):
+        assert isinstance(load_checkpoint(tmp_path / "lazy.pt")["x"], Placeholder)
+    torch.save({"w": torch.ones(1), "x": bytearray(b"abc")}, tmp_path / "ok.pt")
+    assert load_checkpoint(tmp_path / "ok.pt")["x"] == bytearray(b"abc")

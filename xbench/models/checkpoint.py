@@ -39,7 +39,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -73,7 +73,7 @@ class Placeholder:
 
     qualname = "?"
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Placeholder:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Placeholder:  # noqa: PYI034
         obj = super().__new__(cls)
         obj.__dict__["pickled_args"] = args
         if kwargs:
@@ -131,6 +131,13 @@ def _np_reconstruct(subtype: Any, shape: Any, typecode: Any) -> np.ndarray:
     return np.ndarray.__new__(np.ndarray, (0,), np.uint8)
 
 
+def _bytearray(*args: Any) -> bytearray:
+    """``bytearray`` from pickled data only (``bytearray(n)`` would allocate ``n`` bytes on request)."""
+    if args and not isinstance(args[0], bytes | bytearray | str):
+        raise pickle.UnpicklingError(f"bytearray from a {type(args[0]).__name__} is not admitted")
+    return bytearray(*args)
+
+
 def _numpy_globals() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for core in ("numpy.core.multiarray", "numpy._core.multiarray"):
@@ -151,6 +158,8 @@ def allowed_globals() -> dict[str, Any]:
     ``device``, ``OrderedDict``, ``Counter``, ``set``, ``bytearray``, ``complex``, ``_codecs.encode``),
     plus ``argparse.Namespace``, ``collections.defaultdict`` / ``deque``, builtin constructors of
     scalars and containers, numpy dtypes, scalars and arrays (:func:`_np_scalar`, :func:`_np_reconstruct`).
+    No lazy or sized producer is admitted (``range``, ``bytes(n)``), so a constructor only ever copies
+    finite data that the pickle itself spelled out.
     """
     from torch import _weights_only_unpickler as wou
 
@@ -160,9 +169,9 @@ def allowed_globals() -> dict[str, Any]:
         "argparse.Namespace": argparse.Namespace,
         "collections.defaultdict": collections.defaultdict,
         "collections.deque": collections.deque,
+        "builtins.bytearray": _bytearray,
         "builtins.frozenset": frozenset,
         "builtins.slice": slice,
-        "builtins.range": range,
         "builtins.list": list,
         "builtins.dict": dict,
         "builtins.tuple": tuple,
@@ -170,7 +179,6 @@ def allowed_globals() -> dict[str, Any]:
         "builtins.float": float,
         "builtins.bool": bool,
         "builtins.str": str,
-        "builtins.bytes": bytes,
         "torch._tensor._rebuild_from_type_v2": torch._tensor._rebuild_from_type_v2,
     })
     return out
@@ -187,7 +195,7 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: ever
     admitted data types and placeholders (never on a class or a function, which would mutate a global).
     """
 
-    dispatch = dict(pickle._Unpickler.dispatch)
+    dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, file: Any, *, encoding: str = "utf-8", **kwargs: Any):
         super().__init__(file, encoding=encoding, **kwargs)
