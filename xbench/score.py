@@ -305,7 +305,7 @@ def evaluate_maps(
         raise XBenchError(f"{out} holds a results store or tables that evaluate_maps did not write (a model run?); "
                           "choose another output_dir — evaluate_maps replaces its output folder's store and tables")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "score_inputs.json").write_text(json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
+    atomic_write_text(out / "score_inputs.json", json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
     if (out / "store").exists():
         shutil.rmtree(out / "store")
     if (out / "tables").exists():
