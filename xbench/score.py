@@ -173,7 +173,7 @@ _CHEXLOCALIZE_NAME = re.compile(r"^(?P<cxr>.+)_(?P<task>[^_]+)_map\.pkl$")
 
 
 def _storage_from_bytes(data: bytes) -> Any:
-    """Safe stand-in for ``torch.storage._load_from_bytes`` (which calls ``torch.load(weights_only=False)``)."""
+    """Safe stand-in for ``torch.storage._load_from_bytes`` (which unpickles with ``weights_only`` off)."""
     import torch
 
     return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
