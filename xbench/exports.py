@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .atomic import atomic_write, atomic_write_text, write_frame
 from .errors import XBenchError
 
 __all__ = ["maps_at_grid", "mask_boxes", "export_run", "open_run_dataset", "run_grid", "pointing_tolerance_table"]
@@ -179,13 +180,13 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
             for name, values in (("pointing", hits), ("dice", _overlap(pred_masks, gts, "dice")),
                                  ("iou", _overlap(pred_masks, gts, "iou")), ("dice_boxes", _overlap(box_masks, gts, "dice"))):
                 per_case[name].update({(i, finding): float(x) for i, x in zip(ids, values)})
-        np.savez_compressed(folder / "masks.npz", **masks)
+        atomic_write(folder / "masks.npz", lambda tmp: np.savez_compressed(tmp, **masks))
         written.append(folder / "masks.npz")
         boxes = pd.DataFrame(box_rows, columns=["img_id", "task", "x_min", "y_min", "x_max", "y_max", "score",
                                                 "area_cells", "image_height", "image_width"])
-        boxes.to_csv(folder / "boxes.csv", index=False)
+        write_frame(boxes, folder / "boxes.csv")
         written.append(folder / "boxes.csv")
-        (folder / "boxes_coco.json").write_text(json.dumps(_coco(boxes, data.findings), indent=1))
+        atomic_write_text(folder / "boxes_coco.json", json.dumps(_coco(boxes, data.findings), indent=1))
         written.append(folder / "boxes_coco.json")
         tasks = list(dict.fromkeys(mp["finding"]))
         cxrs = sorted({i for d in per_case.values() for i, _ in d}, key=lambda i: row_of[i])
@@ -194,9 +195,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
             table = pd.DataFrame({task: [values.get((i, task), np.nan) for i in cxrs] for task in tasks})
             table.insert(0, "img_id", cxrs)
             path = folder / f"{label}_results_per_cxr.csv"
-            table.to_csv(path, index=False)
+            write_frame(table, path)
             written.append(path)
-        (folder / "export.json").write_text(json.dumps({
+        atomic_write_text(folder / "export.json", json.dumps({
             "dataset": ds, "model": model, "grid": list(grid), "tau": taus, "tau_rule": "best" if tau == "best" else "fixed",
             "pointing_margin_px": margin, "mask_rule": "normalised map >= tau at the evaluation grid",
             "boxes": "8-connected components of the mask, original pixels, max exclusive; score = max saliency"}, indent=1))

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .atomic import atomic_write_text
 from .errors import XBenchError
 from .exports import maps_at_grid, open_run_dataset, run_grid
 
@@ -76,10 +77,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
     title = f"XBench report — {run_dir.name}"
     page = _PAGE.format(title=html.escape(title), nav=nav, body=body, css=_CSS, js=_JS)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return atomic_write_text(out, page)
 
 
 def _read_json(path: Path) -> Any:

@@ -173,7 +173,7 @@ _CHEXLOCALIZE_NAME = re.compile(r"^(?P<cxr>.+)_(?P<task>[^_]+)_map\.pkl$")
 
 
 def _storage_from_bytes(data: bytes) -> Any:
-    """Safe stand-in for ``torch.storage._load_from_bytes`` (which calls ``torch.load(weights_only=False)``)."""
+    """Safe stand-in for ``torch.storage._load_from_bytes`` (which unpickles with ``weights_only`` off)."""
     import torch
 
     return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
@@ -305,7 +305,7 @@ def evaluate_maps(
         raise XBenchError(f"{out} holds a results store or tables that evaluate_maps did not write (a model run?); "
                           "choose another output_dir — evaluate_maps replaces its output folder's store and tables")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "score_inputs.json").write_text(json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
+    atomic_write_text(out / "score_inputs.json", json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
     if (out / "store").exists():
         shutil.rmtree(out / "store")
     if (out / "tables").exists():

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 import yaml
 from tqdm.auto import tqdm
 
+from .atomic import atomic_write, atomic_write_text
 from .datasets import load_dataset
 from .datasets.base import BaseDataset
 from .models.base import Adapter
@@ -141,7 +142,8 @@ def train(model_name: str, out: str | Path, *, epochs: int | None = None, seed: 
     from safetensors.torch import save_file
 
     model = model.cpu().eval()
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / WEIGHTS_FILE))
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    atomic_write(out / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp)))
     adapter = ADAPTERS[model_name].from_state_dict(model.state_dict())
     test_set = load_dataset("phantom", split="test")
     record = {
@@ -156,7 +158,7 @@ def train(model_name: str, out: str | Path, *, epochs: int | None = None, seed: 
         "test_metrics": {"split": "test", "cases": len(test_set), "model": evaluate(adapter, test_set),
                          "centre_prior": evaluate_centre_prior(test_set)},
     }
-    (out / "train_config.yaml").write_text(yaml.safe_dump(record, sort_keys=False))
+    atomic_write_text(out / "train_config.yaml", yaml.safe_dump(record, sort_keys=False))
     return record
 
 
