@@ -1,6 +1,6 @@
 # XBench — two entry points that work on a fresh machine with Python 3.11 + pip:
 #   make reproduce   set up .venv, run the whole benchmark on the embedded phantom default (CPU), write tables + figures
-#   make test        set up .venv, run the test suite (incl. every notebook through papermill)
+#   make test        set up .venv, lint (ruff), run the test suite (incl. doctests and every notebook through papermill)
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
@@ -20,7 +20,8 @@ reproduce: setup
 	HF_HUB_OFFLINE=1 $(VENV)/bin/xbench reproduce --config $(CONFIG) --figures-dir figures
 
 test: setup
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q --nbval-lax --nbval-current-env tests notebooks
+	$(VENV)/bin/ruff check xbench tests
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q --doctest-modules --nbval-lax --nbval-current-env xbench tests notebooks
 
 bench: setup
 	$(PY) benchmarks/bench_threshold_sweep.py

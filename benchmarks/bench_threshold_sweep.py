@@ -12,9 +12,14 @@ below 3 GB. For every block, in the same run:
   224×224 maps (no resize; normalising a normalised map is the identity),
   against the brute-force 101 passes alone.
 
-Both paths resize with the same :func:`xbench.metrics.upsample_maps`. Prints the
-machine load, the times, the ratios and the largest absolute difference between
-the two results (must be 0: the fast path is exact), then best-τ Dice/IoU.
+Both paths resize with the same separable bilinear product
+(:func:`xbench.metrics.upsample_maps`); the time of the fast path's resize step
+alone (chunks into one reused buffer) is reported too. Prints the CPU, the thread settings (torch intra-op threads and
+BLAS threads as the caller left them; the fast path itself runs on one thread,
+see ``xbench.metrics._sweep.single_threaded``), the machine load at start and
+end, wall and CPU (process) times, the ratios measured in this run, and the
+largest absolute difference between the two results (must be 0: the fast path
+is exact), then best-τ Dice/IoU.
 
 Usage::
 
@@ -24,12 +29,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import time
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_info
 
-from xbench.metrics import THRESHOLDS, best_threshold, dice_iou_curves, normalize_maps, upsample_maps
+from xbench.metrics import (
+    THRESHOLDS,
+    best_threshold,
+    dice_iou_curves,
+    normalize_maps,
+    upsample_maps,
+)
+from xbench.metrics._sweep import CHUNK_SIZE, single_threaded, upsample_chunk
 
 GRID = (224, 224)
 NATIVE = (14, 14)
@@ -88,7 +102,7 @@ class Clock:
     def __init__(self) -> None:
         self.wall = self.cpu = 0.0
 
-    def __enter__(self) -> "Clock":
+    def __enter__(self) -> Clock:  # noqa: PYI034
         self._w, self._c = time.perf_counter(), time.process_time()
         return self
 
@@ -104,18 +118,45 @@ def ratio(a: Clock, b: Clock) -> str:
     return f"{a.wall / b.wall:6.1f}x wall {a.cpu / b.cpu:6.1f}x CPU"
 
 
+def upsample_like_the_fast_path(maps: np.ndarray) -> None:
+    """The fast path's resize step alone: chunks of CHUNK_SIZE maps into one reused buffer, one thread."""
+    buf = np.empty((CHUNK_SIZE, *GRID), np.float32)
+    with single_threaded():
+        for s in range(0, len(maps), CHUNK_SIZE):
+            upsample_chunk(maps[s : s + CHUNK_SIZE], GRID, out=buf[: len(maps[s : s + CHUNK_SIZE])])
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
+def thread_settings() -> str:
+    """torch intra-op / inter-op threads, each BLAS / OpenMP library's threads, and the *_NUM_THREADS variables."""
+    libs = ", ".join(f"{i['internal_api']} {i['num_threads']}" + (f" ({i['architecture']})" if i.get("architecture") else "")
+                     for i in threadpool_info())
+    env = {k: v for k, v in os.environ.items() if k.endswith("_NUM_THREADS")}
+    return (f"torch intra-op {torch.get_num_threads()}, inter-op {torch.get_num_interop_threads()}; {libs}; "
+            f"env {env or 'none'}; the fast path runs single-threaded")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=20000, help="number of (map, mask) pairs (default 20000)")
     parser.add_argument("--block", type=int, default=1024, help="pairs generated and timed at a time")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads to set before timing (default: leave torch's default)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed)
     load_start = os.getloadavg()
 
-    fast, fast_sweep, prep, loop = Clock(), Clock(), Clock(), Clock()
+    fast, fast_sweep, prep, loop, resize = Clock(), Clock(), Clock(), Clock(), Clock()
     diff = 0.0
     dice_fast, iou_fast = [], []
     for start in range(0, args.pairs, args.block):
@@ -123,6 +164,8 @@ def main() -> None:
 
         with fast:
             d_fast, j_fast = dice_iou_curves(maps, masks)
+        with resize:
+            upsample_like_the_fast_path(maps)
 
         d_brute, j_brute = np.empty_like(d_fast), np.empty_like(j_fast)
         norms = []
@@ -146,15 +189,19 @@ def main() -> None:
     brute.wall, brute.cpu = prep.wall + loop.wall, prep.cpu + loop.cpu
     best = best_threshold(np.concatenate(dice_fast), np.concatenate(iou_fast))
     load_end = os.getloadavg()
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical CPUs); torch {torch.__version__}, numpy {np.__version__}")
+    print(f"threads: {thread_settings()}")
     print(f"load average (1/5/15 min) at start {load_start[0]:.2f}/{load_start[1]:.2f}/{load_start[2]:.2f}, "
-          f"at end {load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} on {os.cpu_count()} CPUs")
+          f"at end {load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f}")
     print(f"pairs: {args.pairs}, maps {NATIVE[0]}x{NATIVE[1]} -> grid {GRID[0]}x{GRID[1]}, "
-          f"{THRESHOLDS.size} thresholds, torch threads {args.threads}")
+          f"{THRESHOLDS.size} thresholds")
     print(f"brute: upsample+normalise once      {prep}")
     print(f"brute: 101 passes of v >= t         {loop}")
     print(f"brute: total                        {brute}")
     print(f"fast:  dice_iou_curves(native maps) {fast}")
     print(f"fast:  dice_iou_curves(normalised)  {fast_sweep}")
+    print(f"       of which upsampling          {resize}  (share of the fast path: "
+          f"{resize.cpu / fast.cpu:.0%} of its CPU)")
     print(f"ratio end-to-end (brute total / fast native):     {ratio(brute, fast)}")
     print(f"ratio sweep only (101 passes / fast normalised):  {ratio(loop, fast_sweep)}")
     print(f"max |fast - brute| over Dice and IoU: {diff}")

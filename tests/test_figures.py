@@ -60,7 +60,9 @@ def test_auc_vs_pointing(done, tmp_path):
     assert isinstance(fig, plt.Figure)
     ax = fig.axes[0]
     assert ax.get_xlabel() == "classification AUC" and ax.get_ylabel() == "pointing game accuracy"
-    assert "n = 2" in ax.get_title() and "R² =" in ax.get_title() and ax.get_title().startswith("phantom")
+    assert "n = 2" in ax.get_title() and ax.get_title().startswith("phantom")
+    assert "no fit (fewer than 4 points)" in ax.get_title() and "R²" not in ax.get_title()  # 2 points: no line
+    assert not [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
     assert sum(len(c.get_offsets()) for c in ax.collections) == len(MODELS)  # one point per model × dataset
     check_saved(fig, tmp_path, "fig3")
 
@@ -114,20 +116,90 @@ def test_overlay_grid_hand_built(tmp_path):
     masks[0][4:9, 4:9] = True  # second case: empty mask, no outline drawn
     maps = [[rng.random((16, 16)) for _ in range(3)] for _ in range(2)]
     fig = figures.overlay_grid(images, maps, masks, row_labels=["c1", "c2"], col_labels=["m1", "m2", "m3"], title="t")
-    assert len(fig.axes) == 2 * 4
-    assert [ax.get_title() for ax in fig.axes[:4]] == ["image + GT", "m1", "m2", "m3"]
+    assert len(fig.axes) == 2 * 4 + 1  # + the colour bar
+    assert [ax.get_title() for ax in fig.axes[:4]] == ["image + GT (blue)", "m1", "m2", "m3"]
+    assert fig.axes[1].images[1].get_cmap().name == figures.MAP_CMAP
     assert len(fig.axes[1].images) == 2 and len(fig.axes[0].images) == 1  # image (+ map) per panel
     check_saved(fig, tmp_path, "fig2")
 
 
 def test_visual_comparison_from_the_store(done, tmp_path):
     data = xbench.load_dataset("phantom", split="test", cases=CASES)
-    fig = figures.visual_comparison(done["out"], data, MODELS, n_cases=2, seed=0)
-    assert len(fig.axes) == 2 * (len(MODELS) + 1)
-    assert [ax.get_title() for ax in fig.axes[:3]] == ["image + GT", *MODELS]
+    fig = figures.visual_comparison(done["out"], data, MODELS, seed=0)
+    # the paper's findings present in the phantom: Pneumothorax, Consolidation (no Lung Opacity)
+    assert len(fig.axes) == 2 * (len(MODELS) + 1) + 1
+    assert [ax.get_title() for ax in fig.axes[:3]] == ["image + GT (blue)", *MODELS]
+    assert [ax.get_ylabel().split("\n")[0] for ax in fig.axes[: 2 * 3 : 3]] == ["Pneumothorax", "Consolidation"]
+    panel_texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert len(panel_texts) == 2 * len(MODELS) and all(t.startswith("hit ") and "Dice" in t for t in panel_texts)
+    assert any(ln.get_marker() == "x" for ln in fig.axes[1].get_lines())  # argmax marked
     assert "synthetic phantom" in fig._suptitle.get_text()
     check_saved(fig, tmp_path, "visual")
 
 
 def test_data_label_flags_the_phantom():
     assert figures.data_label(["phantom", "nih_bbox"]) == "Data: phantom (synthetic phantom, not patient data), nih_bbox"
+
+
+def test_visual_comparison_takes_case_ids_and_refuses_unevaluated_cases(done):
+    data = xbench.load_dataset("phantom", split="test", cases=CASES)
+    labels = data.labels()
+    c = data.findings.index("Consolidation")
+    ids = data.cases["case_id"].astype(str).tolist()
+    case = next(ids[r] for r in np.flatnonzero(labels[:, c] == 1) if data[int(r)].regions.get("Consolidation"))
+    fig = figures.visual_comparison(done["out"], data, MODELS, findings=["Consolidation"], case_ids=[case])
+    assert fig.axes[0].get_ylabel() == f"Consolidation\n{case}"
+    with pytest.raises(ValueError, match="not in phantom"):
+        figures.visual_comparison(done["out"], data, MODELS, findings=["Consolidation"], case_ids=["nope"])
+    with pytest.raises(ValueError, match="not classes of phantom"):
+        figures.visual_comparison(done["out"], data, MODELS, findings=["Lung Opacity"])
+
+
+def test_paper_fig3_one_point_per_model_with_groups_fit_and_residuals(tmp_path):
+    from xbench.analysis import model_correlation
+    from xbench.paper import synthetic_results
+
+    tidy = synthetic_results()
+    fig = figures.paper_fig3(tidy, title="synthetic")
+    ax = fig.axes[0]
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 7
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == sorted(
+        ["direct contrastive", "structured alignment", "cross-attention"])
+    pts, fit = model_correlation(tidy)
+    assert fit is not None and f"R² = {fit.r2:.2f}" in ax.get_title() and "nan" not in ax.get_title()
+    assert np.allclose(pts["residual"], pts["y"] - (fit.slope * pts["x"] + fit.intercept))
+    labels = [t.get_text() for t in ax.texts]
+    assert any(lbl.startswith("CARZero (") for lbl in labels)
+    check_saved(fig, tmp_path, "fig3_paper")
+    few = figures.paper_fig3(tidy[tidy["model"].isin(["kad", "clip", "mavl"])], title="three")
+    assert "no fit" in few.axes[0].get_title() and not few.axes[0].get_lines()
+
+
+def test_fig4_states_the_averaging_rule_and_uses_paper_names():
+    from xbench.paper import synthetic_results
+
+    fig = figures.calibration(synthetic_results(), fixed="dice@0.5", best="dice@best", title="synthetic")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["CLIP", "BiomedCLIP", "MedKLIP", "KAD", "MAVL",
+                                                           "CARZero", "DeViDe"]
+    assert "mean over datasets of the mean over classes" in ax.get_title()
+
+
+def test_difference_heatmap(tmp_path):
+    from xbench.analysis import compare_with_paper
+    from xbench.paper import synthetic_results
+
+    fig = figures.difference_heatmap(compare_with_paper(synthetic_results()), title="synthetic vs paper")
+    panels = [ax for ax in fig.axes if ax.get_title(loc="left").startswith("Table")]
+    assert [ax.get_title(loc="left") for ax in panels] == [f"Table {t}" for t in range(1, 6)]
+    check_saved(fig, tmp_path, "heat")
+
+
+def test_importing_figures_keeps_the_backend():
+    import subprocess
+    import sys
+
+    code = ("import matplotlib; matplotlib.use('svg'); import xbench.figures; "
+            "import matplotlib.pyplot as plt; print(matplotlib.get_backend())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "svg"

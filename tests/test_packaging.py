@@ -26,6 +26,12 @@ def test_wheel_install_lists_datasets_and_carries_notebooks(tmp_path):
     wheel = next(wheels.glob("xbench-*.whl"))
     subprocess.run([*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)], check=True,
                    cwd=tmp_path, capture_output=True)
+    # every data file of the package travels with it (a new folder of data needs a package-data pattern)
+    data = {f.relative_to(REPO) for f in (REPO / "xbench").rglob("*")
+            if f.is_file() and f.suffix not in {".py", ".pyc"} and "__pycache__" not in f.parts}
+    shipped = {f.relative_to(target) for f in (target / "xbench").rglob("*") if f.is_file()}
+    assert data <= shipped, sorted(map(str, data - shipped))
+    assert {Path("xbench/data_manifests") / p.name for p in (REPO / "data_manifests").glob("*.yaml")} <= shipped
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     code = ("import xbench, xbench.reproduce as r; print(xbench.__file__); "
             "print(len(r.notebook_paths())); print(r.NOTEBOOKS_DIR)")

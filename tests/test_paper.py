@@ -4,11 +4,22 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import shared_path
+
 from xbench.metrics import DATASET_LEVEL
-from xbench.paper import (CLASS_TABLES, DATASETS, MODELS, TABLE_CLASSES, denominator_table, expected_positive_pairs,
-                          fits, implied_denominator, load_reference, mean_checks, synthetic_results)
+from xbench.paper import (
+    CLASS_TABLES,
+    DATASETS,
+    MODELS,
+    TABLE_CLASSES,
+    denominator_table,
+    expected_positive_pairs,
+    fits,
+    implied_denominator,
+    load_reference,
+    mean_checks,
+    synthetic_results,
+)
 from xbench.paper.transcribe import transcribe
 from xbench.registry import dataset_manifest
 
@@ -112,3 +123,44 @@ def test_synthetic_results_cover_every_model_dataset_and_class():
     assert (det["n"] == 289).all() and np.allclose((det["value"] * 289) % 1, 0)
     assert tidy["value"].between(0, 1).all()
     pd.testing.assert_frame_equal(tidy, synthetic_results())  # seeded
+
+
+def test_compare_with_paper_matches_cells_and_checks_the_ci():
+    from xbench.analysis import compare_with_paper, comparison_status, comparison_summary
+
+    tidy = synthetic_results()
+    # make one published cell exact: KAD's Table 3 CARD pointing 90.41
+    hit = (tidy.model == "kad") & (tidy.dataset == "nih_bbox") & (tidy.finding == "Cardiomegaly") & (tidy.metric == "pointing")
+    tidy.loc[hit, ["value", "ci_low", "ci_high"]] = [0.9041, 0.85, 0.95]
+    c = compare_with_paper(tidy)
+    assert len(c) == len(REF) and c["run"].notna().all()
+    row = c[(c.table == 3) & (c.model == "kad") & (c.paper_class == "CARD")].iloc[0]
+    assert row["diff"] == pytest.approx(0.0) and bool(row["paper_in_ci"]) and row["n"] == 146
+    assert np.allclose(c["diff"], c["run"] - c["paper"])
+    inside = (c["run_low"] - 0.005 <= c["paper"]) & (c["paper"] <= c["run_high"] + 0.005)
+    assert (c["paper_in_ci"].astype(bool) == inside).all()
+    t1 = c[(c.table == 1) & (c.model == "kad") & (c.dataset == "nih_bbox") & (c.metric == "pointing")].iloc[0]
+    assert t1["n"] == 984  # pairs behind a dataset value: the sum over classes
+    summary = comparison_summary(c)
+    assert summary.loc[3, "cells"] == 63 and summary.loc[5, "flagged_in_paper"] == 7
+    assert comparison_status(tidy, synthetic=True).startswith("Synthetic")
+    phantom = tidy.assign(dataset="phantom")
+    assert comparison_status(phantom).startswith("No comparison of values is meaningful")
+    assert "Comparable cells" in comparison_status(tidy)
+
+
+def test_model_level_means_use_datasets_where_both_metrics_are_defined():
+    from xbench.analysis import calibration_by_model, dataset_means, model_correlation
+
+    tidy = synthetic_results(datasets=["nih_bbox", "covid_rural"])
+    covid_auc = (tidy.dataset == "covid_rural") & (tidy.metric == "auc")
+    tidy.loc[covid_auc, "value"] = np.nan  # every COVID image is positive: AUC undefined
+    means = dataset_means(tidy, ["auc", "pointing"]).set_index("model")
+    level = tidy[(tidy.finding == DATASET_LEVEL) & (tidy.dataset == "nih_bbox")].set_index(["model", "metric"])["value"]
+    assert means.loc["kad", "pointing"] == pytest.approx(level[("kad", "pointing")])  # COVID left out for both
+    assert (means["n_datasets"] == 1).all()
+    gap = calibration_by_model(tidy).set_index("model")
+    both = tidy[tidy.finding == DATASET_LEVEL].pivot_table(index=["model", "dataset"], columns="metric", values="value")
+    assert gap.loc["kad", "best"] == pytest.approx(both.loc["kad", "dice@best"].mean())
+    pts, fit = model_correlation(tidy, models=["clip", "kad", "mavl"])
+    assert fit is None and pts["residual"].isna().all() and len(pts) == 3

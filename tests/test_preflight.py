@@ -114,6 +114,22 @@ def test_fit_split_that_the_dataset_lacks_is_refused_before_any_model_runs(tmp_p
     assert not (tmp_path / "o" / "store").exists()
 
 
+def test_fit_split_without_its_annotation_file_is_refused_before_any_model_runs(tmp_path, no_predict):
+    import shutil
+
+    from conftest import shared_path
+
+    root = tmp_path / "det10"
+    root.mkdir()
+    shutil.copy(shared_path("annotations", "chestx_det10", "test.json"), root / "test.json")
+    cfg = RunConfig.from_dict({"output_dir": str(tmp_path / "o"), "datasets": [{"name": "chestx_det10", "root": str(root)}],
+                               "models": ["center_prior", {"name": "anatomical_prior", "fit_split": "train"}],
+                               "on_missing_image": "skip"})
+    with pytest.raises(PreflightError, match=r"fitted on split 'train', whose annotations file .*train.json is missing"):
+        run(cfg, progress=False)
+    assert not (tmp_path / "o" / "store").exists()
+
+
 def test_missing_checkpoint_is_found_before_earlier_models_run(tmp_path, no_predict, monkeypatch):
     monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
     cfg = RunConfig.from_dict(tiny_run(tmp_path / "o", models=["center_prior", "kad"]))
@@ -277,8 +293,22 @@ def test_config_path_env_var_and_bad_folder(user_configs, tmp_path):
     env = {**os.environ, "XBENCH_CONFIG_PATH": str(user_configs), "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-m", "xbench.cli", "list", "models"], env=env, capture_output=True, text=True)
     assert out.returncode == 0 and "wide_prior" in out.stdout.split()
+    bad = {**env, "XBENCH_CONFIG_PATH": str(tmp_path / "nowhere")}
+    out = subprocess.run([sys.executable, "-m", "xbench.cli", "list", "models"], env=bad, capture_output=True, text=True)
+    assert out.returncode == 2 and "nowhere is not a folder" in out.stderr and "Traceback" not in out.stderr
     with pytest.raises(XBenchError, match="holds neither models/ nor datasets/"):
         registry.add_search_dir(tmp_path)
+
+
+def test_installed_packages_add_config_folders_through_entry_points(user_configs, monkeypatch):
+    import importlib.metadata
+
+    ep = importlib.metadata.EntryPoint(name="mine", value="os.path:curdir", group="xbench.config_path")
+    monkeypatch.setattr(ep.__class__, "load", lambda self: str(user_configs))
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [ep] if group == "xbench.config_path" else [])
+    monkeypatch.setattr(registry, "_ENV_READ", False)
+    monkeypatch.delenv("XBENCH_CONFIG_PATH", raising=False)
+    assert "wide_prior" in registry.list_models()
 
 
 # -- logging and progress -----------------------------------------------------------------------------------

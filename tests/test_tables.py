@@ -257,3 +257,17 @@ def test_the_paper_itself_renders_in_paper_form():
     assert list(t.values.index) == PAPER_ROWS
     assert t.values.at["CARZero", "CARD"] == pytest.approx(99.32) and t.values.at["CLIP", "Mean"] == pytest.approx(7.42)
     assert set(MODELS.values()) == set(PAPER_ROWS)
+
+
+def test_undefined_note_names_metrics_undefined_when_every_image_is_positive():
+    from xbench.metrics import score_table
+    from xbench.tables import undefined_note
+
+    labels = pd.DataFrame({"COVID-19 opacity": [1.0, 1.0, 1.0]}, index=["a", "b", "c"])
+    scores = pd.DataFrame({"COVID-19 opacity": [0.9, 0.4, 0.7]}, index=labels.index)
+    with pytest.warns(Warning):
+        t = score_table(None, model="m", dataset="covid_rural", labels=labels, scores=scores, n_boot=0)
+    note = undefined_note(t, ["auc", "auprc", "f1", "accuracy", "hamming_accuracy"])
+    assert note.startswith("Undefined") and "covid_rural: auc, auprc, f1, accuracy." in note
+    hamming = t[(t.finding == DATASET_LEVEL) & (t.metric == "hamming_accuracy")]["value"].item()
+    assert hamming == pytest.approx(2 / 3)  # defined: the share of images scored ≥ 0.5

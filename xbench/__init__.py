@@ -9,8 +9,9 @@ from . import analysis, metrics, tables
 from .datasets import load_dataset
 from .models import create_model
 from .registry import add_config_path, list_datasets, list_models
+from .session import open_run
 
-__all__ = ["analysis", "metrics", "tables", "load_dataset", "create_model", "add_config_path", "list_datasets", "list_models", "evaluate_maps"]
+__all__ = ["analysis", "metrics", "tables", "load_dataset", "create_model", "add_config_path", "list_datasets", "list_models", "open_run", "evaluate_maps"]
 __version__ = "0.1.0"
 
 

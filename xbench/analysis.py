@@ -90,3 +90,137 @@ def size_bins(pairs: pd.DataFrame, *, edges: tuple[float, ...] = (0.0, 0.01, 0.0
     res = grouped[metrics].mean()
     res["n"] = grouped.size()
     return res.reset_index()
+
+
+# -- the paper's model-level views (Fig. 3, Fig. 4) and the run-vs-paper comparison ----------------------------------
+
+#: Fewer points than this get no fitted line and no correlation (Fig. 3).
+MIN_POINTS_TO_FIT = 4
+
+
+def dataset_means(table: pd.DataFrame, metrics: list[str], *, models: list[str] | None = None) -> pd.DataFrame:
+    """Per model: each metric's dataset-level value (mean over classes) averaged over the datasets where **every**
+    one of ``metrics`` is defined (the paper's Table 1 values averaged over datasets, unweighted).
+
+    Columns ``model``, one per metric, ``n_datasets`` and ``datasets`` (the datasets averaged).
+    """
+    from .metrics import DATASET_LEVEL
+
+    level = table[(table["finding"] == DATASET_LEVEL) & table["metric"].isin(metrics)]
+    wide = level.pivot_table(index=["model", "dataset"], columns="metric", values="value", aggfunc="first")
+    for m in metrics:
+        if m not in wide:
+            wide[m] = np.nan
+    wide = wide[metrics].dropna()
+    rows = []
+    for model in models or list(dict.fromkeys(table["model"])):
+        sub = wide.xs(model, level="model") if model in wide.index.get_level_values("model") else wide.iloc[:0]
+        rows.append({"model": model, **{m: float(sub[m].mean()) if len(sub) else np.nan for m in metrics},
+                     "n_datasets": len(sub), "datasets": ", ".join(map(str, sub.index))})
+    return pd.DataFrame(rows)
+
+
+def model_correlation(table: pd.DataFrame, *, x_metric: str = "auc", y_metric: str = "pointing",
+                      models: list[str] | None = None) -> tuple[pd.DataFrame, Fit | None]:
+    """Fig. 3 as the paper: one point per model (x, y = dataset means, :func:`dataset_means`), the pretraining group,
+    and each model's residual from the least-squares line; the :class:`Fit` is None (and residuals NaN) with fewer
+    than :data:`MIN_POINTS_TO_FIT` models."""
+    from .paper import GROUPS
+
+    pts = dataset_means(table, [x_metric, y_metric], models=models).rename(columns={x_metric: "x", y_metric: "y"})
+    pts = pts.dropna(subset=["x", "y"]).reset_index(drop=True)
+    pts["group"] = pts["model"].map(GROUPS).fillna("other")
+    fit = fit_line(pts["x"].to_numpy(), pts["y"].to_numpy()) if len(pts) >= MIN_POINTS_TO_FIT else None
+    if fit is not None and not np.isfinite(fit.slope):
+        fit = None
+    pts["residual"] = pts["y"] - (fit.slope * pts["x"] + fit.intercept) if fit is not None else np.nan
+    return pts, fit
+
+
+def calibration_by_model(table: pd.DataFrame, fixed: str = "dice@0.5", best: str = "dice@best", *,
+                         models: list[str] | None = None) -> pd.DataFrame:
+    """Fig. 4 as the paper: per model the Dice at the fixed τ and at the best τ, each the dataset-level value (mean
+    over classes, best τ chosen per class) averaged over the datasets where both are defined; ``delta = best − fixed``."""
+    out = dataset_means(table, [fixed, best], models=models).rename(columns={fixed: "fixed", best: "best"})
+    out["delta"] = out["best"] - out["fixed"]
+    return out.dropna(subset=["fixed", "best"]).reset_index(drop=True)
+
+
+def compare_with_paper(table: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every published cell beside this run: ``paper`` (percent as printed), ``run`` and ``run_low``/``run_high``
+    (the 95 % CI, percent), ``diff = run − paper``, ``paper_in_ci`` (None without a CI or a run value), ``n`` (the
+    positive pairs behind the run's value) and the reference's ``flag``. One row per reference cell (Tables 1–5), run cells
+    matched on model, dataset, finding and metric (a dataset-level Table 1 value of a single-class dataset is its
+    class value)."""
+    from .paper import load_reference
+
+    ref = load_reference() if reference is None else reference
+    run = table.set_index(["model", "dataset", "finding", "metric"])[["value", "ci_low", "ci_high", "n"]]
+    run = run[~run.index.duplicated()]
+    keys = pd.MultiIndex.from_frame(ref[["model", "dataset", "finding", "metric"]])
+    got = run.reindex(keys)
+    out = ref[["table", "model", "dataset", "finding", "paper_class", "metric", "value", "flag"]].rename(
+        columns={"value": "paper"}).reset_index(drop=True)
+    out["run"] = 100 * got["value"].to_numpy()
+    out["run_low"] = 100 * got["ci_low"].to_numpy()
+    out["run_high"] = 100 * got["ci_high"].to_numpy()
+    from .tables import pair_counts
+
+    pairs = pair_counts(table)
+    grounding = out["metric"].isin(["pointing", "dice@best", "iou@best"]).to_numpy()
+    from_pairs = np.array([pairs.get(k, np.nan) for k in zip(out["model"], out["dataset"], out["finding"])], float)
+    out["n"] = np.where(grounding, from_pairs, got["n"].to_numpy(dtype=float))
+    out["diff"] = out["run"] - out["paper"]
+    has_ci = np.isfinite(out["run_low"]) & np.isfinite(out["run_high"])
+    inside = (out["run_low"] - 0.005 <= out["paper"]) & (out["paper"] <= out["run_high"] + 0.005)
+    out["paper_in_ci"] = pd.array([bool(i) if h else pd.NA for i, h in zip(inside, has_ci)], dtype="boolean")
+    return out
+
+
+def comparison_status(table: pd.DataFrame, models: pd.DataFrame | None = None, *, synthetic: bool = False) -> str:
+    """One plain sentence on whether this run's values can be compared with the paper's, and why not.
+
+    Comparable cells need one of the paper's datasets and one of its models run with trained (not random-init)
+    weights; ``models`` is the run's ``models.csv`` (``weights`` column).
+    """
+    from .paper import DATASETS, MODELS
+
+    if synthetic:
+        return ("Synthetic result set (drawn from the manifests' expected counts): it exercises the comparison; "
+                "no value in it means anything.")
+    datasets = list(dict.fromkeys(table["dataset"]))
+    paper_sets = [d for d in datasets if d in DATASETS]
+    run_models = list(dict.fromkeys(table["model"]))
+    trained = set(run_models)
+    if models is not None and "weights" in models:
+        trained = set(models.loc[~models["weights"].isin(["random-init", "none"]), "model"])
+    paper_models = [m for m in run_models if m in MODELS and m in trained]
+    if not paper_sets or not paper_models:
+        why = []
+        if not paper_sets:
+            why.append(f"it has none of the paper's datasets (it has {', '.join(datasets)})")
+        if not paper_models:
+            why.append("none of its models is one of the paper's seven with trained weights "
+                       f"(it has {', '.join(run_models)}: random-init, reference or prior models)")
+        return ("No comparison of values is meaningful for this run: " + "; and ".join(why) + ". The implied-"
+                "denominator check below still runs, on the dataset manifests' expected counts.")
+    return (f"Comparable cells: models {', '.join(paper_models)} on {', '.join(paper_sets)}. Differences also reflect "
+            "the known differences of the evaluation sets (README, 'Known differences from the paper').")
+
+
+def comparison_summary(comparison: pd.DataFrame) -> pd.DataFrame:
+    """Per paper table: published cells, cells with a run value, paper value inside the run's 95 % CI, mean and
+    largest |run − paper| (points), and cells the reference flags as internally inconsistent."""
+    g = comparison.groupby("table")
+    return pd.DataFrame({"cells": g.size(), "with_run_value": g["run"].count(),
+                         "paper_in_ci": g["paper_in_ci"].sum(min_count=0).astype(int),
+                         "mean_abs_diff": g["diff"].apply(lambda d: d.abs().mean()).round(2),
+                         "max_abs_diff": g["diff"].apply(lambda d: d.abs().max()).round(2),
+                         "flagged_in_paper": g["flag"].apply(lambda f: int((f != "").sum()))})
+
+
+def best_taus(table: pd.DataFrame, dataset: str) -> dict[tuple[str, str], float]:
+    """``{(model, finding): best τ}`` of one dataset's classes (for Fig. 2's Dice at the class's best τ)."""
+    sub = table[(table["dataset"] == dataset) & (table["metric"] == "best_tau")
+                & ~table["finding"].astype(str).str.startswith("(")]
+    return {(m, f): float(v) for m, f, v in zip(sub["model"], sub["finding"], sub["value"])}

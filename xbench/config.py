@@ -14,10 +14,14 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     pointing_ties: first            # first | any
     batch_size: 32
     num_workers: 0
-    precision: fp32                 # fp32 | fp16 | bf16 (autocast, CUDA only)
+    precision: fp32                 # fp32 | tf32 | fp16 | bf16 (fp32: TF32 off on CUDA; fp16/bf16: autocast, CUDA only)
     device: cpu                     # cpu | cuda | cuda:1 | auto
     chunk_size: 256                 # cases per store chunk (resume granularity)
     on_missing_image: raise         # raise | skip (counted in run_log.json)
+    decode_once: true               # decode each image once for all models (xbench/cache.py); false: per model
+    cache_dir: null                 # persistent decode cache folder (null: in memory for the run)
+    map_dtype: float16              # float16 | float32 storage of the native-grid maps
+    channels_last: false            # NHWC layout for CNN trunks (speed option)
     bootstrap: {replicates: 1000, seed: 0}
     allow_random_init: false        # true: models without weights may run random-init (labelled); the phantom opts in
 
@@ -45,12 +49,14 @@ from typing import Any
 
 import torch
 
+from .datasets import BaseDataset, load_dataset
 from .errors import FormatError, MissingFileError, XBenchError
 from .registry import dataset_manifest, import_target, model_config, read_yaml
 
 #: keys of a run config and of its dataset / model entries
 RUN_KEYS = ("output_dir", "datasets", "models", "grid", "fixed_threshold", "pointing_ties", "batch_size", "num_workers",
-            "precision", "device", "chunk_size", "on_missing_image", "bootstrap", "allow_random_init")
+            "precision", "device", "chunk_size", "on_missing_image", "bootstrap", "allow_random_init",
+            "decode_once", "cache_dir", "map_dtype", "channels_last")
 DATASET_KEYS = ("name", "root", "split")
 MODEL_KEYS = ("name", "weights", "params", "fit_split", "optional")
 _DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
@@ -62,6 +68,10 @@ class DatasetSpec:
     root: str | None = None
     split: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    def open(self, split: str | None = None) -> BaseDataset:
+        """The dataset this spec names (``split`` overrides the spec's, e.g. a baseline's ``fit_split``)."""
+        return load_dataset(self.name, root=self.root, split=split or self.split, **self.options)
 
 
 @dataclass
@@ -219,6 +229,10 @@ class RunConfig:
     device: str = "cpu"
     chunk_size: int = 256
     on_missing_image: str = "raise"
+    decode_once: bool = True
+    cache_dir: str | None = None
+    map_dtype: str = "float16"
+    channels_last: bool = False
     bootstrap_replicates: int = 1000
     bootstrap_seed: int = 0
     allow_random_init: bool = False
@@ -273,6 +287,10 @@ class RunConfig:
             bootstrap_replicates=_check_type(where, "bootstrap", boot.get("replicates", 1000), "int"),
             bootstrap_seed=_check_type(where, "bootstrap", boot.get("seed", 0), "int"),
             allow_random_init=get("allow_random_init", False, "bool"),
+            decode_once=get("decode_once", True, "bool"),
+            cache_dir=None if raw.get("cache_dir") is None else str(get("cache_dir", None, "path")),
+            map_dtype=get("map_dtype", "float16", "str"),
+            channels_last=get("channels_last", False, "bool"),
             source=source,
         )
         cfg.validate()
@@ -282,7 +300,8 @@ class RunConfig:
         where = self.source or "<config>"
         checks = [
             (self.pointing_ties in ("first", "any"), "pointing_ties", "must be 'first' or 'any'"),
-            (self.precision in ("fp32", "fp16", "bf16"), "precision", "must be fp32, fp16 or bf16"),
+            (self.precision in ("fp32", "tf32", "fp16", "bf16"), "precision", "must be fp32, tf32, fp16 or bf16"),
+            (self.map_dtype in ("float16", "float32"), "map_dtype", "must be float16 or float32"),
             (self.on_missing_image in ("raise", "skip"), "on_missing_image", "must be 'raise' or 'skip'"),
             (0.0 <= self.fixed_threshold <= 1.0, "fixed_threshold", "must lie in [0, 1]"),
             (len(self.grid) == 2 and min(self.grid) > 0, "grid", "must be [height, width] > 0"),

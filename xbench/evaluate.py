@@ -27,7 +27,7 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -37,14 +37,30 @@ from .config import RunConfig
 from .datasets import BaseDataset
 from .errors import XBenchError
 from .logs import progress_iter
-from .metrics import BEST_TAU, grounding_scores, score_table
+from .metrics import BEST_TAU, THRESHOLDS, grounding_scores, score_table
 from .results import ResultStore, write_table
-from .runner import open_dataset
 from .windows import is_whole_image, place_maps
 
 
-def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
-    """Finding → (row indices, bool masks ``(n, *grid)``, number of positives without a region).
+class GroundTruth(NamedTuple):
+    """Grounding pairs of one finding: dataset rows, their masks at the grid, positives left out."""
+
+    rows: np.ndarray  # (n,) int row indices into the dataset
+    masks: np.ndarray  # (n, *grid) bool
+    no_region: int  # positive cases without a region (or with one that vanishes at the grid)
+
+
+class PairEvaluation(NamedTuple):
+    """Tables of one (dataset, model) from :func:`evaluate_pair`."""
+
+    tidy: pd.DataFrame  # score_table output (TIDY_COLUMNS)
+    pairs: pd.DataFrame  # one row per evaluated positive pair (no curves), with dice@best
+    curves: pd.DataFrame  # mean Dice / IoU per τ per finding
+    counts: dict[str, Any]  # pairs evaluated / excluded and why (evaluation_log.json)
+
+
+def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True) -> dict[str, GroundTruth]:
+    """Finding → :class:`GroundTruth` (row indices, bool masks ``(n, *grid)``, positives without a region).
 
     Only positive cases whose region is non-empty at the grid are grounding pairs; positives with
     no drawn region (or one that vanishes at the grid) are counted, not scored. Classes marked
@@ -62,16 +78,20 @@ def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool 
                 if mask.any():
                     idx.append(int(r))
                     masks.append(mask)
-    out: dict[str, tuple[np.ndarray, np.ndarray, int]] = {}
+    out: dict[str, GroundTruth] = {}
     for f, (idx, masks) in found.items():
         positives = int((labels[:, dataset.findings.index(f)] == 1).sum())
-        out[f] = (np.asarray(idx, int), np.stack(masks) if masks else np.zeros((0, *grid), bool), positives - len(idx))
+        out[f] = GroundTruth(np.asarray(idx, int), np.stack(masks) if masks else np.zeros((0, *grid), bool),
+                             positives - len(idx))
     return out
 
 
-def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str, tuple[np.ndarray, np.ndarray, int]],
-                  store: ResultStore) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """Tidy metrics, per-pair rows, τ curves and counts of one (dataset, model)."""
+def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str, GroundTruth],
+                  store: ResultStore) -> PairEvaluation:
+    """Tidy metrics, per-pair rows, τ curves and counts of one (dataset, model).
+
+    Curves are over :data:`xbench.metrics.THRESHOLDS` (the grid :func:`~xbench.metrics.score_table` chooses τ on).
+    """
     preds = store.read(dataset.name, model, expected_chunks=math.ceil(len(dataset) / cfg.chunk_size))
     if preds.meta["findings"] != dataset.findings:
         raise XBenchError(f"store for {dataset.name} × {model} was made with findings {preds.meta['findings']}, "
@@ -122,7 +142,7 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
     curves, pair_rows = [], pd.DataFrame()
     if pairs is not None:
         taus = tidy[(tidy["metric"] == BEST_TAU)].set_index("finding")["value"]
-        thresholds = np.round(np.linspace(0, 1, 101), 2)
+        thresholds = THRESHOLDS
         for finding, sub in pairs.groupby("finding", sort=False):
             dc, ic = np.stack(sub["dice_curve"].to_numpy()), np.stack(sub["iou_curve"].to_numpy())
             curves.append(pd.DataFrame({"model": model, "dataset": dataset.name, "finding": finding, "tau": thresholds,
@@ -135,7 +155,7 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
         pair_rows["dice@best"] = [d[i] if i >= 0 else np.nan for d, i in zip(pairs["dice_curve"], best_idx)]
         pair_rows.insert(0, "model", model)
         pair_rows.insert(1, "dataset", dataset.name)
-    return tidy, pair_rows, (pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()), counts
+    return PairEvaluation(tidy, pair_rows, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(), counts)
 
 
 def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
@@ -147,14 +167,14 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     tidy, pairs, curves, log, models = [], [], [], [], {}
     run_models, left_out = runnable_models(cfg, announce=False)
     for dspec in cfg.datasets:
-        dataset = open_dataset(dspec)
+        dataset = dspec.open()
         gt = ground_truth(dataset, cfg.grid, progress=progress)
         for mspec in run_models:
-            t, p, c, counts = evaluate_pair(cfg, dataset, mspec.name, gt, store)
-            tidy.append(t)
-            pairs.append(p)
-            curves.append(c)
-            log.append(counts)
+            result = evaluate_pair(cfg, dataset, mspec.name, gt, store)
+            tidy.append(result.tidy)
+            pairs.append(result.pairs)
+            curves.append(result.curves)
+            log.append(result.counts)
             models.setdefault(mspec.name, store.meta(dspec.name, mspec.name)["model_info"])
     table = pd.concat(tidy, ignore_index=True)
     write_table(table, out / "metrics")

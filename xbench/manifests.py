@@ -185,23 +185,18 @@ def case_table(ds: BaseDataset) -> pd.DataFrame:
 def image_files(ds: BaseDataset) -> tuple[int, list[str]]:
     """``(present, missing case ids)`` of a loaded dataset's image files (existence only, nothing decoded).
 
-    A case's image is present when its ``image_path`` is a file or, for loaders that look images up by
-    name in nested folders (an ``images`` :class:`~xbench.datasets.images.ImageFolder`), when it is found there.
+    A case's image is present when :meth:`~xbench.datasets.base.BaseDataset.locate_image` finds it (its
+    ``image_path``, or for loaders with nested image folders the file of that name below them).
     """
-    from .datasets.images import ImageFolder
     from .errors import MissingFileError
 
-    folder = getattr(ds, "images", None)
     missing = []
     for case_id, path in zip(ds.cases["case_id"].astype(str), ds.cases["image_path"].astype(str)):
-        if Path(path).is_file():
-            continue
-        if isinstance(folder, ImageFolder):
-            try:
-                folder.locate(Path(path).name)
+        try:
+            if ds.locate_image(path).is_file():
                 continue
-            except MissingFileError:
-                pass
+        except MissingFileError:
+            pass
         missing.append(case_id)
     return len(ds) - len(missing), missing
 

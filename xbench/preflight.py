@@ -104,7 +104,8 @@ class PreflightReport:
             lines += [f"  PROBLEM: {p}" for p in d.problems]
         for m in self.models:
             where = f" ({m.folder})" if m.folder else ""
-            lines.append(f"model {m.name}: {m.status}{where}" + (f"; missing {', '.join(m.missing)}" if m.missing else ""))
+            label = " (runs labelled 'random-init')" if m.status == "random_init" and not m.problems else ""
+            lines.append(f"model {m.name}: {m.status}{label}{where}" + (f"; missing {', '.join(m.missing)}" if m.missing else ""))
             lines += [f"  PROBLEM: {p}" for p in m.problems]
         lines.append(f"device {self.device}: " + (f"PROBLEM: {self.device_problem}" if self.device_problem else "available"))
         return "\n".join(lines)
@@ -117,25 +118,38 @@ class PreflightReport:
 
 # -- datasets ----------------------------------------------------------------------------------
 def check_dataset(cfg: RunConfig, spec: DatasetSpec, *, hashes: bool = True, decode: bool = True) -> DatasetCheck:
-    from . import manifests
-    from .datasets import data_root, load_dataset
-
+    """Files, loader, image files and one decoded image of one dataset of ``cfg``, and its models' fit splits."""
     manifest = dataset_manifest(spec.name)
     split = spec.split or manifest.get("default_split", "test")
     out = DatasetCheck(name=spec.name, split=split, root=str(spec.root or ""))
+    _check_files(cfg, spec, manifest, split, out, hashes=hashes, decode=decode)
+    out.problems += _fit_split_problems(cfg, manifest, split)  # listed whatever stopped the data check
+    return out
+
+
+def _fit_split_problems(cfg: RunConfig, manifest: dict[str, Any], split: str) -> list[str]:
+    problems = []
     for m in cfg.models:
         if m.fit_split is not None and m.fit_split not in (manifest.get("splits") or {}):
-            out.problems.append(f"model {m.name!r} has fit_split {m.fit_split!r}, which dataset {spec.name!r} does not "
-                                f"have (splits: {', '.join(sorted(manifest.get('splits') or {}))})")
+            problems.append(f"model {m.name!r} has fit_split {m.fit_split!r}, which dataset {manifest['name']!r} does not "
+                            f"have (splits: {', '.join(sorted(manifest.get('splits') or {}))})")
         elif m.fit_split is not None and m.fit_split == split:
-            out.problems.append(f"model {m.name!r}: fit_split {m.fit_split!r} is the evaluation split; a baseline "
-                                "must be fitted on a disjoint split")
+            problems.append(f"model {m.name!r}: fit_split {m.fit_split!r} is the evaluation split; a baseline "
+                            "must be fitted on a disjoint split")
+    return problems
+
+
+def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], split: str, out: DatasetCheck, *,
+                 hashes: bool, decode: bool) -> None:
+    from . import manifests
+    from .datasets import data_root, load_dataset
+
     if not manifest.get("generated"):
         try:
             base = data_root(spec.name, spec.root)
         except XBenchError as exc:
             out.problems.append(str(exc))
-            return out
+            return
         out.root = str(base)
         for key, entry in manifests.file_entries(manifest, split).items():
             if key == "images":
@@ -153,18 +167,25 @@ def check_dataset(cfg: RunConfig, spec: DatasetSpec, *, hashes: bool = True, dec
                     out.problems.append(f"{path}: sha256 {actual[:12]}… differs from the manifest's {entry['sha256'][:12]}… "
                                         "(another release of the file?)")
             out.files.append(f"file {key}: {path}: {state}")
+        for m in cfg.models:  # the fit split's own annotation files
+            if m.fit_split is None or m.fit_split == split or m.fit_split not in (manifest.get("splits") or {}):
+                continue
+            for key, entry in manifests.file_entries(manifest, m.fit_split).items():
+                if key != "images" and not (base / entry["path"]).exists():
+                    out.problems.append(f"model {m.name!r} is fitted on split {m.fit_split!r}, whose {key} file "
+                                        f"{base / entry['path']} is missing")
         if out.problems:
-            return out
+            return
     try:
         ds = load_dataset(spec.name, root=spec.root, split=split, **spec.options)
     except Exception as exc:  # reported, not raised: the report is the point
         out.problems.append(f"loader failed: {type(exc).__name__}: {exc}")
-        return out
+        return
     out.root = str(ds.root) if ds.root is not None else out.root
     out.cases = len(ds)
     if not len(ds):
         out.problems.append("the dataset has no cases (check root, split and options)")
-        return out
+        return
     out.images_present, out.images_missing = manifests.image_files(ds)
     if out.images_missing:
         first = ", ".join(out.images_missing[:5])
@@ -185,7 +206,7 @@ def check_dataset(cfg: RunConfig, spec: DatasetSpec, *, hashes: bool = True, dec
             image = sample.image()
         except Exception as exc:
             out.problems.append(f"image of case {sample.case_id} cannot be decoded: {type(exc).__name__}: {exc}")
-            return out
+            return
         want = tuple(manifest["image_size"]) if manifest.get("image_size") else tuple(sample.size)
         out.decoded = f"{sample.case_id}: {image.shape[0]}x{image.shape[1]} (expected {want[0]}x{want[1]})"
         got = tuple(image.shape)
@@ -195,7 +216,6 @@ def check_dataset(cfg: RunConfig, spec: DatasetSpec, *, hashes: bool = True, dec
         elif got != want:
             out.problems.append(f"image of case {sample.case_id} is {got[0]}x{got[1]}, the manifest's grid is "
                                 f"{want[0]}x{want[1]} (another aspect ratio): regions would land in the wrong place")
-    return out
 
 
 # -- models ------------------------------------------------------------------------------------

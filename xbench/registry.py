@@ -8,14 +8,17 @@ Each file holds ``class: "module.path:ClassName"`` plus the entry's own keys.
 Users add models and datasets without editing the package: a *config search path* of
 folders, each holding ``models/*.yaml`` and/or ``datasets/*.yaml`` (and, optionally, the
 Python modules their ``class:`` targets name — the folder is put on ``sys.path``). The
-search path is ``$XBENCH_CONFIG_PATH`` (folders joined with ``os.pathsep``) and, on the
-command line, ``xbench --config-path DIR`` (repeatable); :func:`add_search_dir` does the same
-from Python, :func:`add_config_path` adds one folder of one kind. A later folder overrides an
-earlier one (and the package) for the same name.
+search path is: folders that installed packages declare under the entry-point group
+``xbench.config_path`` (``mypkg = "mypkg"``: the package's folder), then ``$XBENCH_CONFIG_PATH``
+(folders joined with ``os.pathsep``), then, on the command line, ``xbench --config-path DIR``
+(repeatable). :func:`add_search_dir` does the same from Python, :func:`add_config_path` adds
+one folder of one kind. A later folder overrides an earlier one (and the package) for the
+same name.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import sys
 from pathlib import Path
@@ -56,12 +59,25 @@ def add_search_dir(path: str | Path) -> None:
         sys.path.append(str(folder))
 
 
+_ENV_READ = False
+
+
 def _env_search_path() -> None:
+    """Add the folders of ``$XBENCH_CONFIG_PATH`` (once, on the first look-up, so a bad entry is a clear error
+    where names are looked up rather than at import)."""
+    global _ENV_READ
+    if _ENV_READ:
+        return
+    _ENV_READ = True
+    for ep in importlib.metadata.entry_points(group="xbench.config_path"):
+        target = ep.load()  # a folder path, or a module whose folder holds models/ and/or datasets/
+        add_search_dir(Path(target.__file__).parent if hasattr(target, "__file__") else target)
     for entry in filter(None, os.environ.get("XBENCH_CONFIG_PATH", "").split(os.pathsep)):
         add_search_dir(entry)
 
 
 def _scan(dirs: list[Path]) -> dict[str, Path]:
+    _env_search_path()
     found: dict[str, Path] = {}
     for folder in dirs:
         for file in sorted(folder.glob("*.yaml")):
@@ -127,6 +143,3 @@ def import_target(target: str) -> Any:
     if not attr:
         raise ValueError(f"class target must look like 'module:Class', got {target!r}")
     return getattr(importlib.import_module(module), attr)
-
-
-_env_search_path()

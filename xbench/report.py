@@ -253,7 +253,7 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
            per_class: int, size: int, progress: bool) -> tuple[list[dict], str]:
     """One dict per shown (dataset, case, class): thumbnails and per-model results."""
     from matplotlib import colormaps
-    from tqdm.auto import tqdm
+    from .logs import progress_iter
 
     from .results import ResultStore
 
@@ -280,7 +280,7 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
             ids = sorted(ids, key=lambda c: row_of.get(c, 0))[:per_class]
             shown_total += len(ids)
             chosen += [(c, finding) for c in ids]
-        for case_id, finding in tqdm(chosen, desc=f"report {ds}", disable=not progress):
+        for case_id, finding in progress_iter(chosen, desc=f"report {ds}", unit="case", disable=not progress):
             sample = data[row_of[case_id]]
             image = sample.image()
             mask = sample.mask(finding, grid)

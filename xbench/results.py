@@ -122,6 +122,8 @@ class ResultStore:
     def _read_meta(path: Path) -> dict[str, Any]:
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise StoreError(f"{path} is missing (ResultStore.prepare writes it before any chunk)") from exc
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise StoreError(f"{path} is damaged ({type(exc).__name__}: {exc})") from exc
         if not isinstance(meta, dict) or "findings" not in meta or "grid" not in meta:
@@ -179,6 +181,8 @@ class ResultStore:
                     windows: np.ndarray | None = None) -> Path:
         """Write one chunk atomically (temporary file + rename), then its index (size, sha256, inputs digest).
 
+        Maps are stored as float16 unless given as float32 (run config ``map_dtype: float32``).
+
         ``sizes`` / ``windows`` default to "unknown size, whole image" (NaN), which the
         evaluation treats as a plain resize of the whole image.
         """
@@ -188,7 +192,7 @@ class ResultStore:
         sizes = np.full((len(ids), 2), -1, np.int64) if sizes is None else np.asarray(sizes, np.int64)
         windows = np.full((len(ids), 4), np.nan) if windows is None else np.asarray(windows, np.float64)
         arrays = dict(case_ids=ids, scores=np.asarray(scores, np.float32), probs=np.asarray(probs, np.float32),
-                      maps=np.asarray(maps, np.float16), sizes=sizes, windows=windows,
+                      maps=np.asarray(maps, np.float32 if np.asarray(maps).dtype == np.float32 else np.float16), sizes=sizes, windows=windows,
                       skipped_ids=np.asarray(list(skipped), dtype=str),
                       skipped_reasons=np.asarray(list(skipped.values()), dtype=str))
         self.index_path(path).unlink(missing_ok=True)  # a chunk without index counts as absent until both are written
@@ -279,7 +283,7 @@ class ResultStore:
             folder = self.folder(dataset, model)
             folder.mkdir(parents=True, exist_ok=True)
             if not (folder / "meta.json").exists():
-                atomic_write(folder / "meta.json", lambda tmp: shutil.copyfile(meta_file, tmp))
+                atomic_write(folder / "meta.json", lambda tmp, src=meta_file: shutil.copyfile(src, tmp))
             ours = self.meta(dataset, model)
             differ = _differences(ours, theirs, UNCOMPARED_KEYS + LOCAL_KEYS)
             if differ:

@@ -8,7 +8,8 @@ autocast on CUDA when ``precision`` asks) on the rest, writing each chunk
 atomically. Metrics are computed afterwards from the store alone
 (:mod:`xbench.evaluate`), so re-scoring needs no inference.
 
-Scaling out: ``shard=(i, n)`` processes the chunks with ``index % n == i``; under
+Scaling out: ``shard=(i, n)`` processes the chunks with ``(index + offset) % n == i`` (``offset``: the
+chunks of the run's earlier datasets, so shards stay balanced over many small datasets); under
 ``torchrun`` (``RANK``/``WORLD_SIZE`` set) each rank takes its own shard and
 ranks meet at a barrier (gloo or nccl) before rank 0 evaluates. Shards written to
 separate folders are joined with :func:`merge`.
@@ -36,10 +37,12 @@ from .config import DatasetSpec, ModelSpec, RunConfig
 from .datasets import BaseDataset, load_dataset
 from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from .fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
+from .evaluate import evaluate_run
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
 from .logs import progress_bar
 from .results import ResultStore
+from .speed import autocast, precision_mode, to_channels_last
 
 
 class _Inputs(Dataset):
@@ -67,8 +70,8 @@ def _collate(items: list[Any]) -> list[Any]:
 
 
 def open_dataset(spec: DatasetSpec) -> BaseDataset:
-    """Open a dataset named in a run config."""
-    return load_dataset(spec.name, root=spec.root, split=spec.split, **spec.options)
+    """Open a dataset named in a run config (same as ``spec.open()``)."""
+    return spec.open()
 
 
 def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None = None,
@@ -108,6 +111,45 @@ def _dist_shard() -> tuple[int, int] | None:
     return (int(os.environ.get("RANK", "0")), world) if world > 1 else None
 
 
+def barrier_timeout() -> float:
+    """Seconds a rank waits at the barrier for the others: ``$XBENCH_BARRIER_TIMEOUT`` (default 3600)."""
+    return float(os.environ.get("XBENCH_BARRIER_TIMEOUT", "3600"))
+
+
+_GLOO_GROUP: Any = None
+
+
+def _init_distributed(cfg: RunConfig) -> None:
+    """Join the torchrun group (NCCL on CUDA, else gloo), each rank on GPU ``LOCAL_RANK``, plus a gloo group
+    for the monitored barrier."""
+    global _GLOO_GROUP
+    from datetime import timedelta
+
+    cuda = cfg.resolved_device().type == "cuda"
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" then means this rank's GPU
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=barrier_timeout()))
+    if _GLOO_GROUP is None:
+        _GLOO_GROUP = (torch.distributed.new_group(backend="gloo")
+                       if torch.distributed.get_backend() != "gloo" else torch.distributed.group.WORLD)
+
+
+def _barrier(shard: tuple[int, int]) -> None:
+    """Wait for every rank; a rank that crashed or hangs is an error naming it after the timeout, never a hang."""
+    from datetime import timedelta
+
+    try:
+        torch.distributed.monitored_barrier(group=_GLOO_GROUP, timeout=timedelta(seconds=barrier_timeout()),
+                                            wait_all_ranks=True)
+    except RuntimeError as exc:
+        raise XBenchError(
+            f"rank {shard[0]} of {shard[1]}: not every rank reached the end of inference within "
+            f"{barrier_timeout():g} s (XBENCH_BARRIER_TIMEOUT) — a rank crashed or is stuck ({exc}). The chunks every "
+            "rank finished are in the store; run the same command again to resume, or evaluate with `xbench merge`."
+        ) from exc
+
+
 def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDataset, adapter: Adapter) -> dict[str, Any]:
     return {
         "dataset": dspec.name,
@@ -125,6 +167,7 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
         "grid": list(adapter.grid),
         "chunk_size": cfg.chunk_size,
         "precision": cfg.precision,
+        "map_dtype": cfg.map_dtype,
         "code_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "fingerprint": run_fingerprint(dataset, mspec.name, mspec.weights,
@@ -134,8 +177,14 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
 
 def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
           adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
-          progress: bool = True) -> dict[str, Any]:
-    """Run one (dataset, model) pair into the store; returns counts for the run log."""
+          progress: bool = True, feed: Any = None, chunk_offset: int = 0) -> dict[str, Any]:
+    """Run one (dataset, model) pair into the store; returns counts for the run log.
+
+    ``feed`` (an :class:`xbench.cache.InputFeed` over ``dataset``) supplies inputs decoded once for
+    every model; without it (``decode_once: false``) each model decodes through its own DataLoader.
+    Shard ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``; :func:`run` passes the
+    number of chunks of the datasets before this one, so small datasets do not all land on rank 0.
+    """
     device = cfg.resolved_device()
     dataset = dataset if dataset is not None else open_dataset(dspec)
     adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
@@ -144,7 +193,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
 
     n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
     index, count = shard
-    mine = [k for k in range(n_chunks) if k % count == index]
+    mine = [k for k in range(n_chunks) if (k + chunk_offset) % count == index]
     todo = _rows_to_infer(store, dspec.name, mspec.name, dataset, mine, cfg.chunk_size)
     counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.name, "chunks_total": n_chunks,
                               "chunks_done_before": len(mine) - len(todo), "chunks_written": 0, "cases_inferred": 0,
@@ -156,36 +205,46 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     prompts = [dataset.prompts[f] for f in dataset.findings]
     batches = [rows[i:i + cfg.batch_size] for rows in todo.values() for i in range(0, len(rows), cfg.batch_size)]
     remaining = {k: len(rows) for k, rows in todo.items()}
-    loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
-                        num_workers=cfg.num_workers, collate_fn=_collate)
-    amp = (torch.autocast(device.type, dtype=torch.float16 if cfg.precision == "fp16" else torch.bfloat16)
-           if device.type == "cuda" and cfg.precision != "fp32" else nullcontext())
+    amp = autocast(cfg.precision, device)
+    if cfg.channels_last:
+        to_channels_last(adapter)
+    if feed is not None:
+        stream = feed.batches(adapter, batches, device, channels_last=cfg.channels_last)
+    else:
+        loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
+                            num_workers=cfg.num_workers, collate_fn=_collate)
+        stream = (([(it[0], it[1], it[3], it[4], it[5]) for it in items],
+                   torch.stack([it[2] for it in items if it[2] is not None]).to(device)
+                   if any(it[2] is not None for it in items) else None) for items in loader)
+    map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
 
+    decode_before = feed.seconds if feed is not None else 0.0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     pending: dict[int, dict[str, list]] = {}
     reasons: Counter[str] = Counter()
     bar = progress_bar(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img",
                        disable=not progress)
     started = time.perf_counter()
-    for items in loader:
+    for items, pixels in stream:  # items: (row, case_id, skip reason, (H, W), window)
         chunk = items[0][0] // cfg.chunk_size
         acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [], "windows": [],
                                          "skipped": {}})
-        ok = [it for it in items if it[2] is not None]
-        for _, case_id, _, reason, _, _ in items:
+        ok = [it for it in items if it[2] is None]
+        for _, case_id, reason, _, _ in items:
             if reason is not None:
                 acc["skipped"][case_id] = reason
                 reasons[reason.split(":")[0]] += 1
         if ok:
-            pixels = torch.stack([it[2] for it in ok]).to(device)
-            with amp:
+            with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if feed is not None else nullcontext()):
                 pred = adapter.predict(pixels, prompts)
             scores = pred.scores.float().cpu().numpy()
             acc["ids"] += [it[1] for it in ok]
-            acc["sizes"] += [it[4] for it in ok]
-            acc["windows"] += [it[5] for it in ok]
+            acc["sizes"] += [it[3] for it in ok]
+            acc["windows"] += [it[4] for it in ok]
             acc["scores"].append(scores)
             acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
-            acc["maps"].append(pred.maps.float().cpu().numpy().astype(np.float16))
+            acc["maps"].append(pred.maps.float().cpu().numpy().astype(map_dtype))
         bar.update(len(items))
         bar.set_postfix(img_s=f"{bar.n / max(time.perf_counter() - started, 1e-9):.1f}")
         remaining[chunk] -= len(items)
@@ -195,18 +254,23 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                 "case_ids": acc["ids"],
                 "scores": np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
                 "probs": np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
-                "maps": np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), np.float16),
+                "maps": np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), map_dtype),
                 "sizes": np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
                 "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
             }
             if store.has_chunk(dspec.name, mspec.name, chunk):  # a retry of formerly skipped cases: join the chunk
-                arrays = _join_chunk(store.chunk_path(dspec.name, mspec.name, chunk), arrays, dataset)
+                arrays = _join_chunk(store.load_chunk(store.chunk_path(dspec.name, mspec.name, chunk)), arrays, dataset)
             store.write_chunk(dspec.name, mspec.name, chunk, skipped=acc["skipped"], **arrays)
             counts["chunks_written"] += 1
             counts["cases_inferred"] += len(acc["ids"])
             counts["cases_skipped"] += len(acc["skipped"])
             del pending[chunk]
     bar.close()
+    counts["seconds"] = round(time.perf_counter() - started, 3)
+    if feed is not None:
+        counts["decode_seconds"] = round(feed.seconds - decode_before, 3)  # decoding for every model of the run
+    if device.type == "cuda":
+        counts["gpu_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
     counts["skip_reasons"] = dict(reasons)
     if counts["cases_skipped"]:
         warnings.warn(f"{mspec.name} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
@@ -229,19 +293,18 @@ def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: B
         if not store.has_chunk(dataset_name, model, k):
             todo[k] = rows
             continue
-        with np.load(store.chunk_path(dataset_name, model, k)) as data:
-            skipped = set(data["skipped_ids"].tolist())
+        skipped = set(store.load_chunk(store.chunk_path(dataset_name, model, k))["skipped_ids"].tolist())
         if skipped:
             todo[k] = [r for r in rows if ids[r] in skipped]
     return todo
 
 
-def _join_chunk(path: Path, new: dict[str, Any], dataset: BaseDataset) -> dict[str, Any]:
-    """The arrays of a stored chunk joined with newly inferred cases, in dataset row order."""
+def _join_chunk(old: dict[str, np.ndarray], new: dict[str, Any], dataset: BaseDataset) -> dict[str, Any]:
+    """The arrays of a stored chunk (checked by :meth:`ResultStore.load_chunk`) joined with newly inferred cases,
+    in dataset row order."""
     order = {cid: i for i, cid in enumerate(dataset.cases["case_id"].astype(str))}
-    with np.load(path) as old:
-        keys = ("case_ids", "scores", "probs", "maps", "sizes", "windows")
-        joined = {k: np.concatenate([np.asarray(old[k]), np.asarray(new[k]).astype(old[k].dtype)]) for k in keys}
+    keys = ("case_ids", "scores", "probs", "maps", "sizes", "windows")
+    joined = {k: np.concatenate([np.asarray(old[k]), np.asarray(new[k]).astype(old[k].dtype)]) for k in keys}
     at = np.argsort([order[c] for c in joined["case_ids"].tolist()], kind="stable")
     return {k: v[at] for k, v in joined.items()}
 
@@ -264,44 +327,58 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     dist = _dist_shard() if shard is None else None
     if dist is not None:
         shard = dist
-        if not torch.distributed.is_initialized():
-            torch.distributed.init_process_group("nccl" if torch.cuda.is_available() and cfg.device != "cpu" else "gloo")
+        _init_distributed(cfg)
     shard = shard or (0, 1)
     if not 0 <= shard[0] < shard[1]:
         raise XBenchError(f"shard index must satisfy 0 <= i < n, got {shard[0]}/{shard[1]}")
 
     device = cfg.resolved_device()
     log: list[dict[str, Any]] = []
+    built: dict[int, Adapter] = {}  # models without fit_split are built once and serve every dataset
+    offset = 0  # chunks of the datasets before: shards rotate over datasets (balanced ranks)
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
         if not len(dataset):
             raise XBenchError(f"dataset {dspec.name} [{dataset.split}] has no cases (check its root, split and options)")
+        adapters = []
         for mspec in models:
-            adapter = open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
+            key = id(mspec)
+            adapter = built.get(key) or open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
             if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
                 raise XBenchError(f"model {mspec.name!r} was built random-init (no weights found) but this config does not "
                                   "allow random-init models (allow_random_init: true, or params: {random_init: true})")
+            if mspec.fit_split is None:
+                built[key] = adapter
+            adapters.append(adapter)
+        feed = None
+        if cfg.decode_once:
+            from .cache import InputFeed
+
+            feed = InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
+                             skip_missing=cfg.on_missing_image == "skip")
+        for mspec, adapter in zip(models, adapters):
             entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
-                          progress=progress)
+                          progress=progress, feed=feed, chunk_offset=offset)
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
+            entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
             if report is not None:
                 entry["preflight_images"] = summary(report).get(dspec.name)
             log.append(entry)
         log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
                 for name, why in left_out.items()]
+        offset += math.ceil(len(dataset) / cfg.chunk_size)
+        del feed, adapters
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
     atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
 
     if dist is not None:
-        torch.distributed.barrier()
+        _barrier(shard)
         if shard[0] != 0:
             return out
     elif shard != (0, 1):
         return out  # independent shards: `xbench merge` evaluates once all are present
     if evaluate:
-        from .evaluate import evaluate_run
-
         evaluate_run(cfg, progress=progress)
     return out
 
@@ -317,7 +394,5 @@ def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = Tru
     target = ResultStore(check_writable(cfg.output_dir, "output_dir"))
     for src in sources:
         target.merge_from(src)
-    from .evaluate import evaluate_run
-
     evaluate_run(cfg, progress=progress)
     return Path(cfg.output_dir)

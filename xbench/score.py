@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .atomic import atomic_write_text
 from .config import DatasetSpec, ModelSpec, RunConfig
 from .errors import FormatError, XBenchError, XBenchWarning
 from .metrics import ACCURACY, AUC, AUPRC, F1, HAMMING_ACCURACY
@@ -437,6 +438,6 @@ def _write_store(cfg: RunConfig, data: Any, mapset: MapSet, index: dict[str, int
     if absent:
         warnings.warn(f"{absent} of {len(ids)} cases of {data.name} have no map: they are left out of every metric "
                       "and counted in the evaluation log", XBenchWarning, stacklevel=3)
-    (Path(cfg.output_dir) / "score_inputs.json").write_text(json.dumps(
+    atomic_write_text(Path(cfg.output_dir) / "score_inputs.json", json.dumps(
         {"name": name, "dataset": data.name, "split": data.split, "cases_with_maps": len(ids) - absent,
          "cases_without_maps": absent, "classes": mapset.classes, "probs_given": mapset.probs is not None}, indent=1))

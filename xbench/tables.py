@@ -237,6 +237,20 @@ def skipped_note(log: Sequence[Mapping], datasets: Sequence[str] | None = None) 
             + (", ".join(parts) if parts else "none recorded") + ".")
 
 
+def undefined_note(tidy: pd.DataFrame, metrics: Sequence[str]) -> str:
+    """One line naming, per dataset, the metrics whose dataset-level value is undefined (NaN) for every model —
+    e.g. AUC, AUPRC, F1 and accuracy on COVID-19 Rural, where every image is positive (Hamming accuracy, the share
+    of images scored ≥ 0.5, stays defined)."""
+    from .metrics import DATASET_LEVEL
+
+    level = tidy[(tidy["finding"] == DATASET_LEVEL) & tidy["metric"].isin(metrics)]
+    undefined = level.groupby(["dataset", "metric"], sort=False)["value"].apply(lambda v: bool(v.isna().all()))
+    parts = [f"{d}: {', '.join(m for (dd, m), u in undefined.items() if dd == d and u)}"
+             for d in dict.fromkeys(level["dataset"]) if any(u for (dd, _), u in undefined.items() if dd == d)]
+    return ("Undefined (a class needs both positive and negative labels), left out: " + "; ".join(parts) + "."
+            if parts else "Every recognition metric is defined on every dataset of this run.")
+
+
 def skipped_cases(log: Sequence[Mapping]) -> dict[str, tuple[int, int]]:
     """Dataset → (cases skipped at inference, cases) from a run's ``evaluation_log.json`` (largest over models)."""
     out: dict[str, tuple[int, int]] = {}
@@ -350,10 +364,10 @@ class PaperTable:
         both = pd.concat([flat.round(2), n.astype("Int64")], axis=1)
         both = both[[c for pair in zip(flat.columns, n.columns) for c in pair]]
         both.index.name = "Method"
-        both.to_csv(stem.with_suffix(".csv"))
-        stem.with_suffix(".md").write_text(self.to_markdown())
-        stem.with_suffix(".tex").write_text(self.to_latex())
-        stem.with_suffix(".html").write_text(self.to_html())
+        write_frame(both, stem.with_suffix(".csv"), index=True)
+        atomic_write_text(stem.with_suffix(".md"), self.to_markdown())
+        atomic_write_text(stem.with_suffix(".tex"), self.to_latex())
+        atomic_write_text(stem.with_suffix(".html"), self.to_html())
         return [stem.with_suffix(s) for s in (".csv", ".md", ".tex", ".html")]
 
 
@@ -386,7 +400,8 @@ def _table_notes(tidy: pd.DataFrame, datasets: Sequence[str], log: Sequence[Mapp
 
 def paper_table1(tidy: pd.DataFrame, *, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
                  notes: Mapping[str, str] | None = None, log: Sequence[Mapping] | None = None,
-                 caption: str = "Table 1. Grounding metrics across datasets (mean Pointing Game, best-τ Dice/IoU).") -> PaperTable:
+                 caption: str = "Table 1. Grounding metrics across datasets (mean Pointing Game, best-τ Dice/IoU).",
+                 ) -> PaperTable:
     """Table 1 in the paper's form: rows = models (the paper's seven in its order, then the others set apart),
     column groups = datasets (the paper's seven in its order, then the run's others), each Point / Dice / IoU at the
     best τ (dataset value = unweighted mean over classes), percent. ``log``: the run's ``evaluation_log.json``

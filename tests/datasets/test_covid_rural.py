@@ -190,3 +190,13 @@ def test_manifest_valid_and_counts(root):
     validate(dataset_manifest("covid_rural"))
     found = counts(open_ds(root))
     assert found == {**found, "cases": 2, "positive_cases": 2, "regions": 2}  # one mask per case, empty or not
+
+
+def test_only_images_with_an_opacity_are_positive_pairs(root):
+    """Both images are labelled positive; only P1's non-empty mask makes a grounding pair (P2's is counted, not scored)."""
+    from xbench.evaluate import ground_truth
+
+    ds = open_ds(root)
+    assert ds.labels()[:, 0].tolist() == [1.0, 1.0]
+    rows, masks, no_region = ground_truth(ds, (16, 16), progress=False)[ds.findings[0]]
+    assert rows.tolist() == [0] and masks.shape == (1, 16, 16) and masks.any() and no_region == 1

@@ -13,7 +13,10 @@ from PIL import Image
 import xbench.models.clip as clip_module
 from xbench.errors import CheckpointError, MissingFileError
 from xbench.models.base import create_model
-from xbench.models.clip import WEIGHTS_SOURCE, CLIPAdapter, build_clip, read_clip_checkpoint
+from xbench.models.clip import CLIPAdapter, build_clip, read_clip_checkpoint
+from xbench.registry import model_config
+
+WEIGHTS_SOURCE = model_config("clip")["weights"]["checkpoint"]["source"]
 
 PROMPTS = ["pneumonia", "pleural effusion", "cardiomegaly"]
 MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
@@ -80,10 +83,7 @@ def test_preprocess_matches_hand_pipeline(adapter, images, pixels):
         np.testing.assert_allclose(grey[0], grey[2], atol=1e-5)
 
 
-def test_predict_shapes_and_ranges(prediction):
-    assert prediction.scores.shape == (2, 3) and prediction.scores.dtype == torch.float32
-    assert prediction.maps.shape == (2, 3, 14, 14) and prediction.maps.dtype == torch.float32
-    assert torch.all((prediction.scores >= 0) & (prediction.scores <= 1))
+def test_maps_are_cosines(prediction):  # shapes, dtypes and score range: tests/models/test_contract.py
     assert torch.all(prediction.maps.abs() <= 1 + 1e-5)
 
 
@@ -103,6 +103,22 @@ def test_score_and_map_rules_by_hand(adapter, pixels, prediction):
     torch.testing.assert_close(prediction.scores[:, 1], expected_score, rtol=1e-4, atol=1e-5)
     expected_map = (patches @ pos).reshape(2, 14, 14)  # row-major over the grid
     torch.testing.assert_close(prediction.maps[:, 1], expected_map, rtol=1e-4, atol=1e-5)
+
+
+def test_paper_sigmoid_score_rule_by_hand(adapter, pixels):
+    """``score_mode: paper_sigmoid``: p_c = sigmoid(<h(x), g(t_c)>) on the normalised embeddings, one prompt per class
+    in OpenAI CLIP's style (the YAML's paper_template); the map uses that prompt too."""
+    params = {**model_config("clip")["params"], "score_mode": "paper_sigmoid"}
+    paper = CLIPAdapter(adapter.model, {"params": params})
+    out = paper.predict(pixels, PROMPTS)
+    with torch.no_grad():
+        ids = open_clip.get_tokenizer("ViT-B-16-quickgelu")(["a photo of a pleural effusion."])
+        text = F.normalize(adapter.model.encode_text(ids), dim=-1)[0]
+        image = F.normalize(adapter.model.encode_image(pixels), dim=-1)
+    torch.testing.assert_close(out.scores[:, 1], torch.sigmoid(image @ text), rtol=1e-4, atol=1e-5)
+    assert paper.templates == {"positive": "a photo of a {}."}
+    with pytest.raises(ValueError, match="score_mode"):
+        CLIPAdapter(adapter.model, {"params": {"score_mode": "sigmoid"}})
 
 
 def test_maps_respond_to_text_and_image(prediction):
@@ -197,8 +213,8 @@ def test_openai_torchscript_archive(adapter, tmp_path):
         node.register_buffer(leaf, value.clone())
     with pytest.warns((DeprecationWarning, FutureWarning, UserWarning)):
         torch.jit.save(torch.jit.trace(root, torch.zeros(1)), str(tmp_path / "ViT-B-16.pt"))
-    got, path = read_clip_checkpoint(tmp_path)
-    assert path.name == "ViT-B-16.pt" and set(got) == set(keys)
+    got = read_clip_checkpoint(tmp_path / "ViT-B-16.pt")
+    assert set(got) == set(keys)
     for key, value in weights.items():
         assert got[key].dtype == torch.float32
         assert torch.equal(got[key], value.half().float()), key

@@ -286,8 +286,7 @@ def test_random_init_predicts_full_size_outputs(random_adapter):
     with pytest.raises(ValueError, match="expected pixels of shape"):
         random_adapter.predict(pixels[:, :, :100], ["pneumonia"])
     pred = random_adapter.predict(pixels, ["pneumonia", "pneumothorax", "COVID-19"])
-    assert pred.scores.shape == (1, 3) and pred.maps.shape == (1, 3, 14, 14)
-    assert torch.isfinite(pred.scores).all() and torch.isfinite(pred.maps).all()
+    # shapes, dtypes, finite values: tests/models/test_contract.py
     assert (pred.maps > 0).all() and (pred.maps.sum(dim=(-2, -1)) < 1).all()
     # the maps and scores respond to the text (queries never interact, so this is per prompt)
     for a, b in [(0, 1), (0, 2), (1, 2)]:

@@ -220,14 +220,13 @@ def test_missing_weights_name_the_files_and_publisher(tmp_path):
 
 
 @pytest.mark.slow
-def test_random_init_predict_shapes_text_response_and_determinism(test_device):
+def test_random_init_text_response_and_determinism(test_device):  # shapes: tests/models/test_contract.py
     torch.set_num_threads(1)
     model = xbench.create_model("mavl", device=test_device, random_init=True, seed=0)
     assert model.weights_label == "random-init"
     rng = np.random.default_rng(0)
     pixels = torch.stack([model.preprocess(rng.random((256, 300), dtype=np.float32)) for _ in range(2)])
     first = model.predict(pixels, ["pneumonia", "cardiomegaly", "pleural effusion"])
-    assert first.scores.shape == (2, 3) and first.maps.shape == (2, 3, 14, 14)
     assert torch.all((first.scores > 0) & (first.scores < 1))
     torch.testing.assert_close(first.maps.sum(dim=(2, 3)), torch.ones(2, 3), atol=1e-5, rtol=0)
     assert not torch.allclose(first.maps[:, 0], first.maps[:, 1])  # maps respond to the text

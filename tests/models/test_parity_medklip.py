@@ -217,13 +217,11 @@ def random_model(test_device):
     return xbench.create_model("medklip", device=test_device, random_init=True, seed=0)
 
 
-def test_random_init_predict_shapes_text_response_and_determinism(random_model):
+def test_random_init_text_response_and_determinism(random_model):  # shapes: tests/models/test_contract.py
     assert random_model.weights_label == "random-init"
     rng = np.random.default_rng(0)
     pixels = torch.stack([random_model.preprocess(rng.random((300, 260), dtype=np.float32)) for _ in range(2)])
-    assert pixels.shape == (2, 3, 224, 224)
     first = random_model.predict(pixels, ["pneumonia", "cardiomegaly", "pleural effusion"])
-    assert first.scores.shape == (2, 3) and first.maps.shape == (2, 3, 14, 14)
     assert torch.all((first.scores > 0) & (first.scores < 1))
     torch.testing.assert_close(first.maps.sum(dim=(2, 3)), torch.ones(2, 3), atol=1e-5, rtol=0)  # layer-mean of softmaxes
     assert not torch.allclose(first.maps[:, 0], first.maps[:, 1])  # maps respond to the text

@@ -177,3 +177,35 @@ def test_random_prior_is_seeded_per_image_not_per_batch():
     assert not torch.equal(full.maps[0, 0], full.maps[0, 1])
     other_seed = RandomPrior(seed=1).predict(pixels, prompts)
     assert not torch.equal(other_seed.maps, full.maps)
+
+
+def test_random_prior_draws_depend_on_seed_case_and_class_not_on_pixels():
+    """Issue 12 item 4: the draw of one (case, class) is keyed by (seed, case id, class name), so a changed grey
+    level (another decoder, another machine) redraws nothing. Fails on the old pixel-hash key."""
+    import hashlib
+
+    prior = create_model("random_prior")
+    pixels = _pixels(2)
+    nudged = pixels.clone()
+    nudged[1, :, 0, 0] += 1 / 255  # one pixel one grey level brighter
+    prompts = ["pneumonia", "nodule"]
+    ids = ["case-a", "case-b"]
+    first = prior.predict_cases(pixels, prompts, ids)
+    again = prior.predict_cases(nudged, prompts, ids)
+    torch.testing.assert_close(again.scores, first.scores, rtol=0, atol=0)
+    torch.testing.assert_close(again.maps, first.maps, rtol=0, atol=0)
+    # the documented key, computed by hand: SeedSequence([seed, H(case id), H(class)]), score drawn first
+    def h(text):
+        return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest(), "little")
+    rng = np.random.default_rng(np.random.SeedSequence([0, h("case-b"), h("nodule")]))
+    assert first.scores[1, 1].item() == np.float32(rng.random())
+    np.testing.assert_array_equal(first.maps[1, 1].numpy(), rng.random((14, 14)).astype(np.float32))
+    # other case ids, other seeds: other draws; a batch of one gives the same draw as inside a batch
+    swapped = prior.predict_cases(pixels, prompts, ids[::-1])
+    assert not torch.equal(swapped.scores, first.scores)
+    alone = prior.predict_cases(nudged[1:], prompts[1:], ids[1:])
+    assert alone.scores[0, 0] == first.scores[1, 1]
+    other_seed = create_model("random_prior", seed=1).predict_cases(pixels, prompts, ids)
+    assert not torch.equal(other_seed.scores, first.scores)
+    with pytest.raises(ValueError, match="case ids"):
+        prior.predict_cases(pixels, prompts, ids[:1])

@@ -39,7 +39,8 @@ def bert_folder(tmp_path):
     return folder, model
 
 
-def _hidden(bert, ids=torch.tensor([EXPECTED_IDS])):
+def _hidden(bert, ids=None):
+    ids = torch.tensor([EXPECTED_IDS]) if ids is None else ids
     with torch.no_grad():
         return bert(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
 

@@ -208,13 +208,13 @@ def _torchscript_with_payload(path: Path, marker: Path, payload) -> None:
 
 
 def test_crafted_torchscript_archive_is_not_run(tmp_path, payload):
-    from xbench.models.clip import read_clip_checkpoint
+    from xbench.models import create_model
 
     obj, name, marker = payload
     _torchscript_with_payload(tmp_path / "ViT-B-16.pt", marker, obj)
     with pytest.warns(Warning) as record, pytest.raises(
             CheckpointError, match=r"ViT-B-16\.pt.*open_clip_pytorch_model\.bin.*vit_base_patch16_clip_224\.openai"):
-        read_clip_checkpoint(tmp_path)
+        create_model("clip", weights=tmp_path)  # the only CLIP file present: OpenAI's archive
     assert not marker.exists()
     _assert_reported(record, name)
 

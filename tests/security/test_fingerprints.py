@@ -1,10 +1,12 @@
 """Issue 12 item 2: results of different inputs are never mixed.
 
-ref_xattn shards made with different weights files are refused by `merge`, and a resumed run after the weights
-file changed is refused, each naming the differing fingerprint key. (On the old main both were accepted silently:
+ref_xattn shards made with different weights files are refused by `merge`, a resumed run after the weights
+file changed is refused, and so is a store whose annotation file changed, each naming the differing fingerprint
+key. (On the old main both were accepted silently:
 `SHARD_KEYS` held no weights content and `meta.json` held the weights path only.)"""
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -15,7 +17,11 @@ from conftest import tiny_run
 from safetensors.torch import load_file, save_file
 
 from xbench.config import RunConfig
+from xbench.datasets.chestx_det import ChestXDet10
 from xbench.errors import XBenchError, XBenchWarning
+from xbench.fingerprint import run_fingerprint
+from xbench.registry import dataset_manifest
+from xbench.results import ResultStore
 from xbench.runner import merge, run
 
 REFERENCE = Path(__file__).resolve().parents[2] / "xbench" / "reference_weights" / "ref_xattn"
@@ -72,3 +78,19 @@ def test_resume_after_the_weights_file_changed_is_refused_unless_overwrite(tmp_p
         quiet(run, cfg, progress=False)
     quiet(run, cfg, progress=False, overwrite=True)  # recomputes every chunk with the new file
     assert (tmp_path / "run" / "tables" / "metrics.parquet").exists()
+
+
+def test_a_changed_annotation_file_is_refused_by_the_store(tmp_path):
+    def opened(syms: list[str]) -> ChestXDet10:
+        boxes = [[1, 1, 4, 4]] * len(syms)
+        (tmp_path / "test.json").write_text(json.dumps([{"file_name": "a.png", "syms": syms, "boxes": boxes}]))
+        return ChestXDet10(tmp_path, "test", manifest={**dataset_manifest("chestx_det10"), "image_size": [8, 8]})
+
+    def meta(ds) -> dict:
+        return {"findings": ds.findings, "grid": [2, 2], "fingerprint": run_fingerprint(ds, "center_prior", None)}
+
+    store = ResultStore(tmp_path / "run")
+    store.prepare("chestx_det10", "center_prior", meta(opened([])))
+    store.prepare("chestx_det10", "center_prior", meta(opened([])))  # same bytes: accepted
+    with pytest.raises(XBenchError, match=r"differs in fingerprint\.annotations\.annotations"):
+        store.prepare("chestx_det10", "center_prior", meta(opened(["Nodule"])))

@@ -186,15 +186,20 @@ class BaseDataset(Sequence[Sample], ABC):
                               "files inside the dataset root (or the manifest's folders)")
         return Path(path)
 
+    def locate_image(self, path: str | Path) -> Path:
+        """Where the image of a case table ``image_path`` is: the path itself, or with :attr:`nested_images`
+        the file of that name below the images folder (:class:`~xbench.errors.MissingFileError` if none)."""
+        if not self.nested_images:
+            return Path(path)
+        if self._image_folder is None:
+            entry = (self.manifest.get("files") or {}).get("images") or {}
+            self._image_folder = ImageFolder(self.folder("images"), entry.get("source"))
+        return self._image_folder.locate(Path(path).name)
+
     def read_image(self, path: str | Path) -> np.ndarray:
-        """Read the image at ``path`` (or, with :attr:`nested_images`, the file of that name below the images
-        folder) after the root-containment check; the :attr:`Sample.reader` of every sample."""
-        if self.nested_images:
-            if self._image_folder is None:
-                entry = (self.manifest.get("files") or {}).get("images") or {}
-                self._image_folder = ImageFolder(self.folder("images"), entry.get("source"))
-            path = self._image_folder.locate(Path(path).name)
-        return read_image(self.contained(path))
+        """Read the image of ``path`` (:meth:`locate_image`) after the root-containment check; the
+        :attr:`Sample.reader` of every sample."""
+        return read_image(self.contained(self.locate_image(path)))
 
     def __len__(self) -> int:
         return len(self.cases)

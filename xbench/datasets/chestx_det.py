@@ -74,7 +74,6 @@ class _DetJson(BaseDataset):
 
     def _read_index(self) -> pd.DataFrame:
         path = self.file("annotations")
-        self.image_dir = self.folder("images")
         fixed = self.manifest.get("image_size")
         lookup = class_lookup(self.manifest)
         self._region_map: dict[str, dict[str, list[Region]]] = {}

@@ -23,8 +23,13 @@ Conventions
 -----------
 * Cases: the IDs of the split list, in file order.
 * One class; every case is labelled positive (1.0): all patients of the
-  collection are COVID-19 positive. Images whose mask is empty stay positive,
-  so recognition AUC is undefined within this dataset.
+  collection are COVID-19 positive. Only images with a non-empty opacity mask
+  are **positive pairs** for grounding: an empty mask is a positive without a
+  region, counted (``evaluation_log.json``: ``positive_without_region``) and
+  never scored (the paper's values imply 32 such pairs among the 44 test
+  images). With every label positive, AUC, AUPRC, F1 and accuracy are
+  undefined (NaN, named under the recognition table); Hamming accuracy, the
+  share of images scored ≥ 0.5, is the recognition metric that stays defined.
 * Regions: with ``regions="masks"`` every case has exactly one
   :class:`~xbench.datasets.base.EncodedMask` (decoded lazily, so an all-zero
   mask is still listed); with ``"polygons"`` one polygon per opacity shape.

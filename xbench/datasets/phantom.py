@@ -314,7 +314,7 @@ def write_split(folder: str | Path, params: PhantomParams, progress: bool = Fals
     a reader never sees a half-written split; if another process wins the race the
     existing folder is kept.
     """
-    from tqdm.auto import tqdm
+    from ..logs import progress_iter
 
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -322,7 +322,7 @@ def write_split(folder: str | Path, params: PhantomParams, progress: bool = Fals
     try:
         (tmp / "images").mkdir()
         records = []
-        for i in tqdm(range(params.cases), desc=f"phantom {params.split}", disable=not progress):
+        for i in progress_iter(range(params.cases), desc=f"phantom {params.split}", unit="image", disable=not progress):
             rng = np.random.default_rng([params.seed, SPLIT_STREAMS[params.split], i])
             image, regions = render_case(rng, params.size, params.prevalence)
             name = f"{params.split}_{i:05d}.png"

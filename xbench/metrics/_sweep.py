@@ -30,13 +30,15 @@ let ``k(v) = #{i : t_i ≤ v}``; then ``v ≥ t_i ⟺ i < k(v)``, so a histogram
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from threadpoolctl import ThreadpoolController
 
 from ..errors import XBenchWarning
 
@@ -186,6 +188,33 @@ def upsample_chunk(x: np.ndarray, size: tuple[int, int], out: np.ndarray | None 
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _blas() -> ThreadpoolController:
+    return ThreadpoolController().select(user_api="blas")
+
+
+@contextlib.contextmanager
+def single_threaded() -> Iterator[None]:
+    """Run the chunk loop on one thread: torch intra-op threads and BLAS threads set to 1, restored after.
+
+    Every call in the loop is tiny (one chunk), so extra threads cannot help, and on a
+    loaded machine they cost: a parallel region waits, spinning, for threads that are not
+    scheduled. Measured on 2 cores at load average ~11: ``torch.bincount`` of one
+    224×224 uint8 map took 2.5 ms CPU / 10 ms wall with 2 torch threads against
+    0.05 ms / 0.17 ms with 1 (``benchmarks/bench_threshold_sweep.py`` reports both).
+    Not thread-safe: torch's thread count is process-wide.
+    """
+    n = torch.get_num_threads()
+    if n != 1:
+        torch.set_num_threads(1)
+    try:
+        with _blas().limit(limits=1):
+            yield
+    finally:
+        if n != 1:
+            torch.set_num_threads(n)
+
+
 @dataclass
 class Counts:
     """What one pass over the pairs yields (``NaN``/``-1`` rows for skipped pairs)."""
@@ -225,7 +254,9 @@ def count_pairs(
     """Upsample + normalise each map and count, chunk by chunk (see the module docstring).
 
     ``ties`` (``"first"``/``"any"``) requests pointing hits, ``fixed`` the counts at
-    one threshold, ``thresholds`` the counts for a grid. Emits one
+    one threshold, ``thresholds`` the counts for a grid. A ``fixed`` τ that is a
+    point of ``thresholds`` is read from the grid's counts (``v ≥ τ`` is the same
+    test). Runs on one thread (:func:`single_threaded`). Emits one
     :class:`~xbench.errors.XBenchWarning` with the number of skipped pairs.
     """
     if nonfinite not in ("raise", "skip"):
@@ -238,98 +269,18 @@ def count_pairs(
     n = len(maps)
     masks = as_masks(masks, n)
     check_names(n, case_ids, findings)
-    size = masks.shape[1:]
-    n_pix = size[0] * size[1]
-
     valid = np.isfinite(maps).all(axis=(1, 2))
     if nonfinite == "raise" and not valid.all():
         _nonfinite(int(np.flatnonzero(~valid)[0]), "map contains NaN or inf", "raise", case_ids, findings)
-    flat_masks = masks.reshape(n, n_pix)
-    # |G|: from the histograms when there are any (saves a pass over the masks)
-    gt_area = np.zeros(n, np.int64) if thresholds is not None else np.count_nonzero(flat_masks, axis=1).astype(np.int64)
-    out = Counts(gt_area=gt_area, valid=valid)
-    if ties is not None:
-        out.hit = np.full(n, np.nan)
-    if fixed is not None:
-        fixed_c = float32_ceil(np.array([fixed], dtype=np.float64))[0]
-        out.fixed_inter = np.zeros(n, np.int64)
-        out.fixed_pred = np.zeros(n, np.int64)
-    if thresholds is not None:
-        t = as_thresholds(thresholds)
-        default_grid = t.shape == _DEFAULT_GRID_VALUES.shape and np.array_equal(t, _DEFAULT_GRID_VALUES)
-        n_bins = t.size + 1  # k ∈ 0…T
-        ceil = float32_ceil(t)
-        hist = np.zeros((n, 2, n_bins), np.int64)  # [:, 0] outside G, [:, 1] inside G
-        k = min(chunk_size, n)
-        key8 = np.empty((k, n_pix), np.uint8)
-        m8 = np.empty((k, n_pix), np.uint8)
 
-    up_buf = np.empty((min(chunk_size, n), *size), np.float32)
-    for s in range(0, n, chunk_size):
-        e = min(n, s + chunk_size)
-        x = maps[s:e]
-        ok = valid[s:e]
-        if not ok.all():
-            x = x.copy()
-            x[~ok] = 0.0
-        up = upsample_chunk(x, size, out=up_buf[: e - s]).reshape(e - s, n_pix)
-        g = flat_masks[s:e]
-
-        lo = up.min(axis=1)
-        hi = up.max(axis=1)
-        if ties == "first":
-            first = np.argmax(up, axis=1)
-            out.hit[s:e] = g[np.arange(e - s), first]
-        elif ties == "any":
-            out.hit[s:e] = ((up == hi[:, None]) & g).any(axis=1)
-
-        # per-map min–max in float32: v = (x - min) / (max - min); a constant map → 0
-        with np.errstate(over="ignore", invalid="ignore"):
-            span = hi - lo
-        overflow = ok & ~np.isfinite(span)
-        if overflow.any():
-            i = s + int(np.flatnonzero(overflow)[0])
-            _nonfinite(i, "map range max - min overflows float32", nonfinite, case_ids, findings)
-            valid[s:e] &= ~overflow
-            ok = valid[s:e]
-            up[overflow] = 0.0
-            lo[overflow] = 0.0
-            span[overflow] = 0.0
-        span[span == 0] = 1.0
-        np.subtract(up, lo[:, None], out=up)
-        np.divide(up, span[:, None], out=up)
-
-        if fixed is not None:
-            sel = up >= fixed_c
-            out.fixed_pred[s:e] = np.count_nonzero(sel, axis=1)
-            out.fixed_inter[s:e] = np.count_nonzero(sel & g, axis=1)
-
-        if thresholds is not None:
-            rows = e - s
-            if default_grid:  # k - 1 = floor(100 v), exact in float64 (module docstring)
-                # float64 product, cast to uint8 in the same ufunc loop (truncation = floor for v ≥ 0)
-                np.multiply(up, 100.0, dtype=np.float64, out=key8[:rows], casting="unsafe")
-                np.multiply(g.view(np.uint8), _MASK_BIT, out=m8[:rows])
-                np.bitwise_or(key8[:rows], m8[:rows], out=key8[:rows])
-                keys = torch.from_numpy(key8)
-                h = torch.stack([torch.bincount(keys[r], minlength=256) for r in range(rows)]).numpy()
-                hist[s:e, 0, 1:] = h[:, :101]
-                hist[s:e, 1, 1:] = h[:, 128:229]
-            else:
-                kk = np.searchsorted(ceil, up, side="right")
-                kk += g * n_bins
-                kk += (np.arange(rows) * (2 * n_bins))[:, None]
-                hist[s:e] = np.bincount(kk.ravel(), minlength=rows * 2 * n_bins).reshape(rows, 2, n_bins)
-
-    if thresholds is not None:
-        gt_area[:] = hist[:, 1].sum(axis=1)
-    if out.hit is not None:
-        out.hit[(gt_area == 0) | ~valid] = np.nan
-    if thresholds is not None:
-        # |B(t_i) ∩ G| = #{k > i} inside G; |B(t_i)| = #{k > i} anywhere
-        suffix = np.cumsum(hist[:, :, ::-1], axis=2)[:, :, ::-1]
-        out.inter = suffix[:, 1, 1:]
-        out.pred = suffix[:, 0, 1:] + out.inter
+    sweep = _Sweep(n, masks, valid, thresholds, fixed, ties, min(chunk_size, n))
+    with single_threaded():  # tiny calls: extra threads only spin (see single_threaded)
+        for s in range(0, n, chunk_size):
+            e = min(n, s + chunk_size)
+            overflow = sweep.chunk(s, maps[s:e])
+            if overflow is not None:
+                _nonfinite(overflow, "map range max - min overflows float32", nonfinite, case_ids, findings)
+    out = sweep.result()
     if out.n_skipped:
         warnings.warn(
             f"{out.n_skipped} of {n} pairs have a non-finite map and were scored NaN (nonfinite='skip')",
@@ -337,3 +288,114 @@ def count_pairs(
             stacklevel=3,
         )
     return out
+
+
+class _Sweep:
+    """Buffers and per-pair results of :func:`count_pairs`; :meth:`chunk` processes pairs ``s:s+k``."""
+
+    def __init__(self, n: int, masks: np.ndarray, valid: np.ndarray, thresholds, fixed, ties, k: int):
+        self.size = masks.shape[1:]
+        self.n_pix = self.size[0] * self.size[1]
+        self.masks = masks.reshape(n, self.n_pix)
+        self.valid, self.ties = valid, ties
+        self.up_buf = np.empty((k, *self.size), np.float32)
+        self.hit = np.full(n, np.nan) if ties is not None else None
+        self.t = as_thresholds(thresholds) if thresholds is not None else None
+        self.fixed_at = None  # index of the fixed τ in the grid, when it is a grid point
+        if fixed is not None and self.t is not None and np.any(self.t == float(fixed)):
+            self.fixed_at = int(np.flatnonzero(self.t == float(fixed))[0])
+        self.fixed_c = None
+        if fixed is not None and self.fixed_at is None:
+            self.fixed_c = float32_ceil(np.array([fixed], dtype=np.float64))[0]
+            self.fixed_inter = np.zeros(n, np.int64)
+            self.fixed_pred = np.zeros(n, np.int64)
+        self.fixed = fixed
+        if self.t is not None:
+            t = self.t
+            self.default_grid = t.shape == _DEFAULT_GRID_VALUES.shape and np.array_equal(t, _DEFAULT_GRID_VALUES)
+            self.n_bins = t.size + 1  # k ∈ 0…T
+            self.ceil = float32_ceil(t)
+            self.hist = np.zeros((n, 2, self.n_bins), np.int64)  # [:, 0] outside G, [:, 1] inside G
+            self.key8 = np.empty((k, self.n_pix), np.uint8)
+            self.m8 = np.empty((k, self.n_pix), np.uint8)
+
+    def chunk(self, s: int, x: np.ndarray) -> int | None:
+        """Count pairs ``s : s + len(x)``; returns the index of a pair whose range overflows, else None."""
+        e = s + len(x)
+        ok = self.valid[s:e]
+        if not ok.all():
+            x = x.copy()
+            x[~ok] = 0.0
+        up = upsample_chunk(x, self.size, out=self.up_buf[: e - s]).reshape(e - s, self.n_pix)
+        g = self.masks[s:e]
+
+        lo = up.min(axis=1)
+        hi = up.max(axis=1)
+        if self.ties == "first":
+            first = np.argmax(up, axis=1)
+            self.hit[s:e] = g[np.arange(e - s), first]
+        elif self.ties == "any":
+            self.hit[s:e] = ((up == hi[:, None]) & g).any(axis=1)
+
+        # per-map min–max in float32: v = (x - min) / (max - min); a constant map → 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            span = hi - lo
+        overflow = ok & ~np.isfinite(span)
+        first_overflow = None
+        if overflow.any():
+            first_overflow = s + int(np.flatnonzero(overflow)[0])
+            self.valid[s:e] &= ~overflow
+            up[overflow] = 0.0
+            lo[overflow] = 0.0
+            span[overflow] = 0.0
+        span[span == 0] = 1.0
+        np.subtract(up, lo[:, None], out=up)
+        np.divide(up, span[:, None], out=up)
+
+        if self.fixed_c is not None:
+            sel = up >= self.fixed_c
+            self.fixed_pred[s:e] = np.count_nonzero(sel, axis=1)
+            self.fixed_inter[s:e] = np.count_nonzero(sel & g, axis=1)
+        if self.t is not None:
+            self.hist[s:e] = self._histogram(up, g)
+        return first_overflow
+
+    def _histogram(self, up: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """``(k, 2, T + 1)`` counts of ``k(v)`` outside / inside the mask per pair."""
+        rows, n_bins = len(up), self.n_bins
+        if self.default_grid:  # k - 1 = floor(100 v), exact in float64 (module docstring)
+            key8, m8 = self.key8[:rows], self.m8[:rows]
+            # float64 product, cast to uint8 in the same ufunc loop (truncation = floor for v ≥ 0)
+            np.multiply(up, 100.0, dtype=np.float64, out=key8, casting="unsafe")
+            np.multiply(g.view(np.uint8), _MASK_BIT, out=m8)
+            np.bitwise_or(key8, m8, out=key8)
+            keys = torch.from_numpy(key8)
+            h = torch.stack([torch.bincount(keys[r], minlength=256) for r in range(rows)]).numpy()
+            out = np.zeros((rows, 2, n_bins), np.int64)
+            out[:, 0, 1:] = h[:, :101]
+            out[:, 1, 1:] = h[:, 128:229]
+            return out
+        kk = np.searchsorted(self.ceil, up, side="right")
+        kk += g * n_bins
+        kk += (np.arange(rows) * (2 * n_bins))[:, None]
+        return np.bincount(kk.ravel(), minlength=rows * 2 * n_bins).reshape(rows, 2, n_bins)
+
+    def result(self) -> Counts:
+        if self.t is not None:
+            gt_area = self.hist[:, 1].sum(axis=1)  # |G| from the histograms (saves a pass over the masks)
+        else:
+            gt_area = np.count_nonzero(self.masks, axis=1).astype(np.int64)
+        out = Counts(gt_area=gt_area, valid=self.valid, hit=self.hit)
+        if out.hit is not None:
+            out.hit[(gt_area == 0) | ~self.valid] = np.nan
+        if self.t is not None:
+            # |B(t_i) ∩ G| = #{k > i} inside G; |B(t_i)| = #{k > i} anywhere
+            suffix = np.cumsum(self.hist[:, :, ::-1], axis=2)[:, :, ::-1]
+            out.inter = suffix[:, 1, 1:]
+            out.pred = suffix[:, 0, 1:] + out.inter
+        if self.fixed_at is not None:
+            out.fixed_inter = out.inter[:, self.fixed_at].copy()
+            out.fixed_pred = out.pred[:, self.fixed_at].copy()
+        elif self.fixed is not None:
+            out.fixed_inter, out.fixed_pred = self.fixed_inter, self.fixed_pred
+        return out

@@ -116,8 +116,9 @@ def upsample_maps(maps, size: tuple[int, int] = DEFAULT_GRID) -> np.ndarray:
     arr = _sweep.as_maps(maps)
     size = _as_size(size)
     out = np.empty((len(arr), *size), np.float32)
-    for s in range(0, len(arr), 256):
-        out[s : s + 256] = _sweep.upsample_chunk(arr[s : s + 256], size)
+    with _sweep.single_threaded():  # chunks of CHUNK_SIZE maps, written in place: cache-sized, one thread
+        for s in range(0, len(arr), CHUNK_SIZE):
+            _sweep.upsample_chunk(arr[s : s + CHUNK_SIZE], size, out=out[s : s + CHUNK_SIZE])
     return out
 
 

@@ -224,6 +224,235 @@ def _best_weighted(w: np.ndarray, d: np.ndarray, j: np.ndarray, t: np.ndarray) -
     return out
 
 
+# -- score_table, section by section ------------------------------------------------------
+# Each section holds the rows it contributes to the tidy table (point values and counts) and
+# recomputes them from a (B, n_cases) matrix of bootstrap case weights, all replicates at once.
+
+
+@dataclass
+class _Rows:
+    """Rows of the tidy table, in output order: ``(finding, metric)``, point value, count."""
+
+    specs: list[tuple[object, str]]
+    values: list[float]
+    counts: list[int]
+
+    @classmethod
+    def empty(cls) -> _Rows:
+        return cls([], [], [])
+
+    def add(self, finding, metric: str, value: float, count: int) -> None:
+        self.specs.append((finding, metric))
+        self.values.append(value)
+        self.counts.append(count)
+
+    def __add__(self, other: _Rows) -> _Rows:
+        return _Rows(self.specs + other.specs, self.values + other.values, self.counts + other.counts)
+
+
+def _class_order(findings: Sequence | None, pairs: pd.DataFrame | None, labels: pd.DataFrame | None) -> list:
+    """Row order of the classes: ``findings``, else first appearance in ``pairs`` then ``labels``."""
+    if findings is not None:
+        order = list(findings)
+    else:
+        order = list(dict.fromkeys(pairs["finding"])) if pairs is not None else []
+        if labels is not None:
+            order += [c for c in labels.columns if c not in order]
+    if pairs is not None:
+        unknown = sorted(set(pairs["finding"]) - set(order), key=str)
+        if unknown:
+            raise ValueError(f"pairs hold findings {unknown} that are not in findings={order}")
+    return order
+
+
+def _case_index(pairs: pd.DataFrame | None, labels: pd.DataFrame | None) -> pd.Index:
+    """The resampled units: case ids of ``pairs`` then of ``labels``, each once, in order of appearance."""
+    keys = [pd.Index(pairs["case_id"])] if pairs is not None else []
+    if labels is not None:
+        keys.append(pd.Index(labels.index))
+    if not keys:
+        raise ValueError("nothing to score: pass pairs and/or labels with scores")
+    return pd.Index(pd.unique(pd.concat([k.to_series() for k in keys], ignore_index=True)))
+
+
+class _Grounding:
+    """Pointing, fixed-τ and best-τ rows per class and pooled over all pairs.
+
+    Per-pair values and curves are read once; a replicate is a weighted sum of
+    them (one matrix product per class for the curves), with τ re-chosen per row.
+    """
+
+    def __init__(self, pairs: pd.DataFrame, cases: pd.Index, order: list, t: np.ndarray, fixed_names: tuple[str, str]):
+        self.t = t
+        self.names = (POINTING, *fixed_names, DICE_BEST, IOU_BEST, BEST_TAU)
+        present = set(pairs["finding"])
+        self.classes = [f for f in order if f in present]
+        self.pair_case = cases.get_indexer(pairs["case_id"])
+        pair_cls = pd.Index(self.classes).get_indexer(pairs["finding"])
+        x = pairs[["pointing", "dice_fixed", "iou_fixed"]].to_numpy(dtype=np.float64)
+        dc = np.stack([np.asarray(a, dtype=np.float64) for a in pairs["dice_curve"]])
+        ic = np.stack([np.asarray(a, dtype=np.float64) for a in pairs["iou_curve"]])
+        if dc.shape[1] != t.size or ic.shape != dc.shape:
+            raise ValueError(f"dice_curve / iou_curve must have {t.size} values (the thresholds); got {dc.shape[1]}")
+        finite = ~np.isnan(x)
+        curve_rows = ~np.isnan(dc).all(axis=1)
+        nc, rows = len(self.classes), np.arange(len(x))
+        # class means of the three per-pair metrics as (weights @ sums) / (weights @ counts)
+        self.sums = np.zeros((len(x), 3 * nc))
+        self.defined = np.zeros((len(x), 3 * nc))
+        for m in range(3):
+            self.sums[rows, m * nc + pair_cls] = np.where(finite[:, m], x[:, m], 0.0)
+            self.defined[rows, m * nc + pair_cls] = finite[:, m]
+        self.pooled_sums = [np.where(finite[:, m], x[:, m], 0.0) for m in range(3)]
+        self.pooled_defined = [finite[:, m].astype(float) for m in range(3)]
+        cls_rows = [np.flatnonzero((pair_cls == c) & curve_rows) for c in range(nc)]
+        self.cls_case = [self.pair_case[r] for r in cls_rows]
+        self.cls_d = [dc[r] for r in cls_rows]
+        self.cls_j = [ic[r] for r in cls_rows]
+
+        self.class_rows = _Rows.empty()
+        for c, f in enumerate(self.classes):
+            sel = pair_cls == c
+            point, n = np.full(6, np.nan), np.zeros(6, int)
+            for m in range(3):
+                n[m] = int(finite[sel, m].sum())
+                point[m] = x[sel, m][finite[sel, m]].mean() if n[m] else np.nan
+            if cls_rows[c].size:
+                point[3:] = self._best(dc[cls_rows[c]], ic[cls_rows[c]])
+            n[3:] = cls_rows[c].size
+            for m, name in enumerate(self.names):
+                self.class_rows.add(f, name, point[m], n[m])
+
+        self.pooled_rows = _Rows.empty()
+        for m in range(3):
+            any_ = finite[:, m].any()
+            self.pooled_rows.add(POOLED, self.names[m], float(x[finite[:, m], m].mean()) if any_ else np.nan,
+                                 int(finite[:, m].sum()))
+        all_rows = np.flatnonzero(curve_rows)
+        best = self._best(dc[all_rows], ic[all_rows]) if all_rows.size else (np.nan,) * 3
+        for name, v in zip(self.names[3:], best):
+            self.pooled_rows.add(POOLED, name, float(v), int(all_rows.size))
+
+    def _best(self, d: np.ndarray, j: np.ndarray) -> tuple[float, float, float]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", XBenchWarning)
+            best = best_threshold(d, j, self.t)
+        return best.dice, best.iou, best.tau
+
+    def replicates(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Class columns ``(B, 6·nc)`` in :attr:`class_rows` order and pooled columns ``(B, 6)``."""
+        b, nc, t = len(w), len(self.classes), self.t
+        wp = w[:, self.pair_case]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = (wp @ self.sums) / (wp @ self.defined)  # (B, 3·nc)
+        cols = np.empty((b, nc, 6))
+        cols[:, :, :3] = means.reshape(b, 3, nc).transpose(0, 2, 1)
+        ws = [w[:, idx] for idx in self.cls_case]
+        nums = [wc @ d for wc, d in zip(ws, self.cls_d)]  # (B, T) weighted Dice sums per class
+        dens = [wc.sum(axis=1) for wc in ws]
+        for c in range(nc):
+            a, best, ok = _choose(nums[c], dens[c], t)
+            iou_best = _iou_at([ws[c]], [self.cls_j[c]], a) / np.where(ok, dens[c], 1.0)
+            cols[:, c, 3:] = np.stack([best, iou_best, t[a]], axis=1)
+            cols[~ok, c, 3:] = np.nan
+        pooled = np.empty((b, 6))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for m in range(3):
+                pooled[:, m] = (wp @ self.pooled_sums[m]) / (wp @ self.pooled_defined[m])
+        # the classes partition the pairs, so the pooled sums are sums of class sums
+        den = np.sum(dens, axis=0)
+        a, best, ok = _choose(np.sum(nums, axis=0), den, t)
+        pooled[:, 3:] = np.stack([best, _iou_at(ws, self.cls_j, a) / np.where(ok, den, 1.0), t[a]], axis=1)
+        pooled[~ok, 3:] = np.nan
+        return cols.reshape(b, nc * 6), pooled
+
+
+class _Recognition:
+    """AUC, AUPRC, F1 and accuracy rows per class, and the dataset's Hamming accuracy."""
+
+    names = (AUC, AUPRC, F1, ACCURACY)
+
+    def __init__(self, labels: pd.DataFrame, scores: pd.DataFrame, cases: pd.Index, order: list, prob_threshold: float):
+        self.prob_threshold = prob_threshold
+        self.classes = [f for f in order if f in set(labels.columns)]
+        y = labels[self.classes].to_numpy(dtype=np.float64)
+        s = scores[self.classes].to_numpy(dtype=np.float64)
+        rec = recognition_scores(y, s, threshold=prob_threshold, class_names=self.classes)
+        label_case = cases.get_indexer(labels.index)
+        known = ~np.isnan(y)
+        self.class_rows = _Rows.empty()
+        for c, f in enumerate(self.classes):
+            for name in self.names:
+                self.class_rows.add(f, name, float(getattr(rec, name)[c]), int(known[:, c].sum()))
+        self.cols = [self._column(label_case[known[:, c]], y[known[:, c], c], s[known[:, c], c]) if rec.defined[c]
+                     else None for c in range(len(self.classes))]
+        self.correct = np.zeros(len(cases))
+        self.n_known = np.zeros(len(cases))
+        np.add.at(self.correct, label_case, (((s >= prob_threshold) == (y == 1)) & known).sum(axis=1))
+        np.add.at(self.n_known, label_case, known.sum(axis=1))
+        self.hamming_rows = _Rows.empty()
+        self.hamming_rows.add(DATASET_LEVEL, HAMMING_ACCURACY, rec.hamming_accuracy, int(known.sum()))
+
+    @staticmethod
+    def _column(case: np.ndarray, y: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One class's known cases sorted by decreasing score (stable), the order ``weighted_auc_ap``
+        sorts into: it then finds them sorted, and the weights are gathered once per batch, not twice."""
+        order = np.argsort(-s, kind="stable")
+        return case[order], y[order], s[order]
+
+    def replicates(self, w: np.ndarray) -> np.ndarray:
+        """Class columns ``(B, 4·nc)`` in :attr:`class_rows` order (NaN for undefined classes)."""
+        out = np.full((len(w), len(self.classes), 4), np.nan)
+        for c, col in enumerate(self.cols):
+            if col is not None:
+                idx, yc, sc = col
+                wc = w[:, idx]
+                out[:, c, 0], out[:, c, 1] = weighted_auc_ap(yc, sc, wc)
+                out[:, c, 2], out[:, c, 3] = weighted_f1_accuracy(yc, sc, wc, self.prob_threshold)
+        return out.reshape(len(w), -1)
+
+    def hamming(self, w: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (w @ self.correct) / (w @ self.n_known)
+
+
+class _DatasetLevel:
+    """Unweighted means over classes of each metric, over the classes whose point value is defined."""
+
+    def __init__(self, class_rows: _Rows, metrics: Sequence[str]):
+        values = np.array(class_rows.values)
+        self.metrics = list(metrics)
+        self.members = {
+            m: [i for i, (_, name) in enumerate(class_rows.specs) if name == m and np.isfinite(values[i])]
+            for m in self.metrics
+        }
+        self.rows = _Rows.empty()
+        for m in self.metrics:
+            idx = self.members[m]
+            self.rows.add(DATASET_LEVEL, m, float(values[idx].mean()) if idx else np.nan, len(idx))
+
+    def replicates(self, cls: np.ndarray) -> list[np.ndarray]:
+        """One ``(B,)`` column per metric from the class columns ``cls`` (B, K)."""
+        nan = np.full(len(cls), np.nan)
+        return [_nanmean_rows(cls[:, self.members[m]]) if self.members[m] else nan for m in self.metrics]
+
+
+def _warn_dropped(rows: _Rows, ci: BootstrapCI, model: str, dataset: str, n_boot: int) -> None:
+    """One warning listing the metrics (with a defined point value) that lost replicates."""
+    dropped = [
+        f"{metric}/{finding!r}: {int(d)}"
+        for (finding, metric), d, v in zip(rows.specs, ci.n_dropped, ci.value)
+        if d and np.isfinite(v)
+    ]
+    if dropped:
+        warnings.warn(
+            f"score_table({model!r}, {dataset!r}): undefined bootstrap replicates dropped (of {n_boot}): "
+            + ", ".join(dropped),
+            XBenchWarning,
+            stacklevel=3,
+        )
+
+
 def score_table(
     pairs: pd.DataFrame | None,
     *,
@@ -312,11 +541,12 @@ def score_table(
     {'metric': ['pointing', 'dice@0.5', 'iou@0.5'], 'value': [1.0, 1.0, 1.0]}
     """
     t = as_thresholds(thresholds)
-    has_pairs = pairs is not None and len(pairs) > 0
     if pairs is not None:
         missing = [c for c in PAIR_COLUMNS if c not in pairs.columns]
         if missing:
             raise ValueError(f"pairs lacks columns {missing}; it needs {list(PAIR_COLUMNS)}")
+        if len(pairs) == 0:
+            pairs = None
     if (labels is None) != (scores is None):
         raise ValueError("labels and scores go together: pass both or neither")
     if labels is not None:
@@ -324,210 +554,55 @@ def score_table(
             raise ValueError("labels must have one row per case (its index holds duplicate case ids)")
         scores = scores.reindex(index=labels.index, columns=labels.columns)
 
-    # classes and cases, in a fixed order
-    order: list = list(findings) if findings is not None else []
-    if findings is None:
-        if has_pairs:
-            order += list(dict.fromkeys(pairs["finding"]))
-        if labels is not None:
-            order += [c for c in labels.columns if c not in order]
-    if has_pairs:
-        unknown = sorted(set(pairs["finding"]) - set(order), key=str)
-        if unknown:
-            raise ValueError(f"pairs hold findings {unknown} that are not in findings={order}")
-    case_keys = []
-    if has_pairs:
-        case_keys.append(pd.Index(pairs["case_id"]))
-    if labels is not None:
-        case_keys.append(pd.Index(labels.index))
-    if not case_keys:
-        raise ValueError("nothing to score: pass pairs and/or labels with scores")
-    cases = pd.Index(pd.unique(pd.concat([k.to_series() for k in case_keys], ignore_index=True)))
-    n_cases = len(cases)
+    order = _class_order(findings, pairs, labels)
+    cases = _case_index(pairs, labels)
     fixed_names = (dice_at(threshold), iou_at(threshold))
+    grounding = _Grounding(pairs, cases, order, t, fixed_names) if pairs is not None else None
+    recognition = _Recognition(labels, scores, cases, order, prob_threshold) if labels is not None else None
 
-    specs: list[tuple[str, str]] = []  # (finding, metric), in output order
-    values: list[float] = []
-    counts: list[int] = []
-
-    # -- grounding -----------------------------------------------------------------
-    g_classes: list = []
-    if has_pairs:
-        g_classes = [f for f in order if f in set(pairs["finding"])]
-        pair_case = cases.get_indexer(pairs["case_id"])
-        pair_cls = pd.Index(g_classes).get_indexer(pairs["finding"])
-        x = pairs[["pointing", "dice_fixed", "iou_fixed"]].to_numpy(dtype=np.float64)
-        dc = np.stack([np.asarray(a, dtype=np.float64) for a in pairs["dice_curve"]])
-        ic = np.stack([np.asarray(a, dtype=np.float64) for a in pairs["iou_curve"]])
-        if dc.shape[1] != t.size or ic.shape != dc.shape:
-            raise ValueError(f"dice_curve / iou_curve must have {t.size} values (the thresholds); got {dc.shape[1]}")
-        finite_x = ~np.isnan(x)
-        curve_rows = ~np.isnan(dc).all(axis=1)
-        nc = len(g_classes)
-        a_mat = np.zeros((len(x), 3 * nc))
-        d_mat = np.zeros((len(x), 3 * nc))
-        for m in range(3):
-            a_mat[np.arange(len(x)), m * nc + pair_cls] = np.where(finite_x[:, m], x[:, m], 0.0)
-            d_mat[np.arange(len(x)), m * nc + pair_cls] = finite_x[:, m]
-        cls_rows = [np.flatnonzero((pair_cls == c) & curve_rows) for c in range(nc)]
-        all_rows = np.flatnonzero(curve_rows)
-
-        g_point = np.full((nc, 6), np.nan)  # pointing, dice@τ, iou@τ, dice@best, iou@best, τ
-        g_n = np.zeros((nc, 6), int)
-        for c in range(nc):
-            sel = pair_cls == c
-            for m in range(3):
-                g_n[c, m] = int(finite_x[sel, m].sum())
-                g_point[c, m] = x[sel, m][finite_x[sel, m]].mean() if g_n[c, m] else np.nan
-            if cls_rows[c].size:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", XBenchWarning)
-                    best = best_threshold(dc[cls_rows[c]], ic[cls_rows[c]], t)
-                g_point[c, 3:] = best.dice, best.iou, best.tau
-            g_n[c, 3:] = cls_rows[c].size
-        names = [POINTING, *fixed_names, DICE_BEST, IOU_BEST, BEST_TAU]
-        for c, f in enumerate(g_classes):
-            for m, name in enumerate(names):
-                specs.append((f, name))
-                values.append(g_point[c, m])
-                counts.append(g_n[c, m])
-
-        cls_case = [pair_case[r] for r in cls_rows]
-        cls_d = [dc[r] for r in cls_rows]
-        cls_j = [ic[r] for r in cls_rows]
-
-        def grounding_stat(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            """Per-class columns (B, 6·nc) and the pooled dice@best, iou@best, τ (B, 3)."""
-            wp = w[:, pair_case]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                means = (wp @ a_mat) / (wp @ d_mat)  # (B, 3·nc)
-            cols = np.empty((len(w), nc, 6))
-            cols[:, :, :3] = means.reshape(len(w), 3, nc).transpose(0, 2, 1)
-            ws = [w[:, idx] for idx in cls_case]
-            nums = [wc @ d for wc, d in zip(ws, cls_d)]
-            dens = [wc.sum(axis=1) for wc in ws]
-            for c in range(nc):
-                a, best, ok = _choose(nums[c], dens[c], t)
-                iou_best = _iou_at([ws[c]], [cls_j[c]], a) / np.where(ok, dens[c], 1.0)
-                cols[:, c, 3:] = np.stack([best, iou_best, t[a]], axis=1)
-                cols[~ok, c, 3:] = np.nan
-            # pooled: the classes partition the pairs, so the pooled sums are sums of class sums
-            den = np.sum(dens, axis=0)
-            a, best, ok = _choose(np.sum(nums, axis=0), den, t)
-            pooled = np.stack([best, _iou_at(ws, cls_j, a) / np.where(ok, den, 1.0), t[a]], axis=1)
-            pooled[~ok] = np.nan
-            return cols.reshape(len(w), nc * 6), pooled
-
-
-    # -- recognition ---------------------------------------------------------------
-    r_classes: list = []
-    if labels is not None:
-        r_classes = [f for f in order if f in set(labels.columns)]
-        y = labels[r_classes].to_numpy(dtype=np.float64)
-        s = scores[r_classes].to_numpy(dtype=np.float64)
-        rec = recognition_scores(y, s, threshold=prob_threshold, class_names=r_classes)
-        label_case = cases.get_indexer(labels.index)
-        known = ~np.isnan(y)
-        for c, f in enumerate(r_classes):
-            for name in (AUC, AUPRC, F1, ACCURACY):
-                specs.append((f, name))
-                values.append(float(getattr(rec, name)[c]))
-                counts.append(int(known[:, c].sum()))
-        rec_cols = [
-            (label_case[known[:, c]], y[known[:, c], c], s[known[:, c], c]) if rec.defined[c] else None
-            for c in range(len(r_classes))
-        ]
-        correct = np.zeros(n_cases)
-        n_known = np.zeros(n_cases)
-        np.add.at(correct, label_case, (((s >= prob_threshold) == (y == 1)) & known).sum(axis=1))
-        np.add.at(n_known, label_case, known.sum(axis=1))
-
-        def recognition_stat(w: np.ndarray) -> np.ndarray:
-            out = np.full((len(w), len(r_classes), 4), np.nan)
-            for c, col in enumerate(rec_cols):
-                if col is not None:
-                    idx, yc, sc = col
-                    out[:, c, 0], out[:, c, 1] = weighted_auc_ap(yc, sc, w[:, idx])
-                    out[:, c, 2], out[:, c, 3] = weighted_f1_accuracy(yc, sc, w[:, idx], prob_threshold)
-            return out.reshape(len(w), -1)
-
-
-    # -- dataset level and pooled: functions of the columns above / of all pairs ----
-    level_metrics: list[str] = []
-    if has_pairs:
-        level_metrics += [POINTING, *fixed_names, DICE_BEST, IOU_BEST, BEST_TAU]
-    if labels is not None:
-        level_metrics += [AUC, AUPRC, F1, ACCURACY]
-    class_values = np.array(values)
-    members = {
-        m: [i for i, (_, name) in enumerate(specs) if name == m and np.isfinite(class_values[i])]
-        for m in level_metrics
-    }
-    for m in level_metrics:
-        specs.append((DATASET_LEVEL, m))
-        values.append(float(class_values[members[m]].mean()) if members[m] else np.nan)
-        counts.append(len(members[m]))
-    if labels is not None:
-        specs.append((DATASET_LEVEL, HAMMING_ACCURACY))
-        values.append(rec.hamming_accuracy)
-        counts.append(int(known.sum()))
-    if has_pairs:
-        for m in range(3):
-            specs.append((POOLED, [POINTING, *fixed_names][m]))
-            values.append(float(x[finite_x[:, m], m].mean()) if finite_x[:, m].any() else np.nan)
-            counts.append(int(finite_x[:, m].sum()))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", XBenchWarning)
-            best = best_threshold(dc[all_rows], ic[all_rows], t) if all_rows.size else None
-        for name, v in zip((DICE_BEST, IOU_BEST, BEST_TAU), ("dice", "iou", "tau")):
-            specs.append((POOLED, name))
-            values.append(float(getattr(best, v)) if best is not None else np.nan)
-            counts.append(int(all_rows.size))
+    class_rows, level_metrics = _Rows.empty(), []
+    if grounding is not None:
+        class_rows += grounding.class_rows
+        level_metrics += grounding.names
+    if recognition is not None:
+        class_rows += recognition.class_rows
+        level_metrics += recognition.names
+    over_classes = _DatasetLevel(class_rows, level_metrics)
+    rows = class_rows + over_classes.rows
+    if recognition is not None:
+        rows += recognition.hamming_rows
+    if grounding is not None:
+        rows += grounding.pooled_rows
 
     def statistic(w: np.ndarray) -> np.ndarray:
-        """All values of ``specs`` for each row of case weights, in ``specs`` order."""
-        parts = []
-        if has_pairs:
-            g_cols, g_pooled = grounding_stat(w)
+        """Every row of ``rows`` for each row of case weights, in ``rows`` order."""
+        parts, pooled = [], None
+        if grounding is not None:
+            g_cols, pooled = grounding.replicates(w)
             parts.append(g_cols)
-        if labels is not None:
-            parts.append(recognition_stat(w))
+        if recognition is not None:
+            parts.append(recognition.replicates(w))
         cls = np.concatenate(parts, axis=1)
-        extra = [_nanmean_rows(cls[:, members[m]]) if members[m] else np.full(len(w), np.nan) for m in level_metrics]
-        if labels is not None:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                extra.append((w @ correct) / (w @ n_known))
-        if has_pairs:
-            wp = w[:, pair_case]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                for m in range(3):
-                    extra.append((wp @ np.where(finite_x[:, m], x[:, m], 0.0)) / (wp @ finite_x[:, m].astype(float)))
-            extra.extend(g_pooled.T)
+        extra = over_classes.replicates(cls)
+        if recognition is not None:
+            extra.append(recognition.hamming(w))
+        if pooled is not None:
+            extra.extend(pooled.T)
         return np.concatenate([cls, np.stack(extra, axis=1)], axis=1)
 
-    ci = bootstrap_ci(statistic, n_cases, point=np.array(values, dtype=np.float64), n_boot=n_boot, level=level, seed=seed)
-    dropped = [
-        f"{metric}/{finding!r}: {int(d)}"
-        for (finding, metric), d, v in zip(specs, ci.n_dropped, ci.value)
-        if d and np.isfinite(v)
-    ]
-    if dropped:
-        warnings.warn(
-            f"score_table({model!r}, {dataset!r}): undefined bootstrap replicates dropped (of {n_boot}): "
-            + ", ".join(dropped),
-            XBenchWarning,
-            stacklevel=2,
-        )
+    ci = bootstrap_ci(statistic, len(cases), point=np.array(rows.values, dtype=np.float64), n_boot=n_boot,
+                      level=level, seed=seed)
+    _warn_dropped(rows, ci, model, dataset, n_boot)
     return pd.DataFrame(
         {
             "model": model,
             "dataset": dataset,
-            "finding": [f for f, _ in specs],
-            "metric": [m for _, m in specs],
+            "finding": [f for f, _ in rows.specs],
+            "metric": [m for _, m in rows.specs],
             "value": ci.value,
             "ci_low": ci.low,
             "ci_high": ci.high,
-            "n": np.array(counts, dtype=np.int64),
+            "n": np.array(rows.counts, dtype=np.int64),
         },
         columns=list(TIDY_COLUMNS),
     )

@@ -10,10 +10,16 @@ An adapter wraps one model's *inference path* and exposes
 * ``scores`` / ``saliency`` — thin views of ``predict``;
 * ``to_probability(scores)`` — how a score becomes a probability for F1 / accuracy
   (identity for probability heads, sigmoid for raw logits);
-* metadata: ``name``, ``map_source`` (``"similarity"``, ``"cross-attention"`` or
-  ``"prior"``), ``score_rule`` (``"probability"``, ``"logit"``, ``"constant"``,
-  ``"random"``), ``input_size``, ``grid``, ``verified``, ``citation``,
-  ``weight_files`` and ``weights_source``.
+* facts, copied from the model's YAML (``xbench/configs/models/<name>.yaml``, the only
+  place they are written): ``name``, ``map_source`` (``"similarity"``, ``"cross-attention"``
+  or ``"prior"``), ``score_rule`` (``"probability"``, ``"logit"``, ``"constant"``,
+  ``"random"``), ``input_size``, ``grid``, ``verified``, ``citation`` and ``weights_source``.
+
+Building: :meth:`Adapter.from_config` is the one builder (final). It resolves the weight
+files the YAML names, chooses official weights / explicit random init / a
+:class:`MissingFileError` naming file and publisher, and calls the two hooks every adapter
+implements, ``_load(files, config, device)`` and ``_random(files, config, device)``
+(``docs/extending.md``).
 
 ``prompts`` are the prompt names that a dataset manifest gives for its classes
 (``"pleural effusion"``); each adapter turns them into its own official text
@@ -31,13 +37,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 import numpy as np
 import torch
 
 from ..errors import CheckpointError, MissingFileError
-from ..registry import import_target, model_config
+from ..registry import PACKAGE_DIR, import_target, model_config
 
 
 @dataclass
@@ -49,23 +55,83 @@ class Prediction:
 
 
 class Adapter(ABC):
-    """Base class of model adapters (see the module docstring for the contract)."""
+    """Base class of model adapters (see the module docstring for the contract).
 
-    name: ClassVar[str] = ""
-    map_source: ClassVar[str] = ""
-    score_rule: ClassVar[str] = "probability"
-    verified: ClassVar[bool] = True
-    citation: ClassVar[str] = ""
+    Facts (``name``, ``map_source``, ``score_rule``, ``input_size``, ``grid``, ``verified``, ``citation``,
+    ``weights_source``) are instance attributes copied from the model's YAML by :meth:`__init__`; they are
+    never written in the adapter's code. An adapter built directly (tests, ``from_official_checkpoint``)
+    with a partial config gets the missing facts from the YAML named by its class's :attr:`config_name`.
+    """
+
+    config_name: ClassVar[str] = ""  # registry entry whose YAML describes this class when built directly
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if "from_config" in vars(cls):
+            raise TypeError(f"{cls.__name__} overrides Adapter.from_config; implement _load / _random instead")
 
     def __init__(self, config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
-        self.config: dict[str, Any] = dict(config or {})
+        self.config: dict[str, Any] = with_yaml_facts(type(self).config_name, config)
+        facts = self.config
+        self.name: str = str(facts.get("name", ""))
+        self.map_source: str = str(facts.get("map_source", ""))
+        self.score_rule: str = str(facts.get("score_rule", "probability"))
+        self.input_size: int = int(facts.get("input_size", 224))
+        self.grid: tuple[int, int] = tuple(int(g) for g in facts.get("grid", (14, 14)))  # type: ignore[assignment]
+        self.verified: bool = bool(facts.get("verified", True))
+        self.citation: str = str(facts.get("citation", ""))
+        self.weights_source: str | None = weights_source(facts)
         self.device = torch.device(device)
         self.weights_label = "unknown"  # "official", "random-init", "xbench-reference", "user-checkpoint", "none"
 
-    # -- contract --------------------------------------------------------------------
-    input_size: int = 224
-    grid: tuple[int, int] = (14, 14)
+    # -- the one builder -------------------------------------------------------------------
+    @classmethod
+    @final
+    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
+                    device: str | torch.device = "cpu") -> Adapter:
+        """Build from a model YAML (as :func:`~xbench.registry.model_config` returns it) and a weights folder.
 
+        The folder is ``weights_dir``, else the YAML's ``bundled_weights`` (a folder inside the package).
+        Files are the YAML's ``weights:`` entries (``path`` inside the folder, ``source`` = publisher;
+        ``alternative_to: KEY`` makes an entry a fallback of ``KEY``, looked up in YAML order).
+
+        * ``params.random_init`` true and no folder given → :meth:`_random` with the entries marked
+          ``random: required`` (a model whose random init needs files from the folder, like BiomedCLIP's
+          config and tokenizer, is also built at random from a given folder); labelled ``"random-init"``.
+        * a folder → every entry resolved (:class:`MissingFileError` naming the first absent file and its
+          publisher), then :meth:`_load`; labelled ``"official"`` unless the hook set another label.
+        * no weight entries (the centre / random priors) → :meth:`_load` with no files.
+        * otherwise → :class:`MissingFileError` naming the first file, its publisher and the whole list.
+        """
+        config = with_yaml_facts(cls.config_name, config)
+        params = config.get("params") or {}
+        entries = weight_entries(config)
+        folder = Path(weights_dir) if weights_dir is not None else bundled_weights(config)
+        needs_folder = [k for k, e in entries.items() if e.get("random") == "required"]
+        if params.get("random_init") and (weights_dir is None or needs_folder):
+            files = resolve_weight_files(config, folder, needs_folder)
+            adapter, label = cls._random(files, config, device), "random-init"
+        elif folder is not None or not entries:
+            files = resolve_weight_files(config, folder, list(entries)) if entries else {}
+            adapter = cls._load(files, config, device)
+            label = adapter.weights_label if adapter.weights_label != "unknown" else "official"
+        else:
+            raise missing_weights(config, random_init=cls._random.__func__ is not Adapter._random.__func__)
+        adapter.weights_label = label
+        return adapter
+
+    @classmethod
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> Adapter:
+        """Hook: the adapter from its resolved weight files (``{YAML weights key: existing path}``)."""
+        raise NotImplementedError(f"{cls.__name__} implements no _load hook")
+
+    @classmethod
+    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> Adapter:
+        """Hook: the full-size adapter with weights seeded by ``params.seed`` (``files``: the ``random: required``
+        entries, usually none)."""
+        raise NotImplementedError(f"{cls.__name__} has no random init")
+
+    # -- contract --------------------------------------------------------------------------
     @abstractmethod
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         """XBench image (float32 ``(H, W)`` in [0, 1]) → model input ``(3, S, S)``."""
@@ -73,6 +139,11 @@ class Adapter(ABC):
     @abstractmethod
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` and native-grid maps ``(B, C, h, w)`` for a batch of preprocessed images."""
+
+    def predict_cases(self, pixels: torch.Tensor, prompts: Sequence[str], case_ids: Sequence[str]) -> Prediction:
+        """:meth:`predict` for a batch whose case ids are known (the runner's call). Only adapters whose output is
+        keyed by the case rather than the pixels (the random prior) override it."""
+        return self.predict(pixels, prompts)
 
     def scores(self, pixels: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         return self.predict(pixels, prompts).scores
@@ -132,14 +203,6 @@ def resize_crop_window(size: tuple[int, int], crop: int, mode: str = "shortest")
     return (y0, x0, y0 + side, x0 + side)
 
 
-def check_pixels(pixels: torch.Tensor, size: int, name: str) -> None:
-    """``ValueError`` naming the model, the expected ``(B, 3, size, size)`` and the shape received."""
-    shape = tuple(getattr(pixels, "shape", ()))
-    if len(shape) != 4 or shape[1:] != (3, size, size) or shape[0] < 1:
-        raise ValueError(f"{name} predict expects preprocessed pixels of shape (B, 3, {size}, {size}) "
-                         f"(the output of {name}.preprocess, stacked), got {shape}")
-
-
 # -- weights ---------------------------------------------------------------------------
 def weights_dir(name: str, weights: str | Path | None) -> Path | None:
     """The local weights folder for ``name``: ``weights`` if given, else ``$XBENCH_WEIGHTS/<name>`` if it exists."""
@@ -159,12 +222,84 @@ def require_file(folder: Path, relative: str, what: str, source: str | None) -> 
     return path
 
 
-def weight_file(folder: str | Path, config: Mapping[str, Any], key: str, default_path: str, what: str,
-                default_source: str | None = None) -> Path:
-    """The file ``weights.<key>`` of a model config inside ``folder`` (the config's ``path`` and ``source``
-    win over the defaults); absent → :class:`MissingFileError` naming it and its publisher."""
-    entry = (config.get("weights") or {}).get(key) or {}
-    return require_file(Path(folder), entry.get("path", default_path), what, entry.get("source", default_source))
+def with_yaml_facts(config_name: str, config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``config`` over the registered YAML ``config_name`` (top-level keys of ``config`` win, ``params`` as a whole).
+
+    A config that came from the registry (it has ``class``) or a class without ``config_name`` is used as is.
+    """
+    config = dict(config or {})
+    if "class" in config or not config_name:
+        return config
+    return {**model_config(config_name), **config}
+
+
+def weight_entries(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The YAML's ``weights:`` entries ``{key: {path, source, ...}}`` (empty for models without files)."""
+    return {key: dict(entry or {}) for key, entry in (config.get("weights") or {}).items()}
+
+
+def weights_source(config: Mapping[str, Any]) -> str | None:
+    """Publisher of the model's first weight file (its checkpoint), or None."""
+    return next((e.get("source") for e in weight_entries(config).values() if e.get("source")), None)
+
+
+def bundled_weights(config: Mapping[str, Any]) -> Path | None:
+    """The package folder named by the YAML's ``bundled_weights`` (committed weights), if any."""
+    relative = config.get("bundled_weights")
+    return PACKAGE_DIR / relative if relative else None
+
+
+def _describe_file(config: Mapping[str, Any], key: str) -> str:
+    return f"{config.get('title') or config.get('name', 'model')} file '{key}'"
+
+
+def _group(entries: Mapping[str, Mapping[str, Any]], key: str) -> list[str]:
+    """``key`` and the entries that are ``alternative_to`` it, in YAML order."""
+    return [key, *(k for k, e in entries.items() if e.get("alternative_to") == key)]
+
+
+def resolve_weight_files(config: Mapping[str, Any], folder: Path | None, keys: Sequence[str]) -> dict[str, Path]:
+    """``{key: folder/path}`` of the YAML entries ``keys``; an entry with ``alternative_to: K`` fills ``K`` when
+    ``K``'s own file is absent. An absent file raises :class:`MissingFileError` naming it and its publisher."""
+    entries = weight_entries(config)
+    if not keys:
+        return {}
+    if folder is None:
+        raise missing_weights(config, keys)
+    files: dict[str, Path] = {}
+    for key in keys:
+        entry = entries[key]
+        target = entry.get("alternative_to")
+        if target:
+            continue
+        group = _group(entries, key)
+        found = next((folder / entries[k]["path"] for k in group if (folder / entries[k]["path"]).exists()), None)
+        if found is None:
+            names = " or ".join(str(entries[k]["path"]) for k in group)
+            raise MissingFileError(folder / entry["path"], f"{_describe_file(config, key)} ({names})",
+                                   entry.get("source"))
+        files[key] = found
+    return files
+
+
+def missing_weights(config: Mapping[str, Any], keys: Sequence[str] | None = None,
+                    random_init: bool = False) -> MissingFileError:
+    """The error of a model built without its weights folder: first file, publisher, and every file expected."""
+    entries = weight_entries(config)
+    keys = list(keys if keys is not None else entries)
+    first = entries[keys[0]]
+    name = config.get("name", "model")
+    listing = ", ".join(" or ".join(str(entries[g]["path"]) for g in _group(entries, k))
+                        for k in keys if not entries[k].get("alternative_to"))
+    random = ", or use random_init=True" if random_init else ""
+    release = "" if first.get("source") else " (no official release exists: supply your own)"
+    note = f"; {first['note']}" if first.get("note") else ""
+    return MissingFileError(
+        Path("$XBENCH_WEIGHTS") / name / first["path"],
+        f"{config.get('title') or name} weights{release}: a folder holding {listing} "
+        f"(pass create_model({name!r}, weights=DIR) or set XBENCH_WEIGHTS to a folder holding {name}/{random}){note}",
+        first.get("source"),
+    )
 
 
 def load_checkpoint(path: str | Path) -> Any:
@@ -209,8 +344,7 @@ def create_model(name: str, weights: str | Path | None = None, device: str | tor
     """Build a registered model: the one door (``xbench.create_model("kad", weights="/w/kad")``).
 
     ``name`` is a file stem of ``xbench/configs/models``; ``params`` override the
-    config's ``params`` section. Each adapter class provides
-    ``from_config(config, weights_dir, device) -> Adapter``.
+    config's ``params`` section; :meth:`Adapter.from_config` builds it.
     """
     cfg = model_config(name)
     cls = import_target(cfg["class"])

@@ -61,14 +61,11 @@ from open_clip.timm_model import TimmModel
 from open_clip.tokenizer import HFTokenizer
 from transformers import BertConfig
 
-from xbench.errors import CheckpointError, FormatError, MissingFileError
-from xbench.models.base import load_checkpoint, load_state_strict, require_file, resize_crop_window
+from xbench.errors import CheckpointError, FormatError
+from xbench.models._common import seeded_build
+from xbench.models.base import load_checkpoint, load_state_strict, resize_crop_window
 from xbench.models.clip import PromptPairCLIP  # the shared prompt-pair score and similarity-map rules
 
-WEIGHTS_SOURCE = "https://huggingface.co/microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224"
-CONFIG_FILE = "open_clip_config.json"
-CHECKPOINT_FILE = "open_clip_pytorch_model.bin"
-TOKENIZER_FILES = ("tokenizer_config.json", "vocab.txt")
 DEFAULT_VOCAB_SIZE = 30522  # BiomedBERT-base uncased vocabulary size
 WORD_EMBEDDING_KEY = "text.transformer.embeddings.word_embeddings.weight"
 STALE_BUFFER_KEYS = ("text.transformer.embeddings.position_ids",)  # saved by transformers < 4.31, not a weight
@@ -138,10 +135,7 @@ class BiomedCLIP(torch.nn.Module):
 
 def build_biomedclip(model_cfg: Mapping[str, Any], vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int = 0) -> BiomedCLIP:
     """Full network from ``model_cfg`` with seeded random weights, in eval mode (global RNG untouched)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = BiomedCLIP(model_cfg, bert_config(vocab_size))
-    return model.eval()
+    return seeded_build(seed, lambda: BiomedCLIP(model_cfg, bert_config(vocab_size))).eval()
 
 
 def biomedclip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -183,12 +177,7 @@ class BiomedCLIPAdapter(PromptPairCLIP):
     weights_label : str, default="unknown"
     """
 
-    name = "biomedclip"
-    map_source = "similarity"
-    score_rule = "probability"
-    citation = "Zhang et al., BiomedCLIP, arXiv 2303.00915"
-    input_size = 224
-    grid = (14, 14)
+    config_name = "biomedclip"
 
     def __init__(self, model: BiomedCLIP, tokenizer: HFTokenizer, preprocess_cfg: Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu",
@@ -210,36 +199,28 @@ class BiomedCLIPAdapter(PromptPairCLIP):
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
-                    device: str | torch.device = "cpu") -> BiomedCLIPAdapter:
-        """Build from the local folder (config, tokenizer, checkpoint); no hub call.
+    def _parts(cls, files: Mapping[str, Path]) -> tuple[dict[str, Any], HFTokenizer]:
+        """The folder's ``open_clip_config.json`` (checked) and tokenizer (no hub call)."""
+        open_clip_config = read_open_clip_config(files["config"])
+        return open_clip_config, cls.load_tokenizer(files["vocab"].parent, open_clip_config["model_cfg"])
 
-        With ``params.random_init: true`` the folder still provides ``open_clip_config.json`` and the tokenizer
-        files, but the checkpoint is not read and the weights are seeded random (``"random-init"``).
-        A missing file raises :class:`~xbench.errors.MissingFileError` naming it and the publisher.
-        """
-        params = config.get("params", {})
-        if weights_dir is None:
-            raise MissingFileError(
-                Path("$XBENCH_WEIGHTS") / "biomedclip" / CONFIG_FILE,
-                f"BiomedCLIP folder holding {CONFIG_FILE}, {CHECKPOINT_FILE}, " + ", ".join(TOKENIZER_FILES)
-                + " (pass create_model('biomedclip', weights=DIR) or set XBENCH_WEIGHTS; random init still needs the"
-                " config and tokenizer files)",
-                WEIGHTS_SOURCE,
-            )
-        folder = Path(weights_dir)
-        config_path = require_file(folder, CONFIG_FILE, "BiomedCLIP open_clip config", WEIGHTS_SOURCE)
-        for name in TOKENIZER_FILES:
-            require_file(folder, name, "BiomedCLIP tokenizer file", WEIGHTS_SOURCE)
-        files = read_open_clip_config(config_path)
-        tokenizer = cls.load_tokenizer(folder, files["model_cfg"])
-        seed = int(params.get("seed", 0))
-        if params.get("random_init", False):
-            model = build_biomedclip(files["model_cfg"], seed=seed)
-            return cls(model, tokenizer, files.get("preprocess_cfg"), config, device, weights_label="random-init")
-        checkpoint_path = require_file(folder, CHECKPOINT_FILE, "BiomedCLIP weights", WEIGHTS_SOURCE)
-        return cls.from_checkpoint(load_checkpoint(checkpoint_path), files["model_cfg"], tokenizer,
-                                   files.get("preprocess_cfg"), config, device, where=str(checkpoint_path))
+    @classmethod
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any],
+              device: str | torch.device) -> BiomedCLIPAdapter:
+        """Config, tokenizer and checkpoint from the folder (``"official"``)."""
+        open_clip_config, tokenizer = cls._parts(files)
+        path = files["checkpoint"]
+        return cls.from_checkpoint(load_checkpoint(path), open_clip_config["model_cfg"], tokenizer,
+                                   open_clip_config.get("preprocess_cfg"), config, device, where=str(path))
+
+    @classmethod
+    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any],
+                device: str | torch.device) -> BiomedCLIPAdapter:
+        """Config and tokenizer from the folder (the YAML marks them ``random: required``), seeded random
+        weights; the checkpoint is not read."""
+        open_clip_config, tokenizer = cls._parts(files)
+        model = build_biomedclip(open_clip_config["model_cfg"], seed=int(config["params"].get("seed", 0)))
+        return cls(model, tokenizer, open_clip_config.get("preprocess_cfg"), config, device)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Mapping[str, Any], model_cfg: Mapping[str, Any], tokenizer: HFTokenizer,

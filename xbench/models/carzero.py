@@ -72,8 +72,7 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,8 +83,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertModel
 
-from ..errors import CheckpointError, MissingFileError
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, weight_file
+from ..errors import CheckpointError
+from ._common import HashWordTokenizer, PromptCache, check_inputs, seeded_build
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
 from .checkpoint import require_tensor_state
 from .inputs import to_uint8
 from .text import load_bert_tokenizer
@@ -321,25 +321,6 @@ def synthetic_vocab(size: int) -> list[str]:
     """Id -> token strings for random-init models: ``[PAD]``, ``[unused1..99]``, ``[UNK]``, ``[CLS]``, ``[SEP]``, ``[MASK]``, ``tok<i>``."""
     head = ["[PAD]", *(f"[unused{i}]" for i in range(1, 100)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     return head + [f"tok{i}" for i in range(len(head), size)]
-
-
-class HashWordTokenizer:
-    """Deterministic stand-in tokenizer for random-init models without the BioClinicalMPBERT vocabulary.
-
-    Whitespace words get id ``1000 + crc32(word) % 27000`` (whole words, never ``##`` pieces) between
-    ``[CLS]`` (101) and ``[SEP]`` (102), zero-padded to ``max_length`` (truncation and padding are
-    implied; other keyword arguments are ignored). No linguistic meaning; never used with official
-    weights.
-    """
-
-    def __call__(self, texts: Sequence[str], max_length: int = MAX_WORDS, **_: Any) -> dict[str, list[list[int]]]:
-        ids = []
-        for text in texts:
-            words = [1000 + zlib.crc32(w.encode("utf-8")) % 27000 for w in text.split()]
-            seq = [101, *words[: max_length - 2], 102]
-            ids.append(seq + [0] * (max_length - len(seq)))
-        return {"input_ids": ids, "attention_mask": [[int(i != 0) for i in row] for row in ids],
-                "token_type_ids": [[0] * max_length for _ in ids]}
 
 
 def aggregate_word_pieces(hidden: torch.Tensor, input_ids: torch.Tensor, vocab: Sequence[str], slots: int | None = None) -> torch.Tensor:
@@ -634,13 +615,6 @@ def load_official_checkpoint(model: CARZeroModel, checkpoint: Any, where: str = 
 
 
 # -- adapter -------------------------------------------------------------------------------------
-def seeded_build(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
-    """``build()`` with torch's CPU RNG seeded by ``seed`` and restored afterwards (no global seeding)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
-
-
 @dataclass
 class CARZeroOutput:
     """Everything one CARZero forward pass gives for ``B`` images and ``n`` prompts.
@@ -685,13 +659,7 @@ class CARZeroAdapter(Adapter):
     device : str or torch.device
     """
 
-    name = "carzero"
-    map_source = "cross-attention"
-    score_rule = "logit"
-    verified = True
-    citation = "Lai et al., CARZero: Cross-Attention Alignment for Radiology Zero-Shot Classification, CVPR 2024"
-    input_size = CROP
-    grid = (14, 14)
+    config_name = "carzero"
 
     def __init__(self, model: CARZeroModel, tokenizer: Any, vocab: Sequence[str],
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
@@ -702,43 +670,28 @@ class CARZeroAdapter(Adapter):
         vocab_size = self.model.text_encoder.model.config.vocab_size
         if len(self.vocab) < vocab_size:
             raise ValueError(f"vocab has {len(self.vocab)} tokens but the text encoder has {vocab_size} embeddings")
-        self._text_cache: tuple[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._text_cache: PromptCache[tuple[torch.Tensor, torch.Tensor]] = PromptCache()
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: Path | None, device: str | torch.device = "cpu") -> CARZeroAdapter:
-        """Build from a registry config: official files from ``weights_dir``, or ``params.random_init``.
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> CARZeroAdapter:
+        """Official ``checkpoint`` and the ``text_encoder`` tokenizer folder (``vocab.txt``; its ``config.json``
+        is used when present)."""
+        tok_dir = files["text_encoder"]
+        source = config["weights"]["text_encoder"].get("source")
+        vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", source)
+        tokenizer = load_bert_tokenizer(tok_dir, source=source)
+        bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
+        return cls.from_official_checkpoint(load_carzero_checkpoint(files["checkpoint"]), tokenizer, read_vocab(vocab_path),
+                                            bert_config, config, device, where=str(files["checkpoint"]))
 
-        ``weights_dir`` must hold ``weights.checkpoint.path`` (``CARZero_best_model.ckpt``) and the
-        ``weights.text_encoder.path`` tokenizer folder (``BioClinicalMPBERT/`` with ``vocab.txt``; its
-        ``config.json`` is used when present). Without a folder and without ``random_init`` a
-        :class:`MissingFileError` names the expected files. ``random_init`` builds the full-size network
-        with torch's default initialisation seeded by ``params.seed`` (the global RNG state is
-        restored afterwards) and the :class:`HashWordTokenizer` stand-in.
-        """
-        params = dict(config.get("params", {}))
-        files = config.get("weights", {})
-        ckpt_spec, tok_spec = files.get("checkpoint", {}), files.get("text_encoder", {})
-        ckpt_name, tok_name = ckpt_spec.get("path", "CARZero_best_model.ckpt"), tok_spec.get("path", "BioClinicalMPBERT/")
-        if weights_dir is not None:
-            ckpt_path = weight_file(weights_dir, config, "checkpoint", ckpt_name, "CARZero checkpoint")
-            tok_dir = weight_file(weights_dir, config, "text_encoder", tok_name, "BioClinicalMPBERT tokenizer folder")
-            vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", tok_spec.get("source"))
-            tokenizer = load_bert_tokenizer(tok_dir, source=tok_spec.get("source"))
-            bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
-            return cls.from_official_checkpoint(load_carzero_checkpoint(ckpt_path), tokenizer, read_vocab(vocab_path),
-                                                bert_config, config, device, where=str(ckpt_path))
-        if not params.get("random_init", False):
-            raise MissingFileError(
-                Path("$XBENCH_WEIGHTS") / str(config.get("name", "carzero")) / ckpt_name,
-                f"CARZero weights (a folder with {ckpt_name} and {tok_name}; pass weights=FOLDER to create_model "
-                f"or set XBENCH_WEIGHTS to a folder holding carzero/, or use random_init=True)",
-                ckpt_spec.get("source"),
-            )
-        model = seeded_build(int(params.get("seed", 0)), CARZeroModel)
-        adapter = cls(model, HashWordTokenizer(), synthetic_vocab(model.text_encoder.model.config.vocab_size), config, device)
-        adapter.weights_label = "random-init"
-        return adapter
+    @classmethod
+    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> CARZeroAdapter:
+        """Full-size network with torch's default initialisation seeded by ``params.seed`` (global RNG restored),
+        the :class:`~xbench.models._common.HashWordTokenizer` stand-in and :func:`synthetic_vocab`."""
+        model = seeded_build(int(config["params"].get("seed", 0)), CARZeroModel)
+        vocab = synthetic_vocab(model.text_encoder.model.config.vocab_size)
+        return cls(model, HashWordTokenizer(MAX_WORDS), vocab, config, device)
 
     @classmethod
     def from_official_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str], bert_config: BertConfig | None = None,
@@ -781,7 +734,11 @@ class CARZeroAdapter(Adapter):
 
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Official ``process_text``: :func:`clean_text`, then ``(input_ids, attention_mask, token_type_ids)`` ``(n, 97)`` int64."""
-        enc = self.tokenizer([clean_text(t) for t in texts], truncation=True, padding="max_length", max_length=MAX_WORDS)
+        texts = [clean_text(t) for t in texts]
+        if isinstance(self.tokenizer, HashWordTokenizer):  # random init: (ids, mask), no token types
+            ids, mask = self.tokenizer(texts)
+            return ids, mask, torch.zeros_like(ids)
+        enc = self.tokenizer(texts, truncation=True, padding="max_length", max_length=MAX_WORDS)
         ids = torch.as_tensor(enc["input_ids"], dtype=torch.int64)
         mask = torch.as_tensor(enc["attention_mask"], dtype=torch.int64)
         types = torch.as_tensor(enc["token_type_ids"], dtype=torch.int64) if "token_type_ids" in enc else torch.zeros_like(ids)
@@ -799,10 +756,8 @@ class CARZeroAdapter(Adapter):
 
     def encode_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Text embeddings of ``prompts`` (via :func:`prompt_text`), cached for the last prompt list."""
-        key = tuple(prompts)
-        if self._text_cache is None or self._text_cache[0] != key:
-            self._text_cache = (key, self.encode_text_ids(*self.tokenize([prompt_text(p) for p in prompts])))
-        return self._text_cache[1]
+        return self._text_cache.get(
+            tuple(prompts), lambda: self.encode_text_ids(*self.tokenize([prompt_text(p) for p in prompts])))
 
     @torch.no_grad()
     def encode_image(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -826,10 +781,7 @@ class CARZeroAdapter(Adapter):
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Raw-logit scores ``(B, C)`` and native-grid cross-attention maps ``(B, C, 14, 14)``."""
-        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, self.input_size, self.input_size):
-            raise ValueError(f"expected pixels of shape (B, 3, {self.input_size}, {self.input_size}), got {tuple(pixels.shape)}")
-        if not prompts:
-            raise ValueError("prompts is empty: give at least one class name")
+        check_inputs(pixels, prompts, self.input_size)
         words, sentence = self.encode_prompts(prompts)
         out = self.forward_features(self.encode_image(pixels), words, sentence)
         return Prediction(scores=out.scores.float().cpu(), maps=out.maps.float().cpu())

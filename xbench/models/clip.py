@@ -60,15 +60,15 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from xbench.errors import CheckpointError, MissingFileError
+from xbench.errors import CheckpointError
+from xbench.models._common import check_inputs, seeded_build
 from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict, resize_crop_window
 
 ARCHITECTURE = "ViT-B-16-quickgelu"  # open_clip config of OpenAI's ViT-B/16 (QuickGELU activations)
-CHECKPOINT_FILES = ("open_clip_pytorch_model.bin", "open_clip_model.safetensors", "ViT-B-16.pt")
-WEIGHTS_SOURCE = "https://huggingface.co/timm/vit_base_patch16_clip_224.openai"
 OPENAI_METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")  # entries of OpenAI's archive, not weights
 MAP_VARIANTS = ("naive", "maskclip")
 DEFAULT_TEMPLATES = {"positive": "a chest x-ray showing {}", "negative": "a chest x-ray with no {}"}
+SCORE_MODES = ("prompt_pair", "paper_sigmoid")
 LOGIT_SCALE = 100.0  # OpenAI's zero-shot scale (exp of the released logit_scale)
 
 
@@ -76,12 +76,9 @@ LOGIT_SCALE = 100.0  # OpenAI's zero-shot scale (exp of the released logit_scale
 def build_clip(seed: int = 0) -> torch.nn.Module:
     """The full-size open_clip ``ViT-B-16-quickgelu`` network with seeded random weights, in eval mode.
 
-    The seed is applied inside :func:`torch.random.fork_rng`, so the global RNG state is left untouched.
+    Seeded by :func:`~xbench.models._common.seeded_build`, so the global RNG state is left untouched.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = open_clip.create_model(ARCHITECTURE, pretrained=None)
-    return model.eval()
+    return seeded_build(seed, lambda: open_clip.create_model(ARCHITECTURE, pretrained=None)).eval()
 
 
 def clip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -103,36 +100,26 @@ def clip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def load_openai_archive(path: str | Path) -> dict[str, torch.Tensor]:
+def load_openai_archive(path: str | Path, hint: str = "") -> dict[str, torch.Tensor]:
     """Tensors of OpenAI's TorchScript ``ViT-B-16.pt`` read as data: its code is never compiled or run.
 
     The archive's ``data.pkl`` is read by the restricted unpickler
     (:func:`xbench.models.checkpoint.read_torchscript_state_dict`): the module tree's tensors under their
     dotted names, the keys ``state_dict()`` of the archive has. A file that is not such an archive, or
     one that holds no tensors (a crafted payload), raises :class:`CheckpointError` naming it and
-    pointing to the plain state-dict files.
+    ``hint`` (where the plain state-dict files of the same weights are).
     """
     from xbench.models.checkpoint import read_torchscript_state_dict
 
-    hint = (f"Use {CHECKPOINT_FILES[0]} or {CHECKPOINT_FILES[1]} from {WEIGHTS_SOURCE} instead "
-            "(plain state dicts of the same OpenAI weights).")
     state, _ = read_torchscript_state_dict(path, hint)
     return state
 
 
-def read_clip_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], Path]:
-    """The first of :data:`CHECKPOINT_FILES` found in ``folder``, loaded and converted by :func:`clip_state_dict`."""
-    folder = Path(folder)
-    for name in CHECKPOINT_FILES:
-        path = folder / name
-        if path.exists():
-            raw = load_openai_archive(path) if path.suffix == ".pt" else load_checkpoint(path)
-            return clip_state_dict(raw), path
-    raise MissingFileError(
-        folder / CHECKPOINT_FILES[0],
-        "CLIP ViT-B/16 OpenAI weights (one of " + ", ".join(CHECKPOINT_FILES) + ")",
-        WEIGHTS_SOURCE,
-    )
+def read_clip_checkpoint(path: str | Path, hint: str = "") -> dict[str, torch.Tensor]:
+    """One official CLIP file (the YAML's ``checkpoint`` or an alternative), converted by :func:`clip_state_dict`:
+    a ``.pt`` is OpenAI's TorchScript archive, anything else a state-dict file."""
+    path = Path(path)
+    return clip_state_dict(load_openai_archive(path, hint) if path.suffix == ".pt" else load_checkpoint(path))
 
 
 def maskclip_value_path(block: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -149,24 +136,34 @@ def maskclip_value_path(block: torch.nn.Module, tokens: torch.Tensor) -> torch.T
 
 # -- shared by the open_clip-family adapters (CLIP here, BiomedCLIP in biomedclip.py) --------------
 class PromptPairCLIP(Adapter):
-    """Score and map rules of CLIP-style models with a positive and a negative prompt per class.
+    """Score and map rules of CLIP-style models, selected by ``params.score_mode``.
 
-    Score = softmax over (positive, negative) of ``logit_scale() · cos(image, prompt)``, positive's
-    probability; map = cosine between each projected patch token and the positive prompt, raw, at the
-    native grid. Subclasses set ``model`` (with ``encode_text``), ``tokenizer``, ``transform`` and
-    ``templates`` and implement :meth:`image_features` and :meth:`logit_scale`.
+    ``"prompt_pair"`` (default): a positive and a negative prompt per class (``params.templates``); score =
+    softmax over (positive, negative) of ``logit_scale() · cos(image, prompt)``, positive's probability.
+    ``"paper_sigmoid"``: the paper's rule (arXiv 2510.19599, Sec. 2: ``s_c(x) = <h(x), g(t_c)>``,
+    ``p_c(x) = σ(s_c(x))``) with one prompt per class in the model's official style (``params.paper_template``)
+    and the L2-normalised embeddings, unscaled as the paper writes it: ``σ(cos(image, prompt))``.
+    Map = cosine between each projected patch token and the class's (positive) prompt, raw, at the native
+    grid. Subclasses set ``model`` (with ``encode_text``), ``tokenizer``, ``transform`` and implement
+    :meth:`image_features` and :meth:`logit_scale`.
     """
 
-    map_source = "similarity"
-    score_rule = "probability"
-
     def _set_templates(self) -> None:
-        """``params.templates`` over :data:`DEFAULT_TEMPLATES`; each needs a ``{}`` for the class name."""
-        self.templates: dict[str, str] = {**DEFAULT_TEMPLATES, **self.config.get("params", {}).get("templates", {})}
-        for role in ("positive", "negative"):
-            if "{}" not in self.templates[role]:
-                raise ValueError(f"{self.name} params.templates.{role} must contain '{{}}', got {self.templates[role]!r}")
-        self._text_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        """Prompt templates of ``params.score_mode``; each needs a ``{}`` for the class name."""
+        params = self.config.get("params", {})
+        self.score_mode: str = params.get("score_mode", "prompt_pair")
+        if self.score_mode not in SCORE_MODES:
+            raise ValueError(f"{self.name} params.score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
+        if self.score_mode == "paper_sigmoid":
+            if not params.get("paper_template"):
+                raise ValueError(f"{self.name} params.score_mode paper_sigmoid needs params.paper_template")
+            self.templates: dict[str, str] = {"positive": params["paper_template"]}
+        else:
+            self.templates = {**DEFAULT_TEMPLATES, **params.get("templates", {})}
+        for role, template in self.templates.items():
+            if "{}" not in template:
+                raise ValueError(f"{self.name} template {role!r} must contain '{{}}', got {template!r}")
+        self._text_cache: dict[str, tuple[torch.Tensor, ...]] = {}
 
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(3, 224, 224)`` float32 (see the module docstring)."""
@@ -180,18 +177,18 @@ class PromptPairCLIP(Adapter):
         """Token ids ``(N, context_length)`` → L2-normalised text embeddings ``(N, 512)``."""
         return F.normalize(self.model.encode_text(input_ids.to(self.device)), dim=-1)
 
-    def text_embeddings(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positive and negative prompt embeddings ``(C, 512)`` each, L2-normalised (cached per prompt name)."""
+    def text_embeddings(self, prompts: Sequence[str]) -> tuple[torch.Tensor, ...]:
+        """One ``(C, 512)`` L2-normalised embedding per template role (positive, then negative in prompt-pair
+        mode), cached per prompt name."""
         todo = [p for p in dict.fromkeys(prompts) if p not in self._text_cache]
+        roles = list(self.templates)
         if todo:
-            texts = [self.templates[role].format(p) for role in ("positive", "negative") for p in todo]
+            texts = [self.templates[role].format(p) for role in roles for p in todo]
             with torch.no_grad():
                 emb = self.encode_text_ids(self.tokenizer(texts))
             for i, prompt in enumerate(todo):
-                self._text_cache[prompt] = (emb[i], emb[len(todo) + i])
-        pos = torch.stack([self._text_cache[p][0] for p in prompts])
-        neg = torch.stack([self._text_cache[p][1] for p in prompts])
-        return pos, neg
+                self._text_cache[prompt] = tuple(emb[r * len(todo) + i] for r in range(len(roles)))
+        return tuple(torch.stack([self._text_cache[p][r] for p in prompts]) for r in range(len(roles)))
 
     def image_features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pooled image embedding ``(B, 512)`` and projected patch tokens ``(B, h·w, 512)``, both L2-normalised."""
@@ -203,17 +200,16 @@ class PromptPairCLIP(Adapter):
 
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        """Scores ``(B, C)`` (positive-prompt probability) and raw cosine maps ``(B, C, h, w)``, float32 on CPU."""
+        """Scores ``(B, C)`` (probabilities, rule of ``params.score_mode``) and raw cosine maps ``(B, C, h, w)``."""
         prompts = list(prompts)
-        if not prompts:
-            raise ValueError(f"{self.name} predict: prompts is empty")
-        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, self.input_size, self.input_size):
-            raise ValueError(f"{self.name} predict expects pixels (B, 3, {self.input_size}, {self.input_size}), "
-                             f"got {tuple(pixels.shape)}")
-        pos, neg = self.text_embeddings(prompts)
+        check_inputs(pixels, prompts, self.input_size)
+        pos, *neg = self.text_embeddings(prompts)
         image, patches = self.image_features(pixels.to(self.device, torch.float32))
-        logits = self.logit_scale() * torch.stack([image @ pos.T, image @ neg.T], dim=-1)  # (B, C, 2)
-        scores = logits.softmax(dim=-1)[..., 0]
+        if self.score_mode == "paper_sigmoid":
+            scores = torch.sigmoid(image @ pos.T)
+        else:
+            logits = self.logit_scale() * torch.stack([image @ pos.T, image @ neg[0].T], dim=-1)  # (B, C, 2)
+            scores = logits.softmax(dim=-1)[..., 0]
         maps = torch.einsum("bnd,cd->bcn", patches, pos).reshape(len(pixels), len(prompts), *self.grid)
         return Prediction(scores=scores.float().cpu(), maps=maps.float().cpu())
 
@@ -234,12 +230,7 @@ class CLIPAdapter(PromptPairCLIP):
         ``"official"`` or ``"random-init"`` (shown by :meth:`describe`).
     """
 
-    name = "clip"
-    map_source = "similarity"
-    score_rule = "probability"
-    citation = "Radford et al., CLIP, ICML 2021"
-    input_size = 224
-    grid = (14, 14)
+    config_name = "clip"
 
     def __init__(self, model: torch.nn.Module, config: Mapping[str, Any] | None = None,
                  device: str | torch.device = "cpu", weights_label: str = "unknown"):
@@ -258,21 +249,18 @@ class CLIPAdapter(PromptPairCLIP):
 
     # -- construction --------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
-                    device: str | torch.device = "cpu") -> CLIPAdapter:
-        """Official weights from ``weights_dir``; else random init if ``params.random_init``; else MissingFileError."""
-        params = config.get("params", {})
-        if weights_dir is not None:
-            state, path = read_clip_checkpoint(weights_dir)
-            return cls.from_checkpoint(state, config, device, where=str(path))
-        if params.get("random_init", False):
-            return cls(build_clip(int(params.get("seed", 0))), config, device, weights_label="random-init")
-        raise MissingFileError(
-            Path("$XBENCH_WEIGHTS") / "clip" / CHECKPOINT_FILES[0],
-            "CLIP weights folder holding one of " + ", ".join(CHECKPOINT_FILES)
-            + " (pass create_model('clip', weights=DIR) or set XBENCH_WEIGHTS; or params random_init=True)",
-            WEIGHTS_SOURCE,
-        )
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> CLIPAdapter:
+        """Official weights: the first of the YAML's ``checkpoint`` files found in the folder."""
+        path = files["checkpoint"]
+        plain = [w for w in config.get("weights", {}).values() if not str(w.get("path", "")).endswith(".pt")]
+        hint = ("Use " + " or ".join(f"{w['path']} ({w.get('source', '')})" for w in plain)
+                + " instead (plain state dicts of the same OpenAI weights).") if plain else ""
+        return cls.from_checkpoint(read_clip_checkpoint(path, hint), config, device, where=str(path))
+
+    @classmethod
+    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> CLIPAdapter:
+        """The full-size network with weights seeded by ``params.seed``."""
+        return cls(build_clip(int(config["params"].get("seed", 0))), config, device)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Mapping[str, Any], config: Mapping[str, Any] | None = None,

@@ -51,13 +51,14 @@ import torchvision
 from torch import nn
 from transformers import BertConfig
 
-from ..errors import MissingFileError, XBenchWarning
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
-from .kad import (IMAGENET_MEAN, IMAGENET_STD, TQN, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state,
-                  build_uninitialised, canonical_text_state, canonical_tqn_state, checkpoint_containers, make_tokenizer,
-                  max_normalised_maps, normalize_uint8, prompt_text, resize_uint8, seeded_build)
+from ..errors import XBenchWarning
+from ._common import IMAGENET_MEAN, IMAGENET_STD, check_inputs, normalize_uint8, resize_uint8, seeded_build
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict
+from .kad import (TQN, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state, build_uninitialised,
+                  canonical_text_state, canonical_tqn_state, checkpoint_containers, max_normalised_maps, prompt_text,
+                  random_init_tokenizer)
 
-INPUT_SIZE = 224
+INPUT_SIZE = 224  # torchvision vit_b_16's input and patch (the YAML states input_size 224, grid 14x14)
 PATCH = 16
 
 
@@ -109,13 +110,7 @@ class DeViDeAdapter(Adapter):
     device : str or torch.device
     """
 
-    name = "devide"
-    map_source = "cross-attention"
-    score_rule = "probability"
-    verified = False
-    citation = "Luo et al., DeViDe: Faceted medical knowledge for improved medical vision-language pre-training, arXiv 2404.03618"
-    input_size = INPUT_SIZE
-    grid = (INPUT_SIZE // PATCH, INPUT_SIZE // PATCH)
+    config_name = "devide"
 
     def __init__(self, network: DeViDeNetwork, tokenizer: Any, config: Mapping[str, Any] | None = None,
                  device: str | torch.device = "cpu"):
@@ -137,30 +132,16 @@ class DeViDeAdapter(Adapter):
                 "tqn_heads": int(params.get("tqn_heads", 4)), "tqn_ffn": int(params.get("tqn_ffn", 1024))}
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: Path | None, device: str | torch.device = "cpu") -> DeViDeAdapter:
-        """User checkpoint + Med-KEBERT tokenizer from ``weights_dir``, or ``params.random_init`` (seeded)."""
-        params = dict(config.get("params", {}))
-        files = config.get("weights", {})
-        ckpt_spec = files.get("checkpoint", {})
-        if weights_dir is not None:
-            ckpt_path = weight_file(weights_dir, config, "checkpoint", "devide.pt", "DeViDe checkpoint (user-supplied)")
-            tok_dir = weight_file(weights_dir, config, "text_encoder", "Med-KEBERT/", "Med-KEBERT tokenizer folder")
-            adapter = cls.from_checkpoint(load_checkpoint(ckpt_path), MedKEBERTTokenizer(tok_dir), config, device)
-            adapter.weights_label = "user-checkpoint"
-            return adapter
-        if not params.get("random_init", False):
-            raise MissingFileError(
-                Path("$XBENCH_WEIGHTS") / config.get("name", "devide") / ckpt_spec.get("path", "devide.pt"),
-                "DeViDe weights: no official release exists; supply a checkpoint in the layout of xbench.models.devide "
-                "and the Med-KEBERT tokenizer folder (weights=FOLDER or XBENCH_WEIGHTS), or use random_init=True",
-                ckpt_spec.get("source"),
-            )
-        tok_path = params.get("tokenizer")
-        tokenizer = make_tokenizer(Path(tok_path) if tok_path else None, random_init=True)
-        network = seeded_build(int(params.get("seed", 0)), lambda: DeViDeNetwork(**cls._network_kwargs(config)))
-        adapter = cls(network, tokenizer, config, device)
-        adapter.weights_label = "random-init"
-        return adapter
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> DeViDeAdapter:
+        """The user-supplied ``checkpoint`` and the Med-KEBERT ``text_encoder`` tokenizer folder."""
+        return cls.from_checkpoint(load_checkpoint(files["checkpoint"]), MedKEBERTTokenizer(files["text_encoder"]),
+                                   config, device)
+
+    @classmethod
+    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> DeViDeAdapter:
+        """Network seeded by ``params.seed`` and :func:`~xbench.models.kad.random_init_tokenizer`."""
+        network = seeded_build(int(config["params"].get("seed", 0)), lambda: DeViDeNetwork(**cls._network_kwargs(config)))
+        return cls(network, random_init_tokenizer(config["params"]), config, device)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
@@ -177,7 +158,7 @@ class DeViDeAdapter(Adapter):
 
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         """XBench image ``(H, W)`` float32 in [0, 1] -> ``(3, 224, 224)`` float32."""
-        return normalize_uint8(resize_uint8(image, INPUT_SIZE), self.mean, self.std)
+        return normalize_uint8(resize_uint8(image, self.input_size), self.mean, self.std)
 
     @torch.no_grad()
     def encode_text_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -193,10 +174,7 @@ class DeViDeAdapter(Adapter):
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (softmax index 1, or sigmoid for one output) and max-normalised 14x14 maps."""
-        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, INPUT_SIZE, INPUT_SIZE):
-            raise ValueError(f"expected pixels of shape (B, 3, {INPUT_SIZE}, {INPUT_SIZE}), got {tuple(pixels.shape)}")
-        if not prompts:
-            raise ValueError("prompts is empty: give at least one class name")
+        check_inputs(pixels, prompts, self.input_size)
         ids, mask = self.tokenizer([prompt_text(p) for p in prompts])
         logits, attention = self.forward_features(pixels, self.encode_text_ids(ids, mask))
         scores = logits.softmax(dim=-1)[..., 1] if logits.shape[-1] == 2 else logits[..., 0].sigmoid()

@@ -66,7 +66,6 @@ Deviations
 """
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -75,15 +74,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torchvision
-from PIL import Image
 from torch import nn
 from transformers import BertConfig, BertModel
 
 from ..errors import CheckpointError, MissingFileError
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, weight_file
+from ._common import HashWordTokenizer, PromptCache, check_inputs, normalize_uint8, resize_uint8, seeded_build
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 MAX_LENGTH = 256  # official --max_length
 EMBED_DIM = 768
 
@@ -335,56 +332,9 @@ class KADNetwork(nn.Module):
 
 
 # -- preprocessing and text ----------------------------------------------------------------
-def to_uint8(image: np.ndarray) -> np.ndarray:
-    """XBench image (float32 ``(H, W)`` in [0, 1]) -> uint8 by ``round(image * 255)`` (exact for 8-bit sources)."""
-    array = np.asarray(image, dtype=np.float32)
-    if array.ndim != 2:
-        raise ValueError(f"expected a grey image of shape (H, W), got shape {array.shape}")
-    return np.round(np.clip(array, 0.0, 1.0) * 255).astype(np.uint8)
-
-
-def resize_uint8(image: np.ndarray, size: int) -> np.ndarray:
-    """``(H, W)`` image -> ``(size, size)`` uint8 by PIL bicubic (``Resize([size, size], BICUBIC)``).
-
-    An image already ``size x size`` is returned unchanged, as torchvision does. PIL resizes each
-    channel alike, so resizing the grey image equals resizing its RGB copy channel by channel.
-    """
-    pil = Image.fromarray(to_uint8(image))
-    if pil.size != (size, size):
-        pil = pil.resize((size, size), Image.BICUBIC)
-    return np.asarray(pil)
-
-
-def normalize_uint8(image_uint8: np.ndarray, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
-    """``(S, S)`` uint8 -> ``(3, S, S)`` float32: ``ToTensor`` (/255) then ``Normalize(mean, std)`` per channel."""
-    grey = torch.from_numpy(np.array(image_uint8, dtype=np.uint8)).float().div(255)
-    rgb = grey.unsqueeze(0).repeat(3, 1, 1)
-    return rgb.sub(torch.tensor(mean, dtype=torch.float32)[:, None, None]).div(torch.tensor(std, dtype=torch.float32)[:, None, None])
-
-
 def prompt_text(name: str) -> str:
     """Text KAD reads for prompt ``name``: the official ChestX-ray14 spelling (:data:`OFFICIAL_TEXT`) or the name itself."""
     return OFFICIAL_TEXT.get(name.strip().lower(), name.strip())
-
-
-class HashWordTokenizer:
-    """Deterministic stand-in tokenizer for random-init models without the Med-KEBERT vocabulary.
-
-    Lower-cased whitespace words get id ``1000 + crc32(word) % 27000`` between ``[CLS]`` (101) and
-    ``[SEP]`` (102), padded with 0 to ``max_length`` (the toy ids of the parity fixtures). It has no
-    linguistic meaning and is never used with official weights.
-    """
-
-    def __init__(self, max_length: int = MAX_LENGTH):
-        self.max_length = max_length
-
-    def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.zeros(len(texts), self.max_length, dtype=torch.int64)
-        for row, text in enumerate(texts):
-            words = [1000 + zlib.crc32(w.encode("utf-8")) % 27000 for w in text.lower().split()]
-            seq = [101, *words[: self.max_length - 2], 102]
-            ids[row, : len(seq)] = torch.tensor(seq)
-        return ids, (ids != 0).long()
 
 
 class MedKEBERTTokenizer:
@@ -404,13 +354,15 @@ class MedKEBERTTokenizer:
         return out["input_ids"], out["attention_mask"]
 
 
-def make_tokenizer(folder: Path | None, random_init: bool) -> MedKEBERTTokenizer | HashWordTokenizer:
-    """Med-KEBERT tokenizer from ``folder``; the hash stand-in only for random-init builds without one."""
-    if folder is not None and folder.exists():
-        return MedKEBERTTokenizer(folder)
-    if random_init:
-        return HashWordTokenizer()
-    raise MissingFileError(folder or Path("Med-KEBERT"), "Med-KEBERT tokenizer folder", "https://huggingface.co/xmcmic/Med-KEBERT")
+def random_init_tokenizer(params: Mapping[str, Any]) -> MedKEBERTTokenizer | HashWordTokenizer:
+    """Tokenizer of a random-init build: Med-KEBERT from ``params.tokenizer`` (a folder) if given, else the
+    hash stand-in (:class:`~xbench.models._common.HashWordTokenizer`, 256 tokens)."""
+    folder = params.get("tokenizer")
+    if folder is None:
+        return HashWordTokenizer(MAX_LENGTH)
+    if not Path(folder).exists():
+        raise MissingFileError(Path(folder), "Med-KEBERT tokenizer folder (params.tokenizer)")
+    return MedKEBERTTokenizer(folder)
 
 
 def max_normalised_maps(attention: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -446,13 +398,6 @@ def build_uninitialised(factory: Callable[[], nn.Module]) -> nn.Module:
     return module
 
 
-def seeded_build(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
-    """Run ``build()`` with the torch RNG seeded by ``seed`` and restored afterwards (no global seeding)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return build()
-
-
 # -- adapter -------------------------------------------------------------------------------
 class KADAdapter(Adapter):
     """XBench adapter for KAD-224 / 512 / 1024 (see the module docstring for every convention).
@@ -468,58 +413,31 @@ class KADAdapter(Adapter):
     device : str or torch.device
     """
 
-    name = "kad"
-    map_source = "cross-attention"
-    score_rule = "probability"
-    verified = True
-    citation = "Zhang et al., Knowledge-enhanced visual-language pre-training on chest radiology images, Nat. Commun. 2023"
+    config_name = "kad"
 
     def __init__(self, network: KADNetwork, tokenizer: Any, config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
         super().__init__(config, device)
-        self.name = str(self.config.get("name", type(self).name))
         self.network = network.to(self.device).eval()
         self.tokenizer = tokenizer
         stride = self.network.image_encoder.stride
-        self.input_size = int(self.config.get("input_size", 224 if network.trunk_name == "layer3" else 512))
         if self.input_size % stride:
             raise ValueError(f"input_size {self.input_size} is not a multiple of the trunk stride {stride}")
-        self.grid = (self.input_size // stride, self.input_size // stride)
-        self._text_cache: tuple[tuple[str, ...], torch.Tensor] | None = None
+        self.grid = (self.input_size // stride, self.input_size // stride)  # the trunk fixes it (the YAMLs agree)
+        self._text_cache: PromptCache[torch.Tensor] = PromptCache()
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: Path | None, device: str | torch.device = "cpu") -> KADAdapter:
-        """Build from a registry config: official files from ``weights_dir``, or ``params.random_init``.
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> KADAdapter:
+        """Official ``checkpoint`` (``best_valid.pt``) and the Med-KEBERT ``text_encoder`` tokenizer folder."""
+        return cls.from_official_checkpoint(load_checkpoint(files["checkpoint"]),
+                                            MedKEBERTTokenizer(files["text_encoder"]), config, device)
 
-        ``weights_dir`` must hold ``weights.checkpoint.path`` (``best_valid.pt``) and the
-        ``weights.text_encoder.path`` tokenizer folder. Without it and without ``random_init`` a
-        :class:`MissingFileError` names the expected files.
-        """
-        params = dict(config.get("params", {}))
-        trunk = params.get("trunk", "layer4")
-        files = config.get("weights", {})
-        ckpt_spec, tok_spec = files.get("checkpoint", {}), files.get("text_encoder", {})
-        if weights_dir is not None:
-            ckpt_path = weight_file(weights_dir, config, "checkpoint", "best_valid.pt",
-                                    f"{config.get('title', 'KAD')} checkpoint")
-            tok_dir = weight_file(weights_dir, config, "text_encoder", "Med-KEBERT/", "Med-KEBERT tokenizer folder")
-            adapter = cls.from_official_checkpoint(load_checkpoint(ckpt_path), MedKEBERTTokenizer(tok_dir), config, device)
-            adapter.weights_label = "official"
-            return adapter
-        if not params.get("random_init", False):
-            name = config.get("name", "kad")
-            raise MissingFileError(
-                Path("$XBENCH_WEIGHTS") / name / ckpt_spec.get("path", "best_valid.pt"),
-                f"{config.get('title', 'KAD')} weights (a folder with {ckpt_spec.get('path', 'best_valid.pt')} and "
-                f"{tok_spec.get('path', 'Med-KEBERT/')}; pass weights=FOLDER or set XBENCH_WEIGHTS, or use random_init=True)",
-                ckpt_spec.get("source"),
-            )
-        tok_path = params.get("tokenizer")
-        tokenizer = make_tokenizer(Path(tok_path) if tok_path else None, random_init=True)
-        network = seeded_build(int(params.get("seed", 0)), lambda: KADNetwork(trunk))
-        adapter = cls(network, tokenizer, config, device)
-        adapter.weights_label = "random-init"
-        return adapter
+    @classmethod
+    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> KADAdapter:
+        """Full-size network seeded by ``params.seed`` (trunk ``params.trunk``) and :func:`random_init_tokenizer`."""
+        params = config["params"]
+        network = seeded_build(int(params.get("seed", 0)), lambda: KADNetwork(params.get("trunk", "layer4")))
+        return cls(network, random_init_tokenizer(params), config, device)
 
     @classmethod
     def from_official_checkpoint(cls, checkpoint: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
@@ -552,11 +470,8 @@ class KADAdapter(Adapter):
 
     def encode_prompts(self, prompts: Sequence[str]) -> torch.Tensor:
         """Text features of ``prompts`` (mapped by :func:`prompt_text`), cached for the last prompt list."""
-        key = tuple(prompts)
-        if self._text_cache is None or self._text_cache[0] != key:
-            ids, mask = self.tokenizer([prompt_text(p) for p in prompts])
-            self._text_cache = (key, self.encode_text_ids(ids, mask))
-        return self._text_cache[1]
+        return self._text_cache.get(
+            tuple(prompts), lambda: self.encode_text_ids(*self.tokenizer([prompt_text(p) for p in prompts])))
 
     @torch.no_grad()
     def forward_features(self, pixels: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -567,10 +482,7 @@ class KADAdapter(Adapter):
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``softmax(logits)[..., 1]`` ``(B, C)`` and max-normalised last-layer maps ``(B, C, h, w)``."""
-        if pixels.ndim != 4 or tuple(pixels.shape[1:]) != (3, self.input_size, self.input_size):
-            raise ValueError(f"expected pixels of shape (B, 3, {self.input_size}, {self.input_size}), got {tuple(pixels.shape)}")
-        if not prompts:
-            raise ValueError("prompts is empty: give at least one class name")
+        check_inputs(pixels, prompts, self.input_size)
         logits, attention = self.forward_features(pixels, self.encode_prompts(prompts))
         scores = logits.softmax(dim=-1)[..., 1]
         maps = max_normalised_maps(attention[-1], self.grid)

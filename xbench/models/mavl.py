@@ -83,12 +83,12 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
-from .base import Adapter, Prediction, check_pixels, load_checkpoint, load_state_strict, weight_file
+from ..errors import FormatError, UnknownNameError, XBenchWarning
+from ._common import check_inputs, normalize_uint8, seeded_build
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict
 from .medklip import (  # MAVL is built on MedKLIP's code base: same entities, transform and text helpers
-    D_MODEL, ENTITIES, GRID, QueryDecoder, INPUT_SIZE, SYNONYMS, TAIL_ENTITY, TEXT_ENCODER_SOURCE,
-    TEXT_LENGTH, bert_from_state, canonical_class, encode_cls, layer_mean, load_text_encoder, normalize_uint8,
-    resize_uint8, toy_token_ids,
+    D_MODEL, ENTITIES, INPUT_SIZE, SYNONYMS, TAIL_ENTITY, TEXT_LENGTH, QueryDecoder, bert_from_state,
+    canonical_class, encode_cls, layer_mean, load_text_encoder, resize_uint8, toy_token_ids,
 )
 
 # Aspect order of gpt4_mimic.json (alphabetical); concept index c = 1 + aspect index.
@@ -99,10 +99,6 @@ NORMAL_ENTITIES = (0, 1)  # 'normal', 'clear': references of the 'text' score mo
 
 
 SCORE_MODES = ("auto", "feature", "text")
-CHECKPOINT_SOURCE = "https://drive.google.com/drive/folders/1EN-oHVk513qmoehWypkrJ2Ero5PoUmId (CVPR2024_MAVL download.sh)"
-DESCRIPTIONS_SOURCE = ("https://github.com/HieuPhan33/CVPR2024_MAVL/blob/main/"
-                       "Zero-shot_grounding/observation%20explanation.json")
-CONCEPTS_SOURCE = "https://github.com/HieuPhan33/CVPR2024_MAVL/blob/main/Pretrain/concept_gen/gpt4_mimic.json"
 
 
 def _read_json(path: Path) -> Any:
@@ -233,12 +229,7 @@ def text_mode_scores(global_logits: torch.Tensor) -> torch.Tensor:
 class MAVLAdapter(Adapter):
     """MAVL behind the XBench adapter contract (see the module docstring for every convention)."""
 
-    name = "mavl"
-    map_source = "cross-attention"
-    score_rule = "probability"
-    citation = "Phan et al., MAVL, CVPR 2024"
-    input_size = INPUT_SIZE
-    grid = GRID
+    config_name = "mavl"
 
     def __init__(self, net: MAVLNet, text_encoder: nn.Module, tokenizer: Any = None,
                  texts: Mapping[str, Sequence[str]] | None = None, config: Mapping[str, Any] | None = None,
@@ -262,32 +253,18 @@ class MAVLAdapter(Adapter):
 
     # -- construction --------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None, device: str | torch.device = "cpu") -> "MAVLAdapter":
-        """Official files from ``weights_dir``, or a seeded random-init model when ``params.random_init``."""
-        params = config.get("params", {})
-        if weights_dir is None:
-            if not params.get("random_init", False):
-                raise MissingFileError(
-                    Path("$XBENCH_WEIGHTS") / "mavl",
-                    "MAVL weights folder (checkpoint_full_40.pth, 'observation explanation.json', gpt4_mimic.json, "
-                    "Bio_ClinicalBERT/); pass weights=DIR to create_model or set XBENCH_WEIGHTS to a folder holding mavl/",
-                    CHECKPOINT_SOURCE,
-                )
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(params.get("seed", 0)))
-                net = MAVLNet()
-            adapter = cls(net, bert_from_state(seed=int(params.get("seed", 0))), None, None, config, device)
-            adapter.weights_label = "random-init"
-            return adapter
-        ckpt = weight_file(weights_dir, config, "checkpoint", "checkpoint_full_40.pth", "MAVL checkpoint", CHECKPOINT_SOURCE)
-        desc = weight_file(weights_dir, config, "descriptions", "observation explanation.json",
-                           "MAVL disease descriptions", DESCRIPTIONS_SOURCE)
-        concepts = weight_file(weights_dir, config, "concepts", "gpt4_mimic.json", "MAVL aspect concepts", CONCEPTS_SOURCE)
-        text = weight_file(weights_dir, config, "text_encoder", "Bio_ClinicalBERT/", "Bio_ClinicalBERT folder",
-                           TEXT_ENCODER_SOURCE)
-        bert, tokenizer = load_text_encoder(text)
-        return cls.from_official_checkpoint(load_checkpoint(ckpt), bert, tokenizer=tokenizer,
-                                            texts=read_texts(desc, concepts), config=config, device=device)
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> MAVLAdapter:
+        """Released ``checkpoint``, ``descriptions`` + aspect ``concepts`` JSON and the Bio_ClinicalBERT folder."""
+        bert, tokenizer = load_text_encoder(files["text_encoder"], config["weights"]["text_encoder"].get("source"))
+        return cls.from_official_checkpoint(load_checkpoint(files["checkpoint"]), bert, tokenizer=tokenizer,
+                                            texts=read_texts(files["descriptions"], files["concepts"]),
+                                            config=config, device=device)
+
+    @classmethod
+    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> MAVLAdapter:
+        """Full-size networks seeded by ``params.seed``; texts from the entity names, :data:`toy_token_ids`."""
+        seed = int(config["params"].get("seed", 0))
+        return cls(seeded_build(seed, MAVLNet), bert_from_state(seed=seed), None, None, config, device)
 
     @classmethod
     def from_official_checkpoint(cls, checkpoint: Mapping[str, Any], text_encoder: nn.Module, *, tokenizer: Any = None,
@@ -367,7 +344,7 @@ class MAVLAdapter(Adapter):
     # -- image ---------------------------------------------------------------------------
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         """XBench image → ``(3, 224, 224)`` float32 (see :func:`resize_uint8`, :func:`normalize_uint8`)."""
-        return normalize_uint8(resize_uint8(image))
+        return normalize_uint8(resize_uint8(image, size=self.input_size))
 
     def forward_features(self, pixels: torch.Tensor, book: torch.Tensor) -> dict[str, torch.Tensor]:
         """Run the network for a ``(D·9, 768)`` book.
@@ -382,12 +359,12 @@ class MAVLAdapter(Adapter):
             ws = layer_mean(out["attention"]).view(b, n_disease, N_CONCEPTS, -1)[:, :, list(MAP_CONCEPTS)].mean(2)
             out.update(scores_feature=torch.softmax(out["logits"], dim=-1)[..., 1],
                        scores_text=text_mode_scores(out["global_logits"]),
-                       attention=torch.stack(out["attention"]), maps=ws.reshape(b, n_disease, *GRID))
+                       attention=torch.stack(out["attention"]), maps=ws.reshape(b, n_disease, *self.grid))
             return out
 
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (probabilities, mode per ``params.score_mode``) and raw 14×14 maps ``(B, C, 14, 14)``."""
-        check_pixels(pixels, self.input_size, self.name)
+        check_inputs(pixels, prompts, self.input_size)
         diseases, columns = self.resolve(prompts)
         out = self.forward_features(pixels, self.concept_book(diseases))
         index = torch.tensor(columns, device=out["maps"].device)

@@ -69,10 +69,9 @@ Deviations
 from __future__ import annotations
 
 import json
-import re
 import warnings
-import zlib
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +82,10 @@ import torchvision
 from PIL import Image
 from torch import nn
 
-from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
-from .base import Adapter, Prediction, check_pixels, load_checkpoint, load_state_strict, weight_file
+from ..errors import FormatError, UnknownNameError, XBenchWarning
+from . import _common
+from ._common import HashWordTokenizer, check_inputs, normalize_uint8, seeded_build
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict
 
 # The 75 entities, in the order of `original_class` / `disease_name` of the official code and of
 # the official `observation explanation.json` (MedKLIP test.py, model_MedKLIP.py).
@@ -138,55 +139,25 @@ UNSEEN_DESCRIPTIONS: dict[str, str] = {
 }
 
 TAIL_ENTITY = "tail_abnorm_obs"
-INPUT_SIZE = 224
+INPUT_SIZE = 224  # the official transform's size (the YAML's input_size); the trunk has stride 16
 GRID = (14, 14)
 TEXT_LENGTH = 64  # official tokenizer: padding='max_length', max_length=64, truncation=True
-IMAGE_MEAN = (0.485, 0.456, 0.406)
-IMAGE_STD = (0.229, 0.224, 0.225)
 D_MODEL = 256
 BERT_VOCAB = 28996  # Bio_ClinicalBERT (BERT-base cased vocabulary)
-CHECKPOINT_SOURCE = "https://github.com/MediaBrain-SJTU/MedKLIP/tree/main/checkpoints"
-DESCRIPTIONS_SOURCE = ("https://github.com/MediaBrain-SJTU/MedKLIP/blob/main/"
-                       "Sample_Zero-Shot_Grounding_RSNA/observation%20explanation.json")
-TEXT_ENCODER_SOURCE = "https://huggingface.co/emilyalsentzer/Bio_ClinicalBERT"
 
 
 # -- preprocessing ------------------------------------------------------------------------
-def resize_uint8(image: np.ndarray, size: int = INPUT_SIZE) -> np.ndarray:
-    """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(size, size)`` uint8, the official pre-ToTensor image.
-
-    ``round(image · 255)`` then PIL ``BILINEAR`` resize (antialiased; aspect ratio not kept).  Resizing
-    the grey image equals resizing each identical channel of the official ``convert('RGB')`` image.
-    """
-    image = np.asarray(image)
-    if image.ndim != 2:
-        raise ValueError(f"expected a grey image of shape (H, W), got shape {image.shape}")
-    grey = np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
-    return np.asarray(Image.fromarray(grey, mode="L").resize((size, size), Image.BILINEAR))
-
-
-def normalize_uint8(image_uint8: np.ndarray) -> torch.Tensor:
-    """``(S, S)`` uint8 → ``(3, S, S)`` float32: ``/255`` (ToTensor), grey → RGB, ImageNet ``(x − mean) / std``."""
-    x = torch.from_numpy(np.array(image_uint8, dtype=np.uint8)).to(torch.float32).div(255)  # a writable copy
-    x = x.unsqueeze(0).expand(3, -1, -1)
-    mean = torch.tensor(IMAGE_MEAN, dtype=torch.float32).view(3, 1, 1)
-    std = torch.tensor(IMAGE_STD, dtype=torch.float32).view(3, 1, 1)
-    return (x - mean) / std
+# XBench image (float32 ``(H, W)`` in [0, 1]) → ``(size, size)`` uint8, the official pre-ToTensor image:
+# ``round(image · 255)`` then PIL ``BILINEAR`` resize (antialiased; aspect ratio not kept). Resizing the grey image
+# equals resizing each identical channel of the official ``convert('RGB')`` image.
+resize_uint8 = partial(_common.resize_uint8, size=INPUT_SIZE, resample=Image.BILINEAR)
 
 
 # -- text -------------------------------------------------------------------------------------
-def toy_token_ids(texts: Sequence[str], length: int = TEXT_LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
-    """Vocabulary-free ids for random-init models: ``[CLS]=101``, ``1000 + crc32(word) % 27000`` per
-    ``[a-z0-9]+`` word (lower-cased, truncated to ``length − 2``), ``[SEP]=102``, 0-padded.
-
-    Returns ``input_ids`` and ``attention_mask``, both int64 ``(len(texts), length)``.
-    """
-    ids = torch.zeros(len(texts), length, dtype=torch.int64)
-    for row, text in enumerate(texts):
-        words = re.findall("[a-z0-9]+", text.lower())[: length - 2]
-        seq = [101] + [1000 + zlib.crc32(w.encode("utf-8")) % 27000 for w in words] + [102]
-        ids[row, : len(seq)] = torch.tensor(seq)
-    return ids, (ids != 0).to(torch.int64)
+# Vocabulary-free ids for random-init models: ``[CLS]=101``, ``1000 + crc32(word) % 27000`` per ``[a-z0-9]+``
+# word (lower-cased, truncated to ``length − 2``), ``[SEP]=102``, 0-padded; ``toy_token_ids(texts)`` returns
+# ``input_ids`` and ``attention_mask``, both int64 ``(len(texts), 64)``.
+toy_token_ids = HashWordTokenizer(TEXT_LENGTH, r"[a-z0-9]+")
 
 
 def encode_cls(bert: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 16) -> torch.Tensor:
@@ -217,15 +188,13 @@ def bert_from_state(state: Mapping[str, torch.Tensor] | None = None, seed: int =
     """
     from transformers import BertConfig, BertModel
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        bert = BertModel(BertConfig(vocab_size=BERT_VOCAB))
+    bert = seeded_build(seed, lambda: BertModel(BertConfig(vocab_size=BERT_VOCAB)))
     if state is not None:
         load_state_strict(bert, state, "Bio_ClinicalBERT text encoder")
     return bert.eval()
 
 
-def load_text_encoder(folder: str | Path) -> tuple[nn.Module, Any]:
+def load_text_encoder(folder: str | Path, source: str | None = None) -> tuple[nn.Module, Any]:
     """Local Bio_ClinicalBERT folder → (``BertModel`` in eval mode, ``BertTokenizer``); never calls a hub.
 
     The encoder is loaded strictly (:func:`xbench.models.text.load_bert_folder`: a missing or unexpected
@@ -234,8 +203,8 @@ def load_text_encoder(folder: str | Path) -> tuple[nn.Module, Any]:
     """
     from .text import load_bert_folder, load_bert_tokenizer
 
-    return (load_bert_folder(folder, use_pooler=False, source=TEXT_ENCODER_SOURCE),
-            load_bert_tokenizer(folder, source=TEXT_ENCODER_SOURCE))
+    return (load_bert_folder(folder, use_pooler=False, source=source),
+            load_bert_tokenizer(folder, source=source))
 
 
 def read_descriptions(path: str | Path) -> dict[str, str]:
@@ -367,12 +336,7 @@ def layer_mean(attention: Sequence[torch.Tensor]) -> torch.Tensor:
 class MedKLIPAdapter(Adapter):
     """MedKLIP behind the XBench adapter contract (see the module docstring for every convention)."""
 
-    name = "medklip"
-    map_source = "cross-attention"
-    score_rule = "probability"
-    citation = "Wu et al., MedKLIP, ICCV 2023"
-    input_size = INPUT_SIZE
-    grid = GRID
+    config_name = "medklip"
 
     def __init__(self, net: MedKLIPNet, text_encoder: nn.Module, tokenizer: Any = None,
                  descriptions: Mapping[str, str] | None = None, config: Mapping[str, Any] | None = None,
@@ -392,31 +356,18 @@ class MedKLIPAdapter(Adapter):
 
     # -- construction --------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None, device: str | torch.device = "cpu") -> "MedKLIPAdapter":
-        """Official files from ``weights_dir``, or a seeded random-init model when ``params.random_init``."""
-        params = config.get("params", {})
-        if weights_dir is None:
-            if not params.get("random_init", False):
-                raise MissingFileError(
-                    Path("$XBENCH_WEIGHTS") / "medklip",
-                    "MedKLIP weights folder (checkpoint_final.pth, 'observation explanation.json', Bio_ClinicalBERT/); "
-                    "pass weights=DIR to create_model or set XBENCH_WEIGHTS to a folder holding medklip/",
-                    CHECKPOINT_SOURCE,
-                )
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(int(params.get("seed", 0)))
-                net = MedKLIPNet()
-            adapter = cls(net, bert_from_state(seed=int(params.get("seed", 0))), None, None, config, device)
-            adapter.weights_label = "random-init"
-            return adapter
-        ckpt = weight_file(weights_dir, config, "checkpoint", "checkpoint_final.pth", "MedKLIP checkpoint", CHECKPOINT_SOURCE)
-        desc = weight_file(weights_dir, config, "descriptions", "observation explanation.json",
-                           "MedKLIP entity descriptions", DESCRIPTIONS_SOURCE)
-        text = weight_file(weights_dir, config, "text_encoder", "Bio_ClinicalBERT/", "Bio_ClinicalBERT folder",
-                           TEXT_ENCODER_SOURCE)
-        bert, tokenizer = load_text_encoder(text)
-        return cls.from_official_checkpoint(load_checkpoint(ckpt), bert, tokenizer=tokenizer,
-                                            descriptions=read_descriptions(desc), config=config, device=device)
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> MedKLIPAdapter:
+        """Released ``checkpoint``, entity ``descriptions`` and the Bio_ClinicalBERT ``text_encoder`` folder."""
+        bert, tokenizer = load_text_encoder(files["text_encoder"], config["weights"]["text_encoder"].get("source"))
+        return cls.from_official_checkpoint(load_checkpoint(files["checkpoint"]), bert, tokenizer=tokenizer,
+                                            descriptions=read_descriptions(files["descriptions"]), config=config,
+                                            device=device)
+
+    @classmethod
+    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> MedKLIPAdapter:
+        """Full-size networks seeded by ``params.seed``; entity names as descriptions, :data:`toy_token_ids`."""
+        seed = int(config["params"].get("seed", 0))
+        return cls(seeded_build(seed, MedKLIPNet), bert_from_state(seed=seed), None, None, config, device)
 
     @classmethod
     def from_official_checkpoint(cls, checkpoint: Mapping[str, Any], text_encoder: nn.Module, *, tokenizer: Any = None,
@@ -494,19 +445,19 @@ class MedKLIPAdapter(Adapter):
     # -- image ---------------------------------------------------------------------------
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         """XBench image → ``(3, 224, 224)`` float32 (see :func:`resize_uint8`, :func:`normalize_uint8`)."""
-        return normalize_uint8(resize_uint8(image))
+        return normalize_uint8(resize_uint8(image, size=self.input_size))
 
     def forward_features(self, pixels: torch.Tensor, book: torch.Tensor) -> dict[str, torch.Tensor]:
         """Run the network: ``logits (B, Q, 2)``, ``scores (B, Q)``, ``attention (4, B, Q, 196)``, ``maps (B, Q, 14, 14)``."""
         with torch.no_grad():
             logits, attention = self.net(pixels.to(self.device, torch.float32), book.to(self.device))
-            maps = layer_mean(attention).reshape(logits.shape[0], logits.shape[1], *GRID)
+            maps = layer_mean(attention).reshape(logits.shape[0], logits.shape[1], *self.grid)
             return {"logits": logits, "scores": torch.softmax(logits, dim=-1)[..., 1],
                     "attention": torch.stack(attention), "maps": maps}
 
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (probabilities) and raw 14×14 layer-mean cross-attention maps ``(B, C, 14, 14)``."""
-        check_pixels(pixels, self.input_size, self.name)
+        check_inputs(pixels, prompts, self.input_size)
         queries, columns = self.resolve(prompts)
         out = self.forward_features(pixels, self.query_book(queries))
         index = torch.tensor(columns, device=out["scores"].device)

@@ -9,8 +9,9 @@ localising anything. Tables list them as baselines (``describe()["weights"] == "
   disjoint from the evaluation split** (:func:`fit_anatomical_prior`), the same for every image.
   Score: constant, the class's positive rate on the fit split (``score_rule: constant``).
 * :class:`RandomPrior` — uniform random maps and scores (``score_rule: random``), drawn from a generator seeded
-  per (image, prompt) by hashing the image's preprocessed pixel bytes with the seed and the prompt name, so results
-  do not depend on batch composition, batch order, sharding or the other prompts of the call.
+  per (case, prompt) from ``(seed, case id, prompt name)`` (:meth:`RandomPrior.predict_cases`, which the runner
+  calls), so results do not depend on the pixels, batch composition, batch order, sharding, the machine or the
+  other prompts of the call.
 
 Conventions
 -----------
@@ -18,8 +19,8 @@ Grid coordinates: cell ``(i, j)`` covers rows ``[i, i+1)·H/h`` and columns ``[j
 at the native grid (``grid`` in the config, default 14×14) and the metrics upsample it like any model's map.
 ``preprocess`` keeps only a ``(3, S, S)`` thumbnail (``S = input_size``, default 32): the grey image area-averaged
 (``torch.nn.functional.interpolate(mode="area")``, on CPU, float32) and replicated to 3 channels. The center and
-anatomical priors read nothing from it but the batch size; the random prior hashes its bytes. Two images with the
-same thumbnail therefore get the same random draw.
+anatomical priors read nothing from it but the batch size; so does the random prior when it is given case ids
+(without them, :meth:`RandomPrior.predict` falls back to hashing the thumbnail's bytes).
 Maps and scores are float32 on CPU.
 """
 from __future__ import annotations
@@ -34,11 +35,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xbench.errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
+from xbench.errors import FormatError, UnknownNameError, XBenchWarning
+from xbench.models._common import check_inputs
 from xbench.models.base import Adapter, Prediction, require_file
 
-PRIOR_FILE = "anatomical_prior.npz"  # inside the anatomical prior's "weights" folder
-DEFAULT_INPUT_SIZE = 32
+PRIOR_FILE = "anatomical_prior.npz"  # the name save() writes; create_model reads the path of the YAML's weights.maps
+DEFAULT_INPUT_SIZE = 32  # thumbnail side of priors built directly (fit / constructor); the YAMLs set input_size
 
 
 def thumbnail(image: np.ndarray, size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor:
@@ -52,10 +54,6 @@ def thumbnail(image: np.ndarray, size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor
 
 class _Prior(Adapter):
     """Shared plumbing of the prior baselines: thumbnail preprocessing, input checks, metadata."""
-
-    map_source = "prior"
-    verified = True
-    citation = "XBench prior baseline"
 
     def __init__(self, grid: Sequence[int] = (14, 14), input_size: int = DEFAULT_INPUT_SIZE,
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
@@ -71,12 +69,8 @@ class _Prior(Adapter):
         return thumbnail(image, self.input_size)
 
     def _batch(self, pixels: torch.Tensor, prompts: Sequence[str]) -> tuple[int, list[str]]:
-        prompts = list(prompts)
-        if not prompts:
-            raise ValueError(f"{type(self).__name__} predict: prompts is empty")
-        if pixels.ndim != 4:
-            raise ValueError(f"{type(self).__name__} predict expects pixels (B, 3, S, S), got {tuple(pixels.shape)}")
-        return int(pixels.shape[0]), prompts
+        check_inputs(pixels, prompts, None)
+        return int(pixels.shape[0]), list(prompts)
 
 
 # -- center -----------------------------------------------------------------------------
@@ -96,8 +90,7 @@ def center_gaussian(grid: Sequence[int], sigma: float) -> np.ndarray:
 class CenterPrior(_Prior):
     """Centre Gaussian map (``sigma`` a fraction of the side, default 0.25) and constant score 0.5."""
 
-    name = "center_prior"
-    score_rule = "constant"
+    config_name = "center_prior"
 
     def __init__(self, sigma: float = 0.25, grid: Sequence[int] = (14, 14), input_size: int = DEFAULT_INPUT_SIZE,
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
@@ -108,11 +101,9 @@ class CenterPrior(_Prior):
         self.map = torch.from_numpy(center_gaussian(self.grid, self.sigma))
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
-                    device: str | torch.device = "cpu") -> CenterPrior:
-        """From the config's ``grid``, ``input_size`` and ``params.sigma``; ``weights_dir`` is not used."""
-        return cls(config.get("params", {}).get("sigma", 0.25), config.get("grid", (14, 14)),
-                   config.get("input_size", DEFAULT_INPUT_SIZE), config, device)
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> CenterPrior:
+        """From the config's ``grid``, ``input_size`` and ``params.sigma`` (no files)."""
+        return cls(config["params"].get("sigma", 0.25), config["grid"], config["input_size"], config, device)
 
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` all 0.5; maps ``(B, C, h, w)`` all equal to :func:`center_gaussian`."""
@@ -204,8 +195,7 @@ class AnatomicalPrior(_Prior):
         Prompt → positive rate on the fit split (every prompt of ``maps`` needs one).
     """
 
-    name = "anatomical_prior"
-    score_rule = "constant"
+    config_name = "anatomical_prior"
 
     def __init__(self, maps: Mapping[str, np.ndarray], rates: Mapping[str, float],
                  input_size: int = DEFAULT_INPUT_SIZE, config: Mapping[str, Any] | None = None,
@@ -244,6 +234,12 @@ class AnatomicalPrior(_Prior):
              device: str | torch.device = "cpu") -> AnatomicalPrior:
         """Read ``folder/anatomical_prior.npz`` written by :meth:`save` (no pickle)."""
         path = require_file(Path(folder), PRIOR_FILE, "anatomical prior maps (fit_anatomical_prior, then save)", None)
+        return cls.read(path, config, device)
+
+    @classmethod
+    def read(cls, path: Path, config: Mapping[str, Any] | None = None,
+             device: str | torch.device = "cpu") -> AnatomicalPrior:
+        """Read an ``.npz`` written by :meth:`save` (no pickle); shapes are checked."""
         with np.load(path, allow_pickle=False) as data:
             absent = [k for k in ("prompts", "maps", "positive_rate") if k not in data.files]
             if absent:
@@ -256,16 +252,9 @@ class AnatomicalPrior(_Prior):
         return cls(dict(zip(prompts, maps)), dict(zip(prompts, rates.tolist())), input_size, config, device)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
-                    device: str | torch.device = "cpu") -> AnatomicalPrior:
-        """Load the fitted prior from ``weights_dir``; without one, :class:`~xbench.errors.MissingFileError`."""
-        if weights_dir is None:
-            raise MissingFileError(
-                Path("$XBENCH_WEIGHTS") / "anatomical_prior" / PRIOR_FILE,
-                "anatomical prior maps: fit them on a split disjoint from the evaluation split with "
-                "AnatomicalPrior.fit(dataset).save(DIR), then pass create_model('anatomical_prior', weights=DIR)",
-            )
-        return cls.load(weights_dir, config, device)
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> AnatomicalPrior:
+        """The fitted prior of ``files["maps"]`` (the grid is the fitted one, read from the file)."""
+        return cls.read(files["maps"], config, device)
 
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` = positive rates, maps ``(B, C, h, w)`` = fitted maps.
@@ -287,15 +276,15 @@ def _digest(data: bytes) -> int:
 
 
 class RandomPrior(_Prior):
-    """Uniform random maps and scores in [0, 1), reproducible per (image, prompt, seed).
+    """Uniform random maps and scores in [0, 1), reproducible per (seed, case, prompt).
 
-    The generator of one image and prompt is ``np.random.default_rng(SeedSequence([H(pixels), H(prompt), seed]))``,
-    ``H`` = 128-bit BLAKE2b of the float32 bytes of the preprocessed thumbnail / of the UTF-8 prompt name; it draws
-    the score first, then the ``(h, w)`` map.
+    The generator of one case and prompt is ``np.random.default_rng(SeedSequence([seed, H(case id), H(prompt)]))``,
+    ``H`` = 128-bit BLAKE2b of the UTF-8 string; it draws the score first, then the ``(h, w)`` map. The pixels are
+    not read, so a changed grey level, decoder or machine redraws nothing. :meth:`predict` (no case ids) keys each
+    image by ``H`` of its thumbnail's float32 bytes instead.
     """
 
-    name = "random_prior"
-    score_rule = "random"
+    config_name = "random_prior"
 
     def __init__(self, seed: int = 0, grid: Sequence[int] = (14, 14), input_size: int = DEFAULT_INPUT_SIZE,
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
@@ -305,22 +294,30 @@ class RandomPrior(_Prior):
         self.seed = int(seed)
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
-                    device: str | torch.device = "cpu") -> RandomPrior:
-        """From the config's ``grid``, ``input_size`` and ``params.seed``; ``weights_dir`` is not used."""
-        return cls(config.get("params", {}).get("seed", 0), config.get("grid", (14, 14)),
-                   config.get("input_size", DEFAULT_INPUT_SIZE), config, device)
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> RandomPrior:
+        """From the config's ``grid``, ``input_size`` and ``params.seed`` (no files)."""
+        return cls(config["params"].get("seed", 0), config["grid"], config["input_size"], config, device)
 
-    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        """Scores ``(B, C)`` and maps ``(B, C, h, w)``, uniform in [0, 1), independent of the rest of the batch."""
-        b, prompts = self._batch(pixels, prompts)
-        scores = np.empty((b, len(prompts)), dtype=np.float32)
-        maps = np.empty((b, len(prompts), *self.grid), dtype=np.float32)
+    def _draw(self, keys: Sequence[int], prompts: Sequence[str]) -> Prediction:
+        scores = np.empty((len(keys), len(prompts)), dtype=np.float32)
+        maps = np.empty((len(keys), len(prompts), *self.grid), dtype=np.float32)
         prompt_keys = [_digest(p.encode("utf-8")) for p in prompts]
-        for i, image in enumerate(pixels.detach().to("cpu", torch.float32).contiguous()):
-            image_key = _digest(image.numpy().tobytes())
+        for i, key in enumerate(keys):
             for c, prompt_key in enumerate(prompt_keys):
-                rng = np.random.default_rng(np.random.SeedSequence([image_key, prompt_key, self.seed]))
+                rng = np.random.default_rng(np.random.SeedSequence([self.seed, key, prompt_key]))
                 scores[i, c] = rng.random()
                 maps[i, c] = rng.random(self.grid)
         return Prediction(scores=torch.from_numpy(scores), maps=torch.from_numpy(maps))
+
+    def predict_cases(self, pixels: torch.Tensor, prompts: Sequence[str], case_ids: Sequence[str]) -> Prediction:
+        """Scores ``(B, C)`` and maps ``(B, C, h, w)`` drawn per (seed, case id, prompt); the pixels are not read."""
+        b, prompts = self._batch(pixels, prompts)
+        if len(case_ids) != b:
+            raise ValueError(f"RandomPrior: {len(case_ids)} case ids for a batch of {b} images")
+        return self._draw([_digest(str(c).encode("utf-8")) for c in case_ids], prompts)
+
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+        """Like :meth:`predict_cases`, each image keyed by its thumbnail's bytes (no case ids known)."""
+        b, prompts = self._batch(pixels, prompts)
+        images = pixels.detach().to("cpu", torch.float32).contiguous()
+        return self._draw([_digest(image.numpy().tobytes()) for image in images], prompts)

@@ -78,7 +78,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import XBenchWarning
-from .base import Adapter, Prediction, check_pixels, load_checkpoint, load_state_strict, require_file
+from ._common import check_inputs, seeded_build
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict
 
 VOCAB: tuple[str, ...] = (
     "[pad]", "[unk]", "a", "an", "the", "chest", "x-ray", "radiograph", "image", "showing", "shows", "with",
@@ -89,10 +90,9 @@ VOCAB: tuple[str, ...] = (
 MAX_TOKENS = 12
 POSITIVE_TEMPLATES: tuple[str, ...] = ("{}", "chest x-ray showing {}", "there is {}", "evidence of {}")
 NEGATIVE_TEMPLATES: tuple[str, ...] = ("no {}", "chest x-ray without {}", "there is no {}", "no evidence of {}")
-INPUT_SIZE = 128
+INPUT_SIZE = 128  # the architecture's input and grid (the YAMLs state the same)
 GRID = (16, 16)
-WEIGHTS_FILE = "model.safetensors"
-REFERENCE_WEIGHTS = Path(__file__).resolve().parents[1] / "reference_weights"
+WEIGHTS_FILE = "model.safetensors"  # the name train_reference writes (the YAMLs' weights.checkpoint.path)
 
 
 # -- text side ---------------------------------------------------------------------------------
@@ -145,12 +145,12 @@ class ImageEncoder(nn.Module):
         return self.proj(self.body(pixels))
 
 
-def preprocess(image: np.ndarray) -> torch.Tensor:
+def preprocess(image: np.ndarray, size: int = INPUT_SIZE) -> torch.Tensor:
     """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(3, 128, 128)`` float32 (see the module docstring)."""
     x = torch.as_tensor(np.asarray(image, dtype=np.float32))
     if x.ndim != 2:
         raise ValueError(f"expected a grey image of shape (H, W), got shape {tuple(x.shape)}")
-    x = F.interpolate(x[None, None], size=(INPUT_SIZE, INPUT_SIZE), mode="bilinear", align_corners=False, antialias=True)
+    x = F.interpolate(x[None, None], size=(size, size), mode="bilinear", align_corners=False, antialias=True)
     return ((x[0] - 0.5) / 0.25).expand(3, -1, -1).contiguous()
 
 
@@ -258,9 +258,6 @@ class _ReferenceAdapter(Adapter):
     """Shared loading and preprocessing of the two reference adapters."""
 
     architecture: ClassVar[type[nn.Module]]
-    input_size = INPUT_SIZE
-    grid = GRID
-    citation = "XBench reference model trained on the XBench phantom (this repository)"
 
     def __init__(self, model: nn.Module, config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
         super().__init__(config, device)
@@ -280,37 +277,31 @@ class _ReferenceAdapter(Adapter):
         return adapter
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None, device: str | torch.device = "cpu"
-                    ) -> _ReferenceAdapter:
-        """``weights_dir`` → its ``model.safetensors``; None → the committed weights, or seeded random
-        weights when ``params.random_init`` is true."""
-        params = dict(config.get("params") or {})
-        if weights_dir is None and params.get("random_init"):
-            with torch.random.fork_rng(devices=[]):  # seeded init without touching the caller's RNG
-                torch.manual_seed(int(params.get("seed", 0)))
-                model = cls.architecture()
-            adapter = cls(model, config, device)
-            adapter.weights_label = "random-init"
-            return adapter
-        folder = Path(weights_dir) if weights_dir is not None else REFERENCE_WEIGHTS / cls.name
-        source = ((config.get("weights") or {}).get("checkpoint") or {}).get("source")
-        path = require_file(folder, WEIGHTS_FILE, f"{cls.name} reference weights", source)
+    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device
+              ) -> _ReferenceAdapter:
+        """``files["checkpoint"]`` (the committed ``bundled_weights`` folder unless ``weights=DIR``)."""
+        path = files["checkpoint"]
         return cls.from_state_dict(load_checkpoint(path), config, device, where=str(path))
 
+    @classmethod
+    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device
+                ) -> _ReferenceAdapter:
+        """Seeded random weights (``params.seed``), without touching the caller's RNG."""
+        return cls(seeded_build(int(config["params"].get("seed", 0)), cls.architecture), config, device)
+
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
-        return preprocess(image)
+        return preprocess(image, self.input_size)
 
 
 class PatchSimAdapter(_ReferenceAdapter):
     """Adapter of ``ref_patchsim`` (see the module docstring)."""
 
-    name = "ref_patchsim"
-    map_source = "similarity"
+    config_name = "ref_patchsim"
     architecture = PatchSimModel
 
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        check_pixels(pixels, self.input_size, self.name)
+        check_inputs(pixels, prompts, self.input_size)
         _warn_unknown(prompts, tokenize(list(prompts))[1])
         positive = self.model.class_embeddings(prompts, POSITIVE_TEMPLATES)
         negative = self.model.class_embeddings(prompts, NEGATIVE_TEMPLATES)
@@ -321,13 +312,12 @@ class PatchSimAdapter(_ReferenceAdapter):
 class XAttnAdapter(_ReferenceAdapter):
     """Adapter of ``ref_xattn`` (see the module docstring)."""
 
-    name = "ref_xattn"
-    map_source = "cross-attention"
+    config_name = "ref_xattn"
     architecture = XAttnModel
 
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        check_pixels(pixels, self.input_size, self.name)
+        check_inputs(pixels, prompts, self.input_size)
         _warn_unknown(prompts, tokenize(list(prompts))[1])
         logits, maps = self.model.forward_features(pixels.to(self.device, torch.float32),
                                                    self.model.class_embeddings(prompts))

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..atomic import write_frame
 from . import COLUMNS, DATASETS, MODELS, TABLE_CLASSES
 
 _U = re.compile(r"<u>\s*([^<]*?)\s*</u>")
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
 
     paper, out = (argv or sys.argv[1:])[:2]
     table = flag_inconsistencies(transcribe(Path(paper).read_text()))
-    table.to_csv(out, index=False)
+    write_frame(table, out)
 
 
 if __name__ == "__main__":

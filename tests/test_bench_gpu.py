@@ -1,0 +1,48 @@
+"""The GPU benchmark's CPU version (``benchmarks/bench_gpu.py --tiny``): stand-ins of all seven datasets in
+their formats (PNG, JPEG, 8-bit JPEG-compressed and 16-bit DICOM incl. JPEG 2000) are generated and read,
+the paper setting and the decode-once default give identical stores, and the cached re-run reads every
+image from the cache."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+
+
+@pytest.fixture()
+def bench(monkeypatch):
+    import xbench.registry as registry
+
+    monkeypatch.setattr(registry, "MANIFEST_DIRS", list(registry.MANIFEST_DIRS))  # the bench swaps them
+    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_gpu", module)  # its worker function is pickled by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tiny_cpu_benchmark(bench, tmp_path, monkeypatch):
+    pytest.importorskip("pydicom")
+    monkeypatch.delenv("XBENCH_MANIFESTS", raising=False)
+    r = bench.main(["--tiny", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--workers", "2",
+                    "--gen-workers", "2", "--phases", "paper,default,cached", "--models", "center_prior,ref_xattn",
+                    "--bootstrap", "5"])
+    formats = {p.suffix for p in (tmp_path / "data").rglob("images/*")}
+    assert formats == {".png", ".jpg", ".dcm", ".dicom"}
+    assert r["generate"]["per_dataset"] == {"rsna_pneumonia": 11, "siim_acr": 5, "covid_rural": 1, "chestx_det10": 2,
+                                            "chexlocalize": 2, "nih_bbox": 2, "vindr_cxr": 6}
+    cases = sum(r["generate"]["per_dataset"].values())
+    assert r["paper"]["image_model_passes"] == r["default"]["image_model_passes"] == 2 * cases
+    assert r["default"]["deviation_from_paper_setting"] == {"scores": 0.0, "maps": 0.0, "maps_rel": 0.0, "cases": 2 * cases}
+    log = json.loads((tmp_path / "out" / "cached" / "run_log.json").read_text())
+    assert sum(e["decode_once"]["from_cache"] for e in log if e["model"] == "ref_xattn") == cases
+    assert sum(e["decode_once"]["decoded"] for e in log) == 0
+    assert bench.identical_stores(tmp_path / "out" / "default", tmp_path / "out" / "cached")["identical"]
+    assert bench.tables_equal(tmp_path / "out" / "default", tmp_path / "out" / "cached", decimals=12)[
+        "equal_to_12_decimals"]
+    assert (tmp_path / "out" / "default" / "tables" / "metrics.parquet").exists()

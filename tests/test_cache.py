@@ -1,0 +1,239 @@
+"""Decode once (xbench/cache.py): every model input rebuilt from the cache equals the adapter's own
+``preprocess`` bit for bit; the runner gives byte-identical stores with and without it; the disk cache
+is reused, never stale, and safe for concurrent writers; TF32 and map_dtype switches (xbench/speed.py)."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import xbench
+from conftest import tiny_run
+from xbench.cache import InputFeed, model_input
+from xbench.config import RunConfig
+from xbench.errors import XBenchWarning
+from xbench.results import ResultStore
+from xbench.runner import run
+from xbench.speed import precision_mode
+
+QUANTISING = ["clip", "medklip", "mavl", "kad", "carzero", "devide"]  # preprocess starts with round(x * 255)
+FLOAT_INPUT = ["center_prior", "ref_xattn"]
+
+
+@pytest.fixture(scope="module")
+def adapters() -> dict:
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = {n: xbench.create_model(n, random_init=True) for n in QUANTISING}
+        built.update({n: xbench.create_model(n) for n in FLOAT_INPUT})
+    return built
+
+
+def images(rng: np.random.Generator) -> list[np.ndarray]:
+    """8-bit-valued, arbitrary float (16-bit-like) and constant images, square / portrait / landscape / tiny."""
+    return [
+        (rng.integers(0, 256, (300, 300)) / 255).astype(np.float32),
+        rng.random((333, 290), dtype=np.float32),
+        rng.random((180, 407), dtype=np.float32),
+        (rng.integers(0, 65536, (257, 300)) / 65535).astype(np.float32),
+        np.full((90, 64), 0.5, np.float32),
+        rng.random((17, 23), dtype=np.float32),
+    ]
+
+
+@pytest.mark.parametrize("name", QUANTISING + FLOAT_INPUT)
+def test_rebuilt_input_equals_preprocess_bit_for_bit(adapters, name):
+    adapter = adapters[name]
+    spec = model_input(adapter)
+    assert spec.lut is not None or name not in QUANTISING
+    dtypes = set()
+    for image in images(np.random.default_rng(7)):
+        try:
+            want = adapter.preprocess(image)
+        except ValueError:  # CARZero only downscales (its official INTER_AREA path)
+            assert name == "carzero" and min(image.shape) < 256
+            continue
+        code = spec.encode(want)
+        dtypes.add(code.dtype)
+        if name in QUANTISING:
+            assert code.dtype == np.uint8 and code.shape == tuple(want.shape[1:])  # 12x smaller than float32
+        got = spec.decode(torch.from_numpy(code)[None])[0]
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert torch.equal(got, want), f"{name}: max diff {(got - want).abs().max()}"
+        assert torch.equal(spec.decode(torch.from_numpy(code)[None], channels_last=True)[0], want)
+    if name in FLOAT_INPUT:  # float area / bilinear resizes: kept as float32 (codes only where exact)
+        assert np.dtype(np.float32) in dtypes
+
+
+def test_a_value_outside_the_table_is_kept_as_float(adapters):
+    spec = model_input(adapters["kad"])
+    x = adapters["kad"].preprocess(np.random.default_rng(1).random((64, 64), dtype=np.float32))
+    x[0, 3, 3] += 1e-3  # not any grey level's value
+    code = spec.encode(x)
+    assert code.dtype == np.float32 and torch.equal(spec.decode(torch.from_numpy(code)[None])[0], x)
+
+
+def test_equal_preprocessing_shares_one_key_and_different_does_not(adapters):
+    keys = {n: model_input(a).key for n, a in adapters.items()}
+    assert keys["medklip"] == keys["mavl"]  # both: PIL bilinear 224 squash + ImageNet normalisation
+    assert len({keys[n] for n in ("clip", "medklip", "kad", "carzero", "center_prior", "ref_xattn")}) == 6
+
+
+# -- the runner ----------------------------------------------------------------------------------------
+def chunks(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / "store").rglob("chunk-*.npz"))}
+
+
+def arrays(out: Path) -> dict[str, dict]:
+    found = {}
+    for p in sorted((out / "store").rglob("chunk-*.npz")):
+        with np.load(p) as z:
+            found[str(p.relative_to(out))] = {k: z[k] for k in z.files}
+    return found
+
+
+def quiet(cfg: RunConfig, **kwargs) -> Path:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        return run(cfg, progress=False, **kwargs)
+
+
+MODELS = ["center_prior", "ref_xattn", {"name": "clip", "params": {"random_init": True}}]
+
+
+@pytest.mark.usefixtures("phantom_cache")
+def test_decode_once_store_equals_decode_per_model_and_cache_is_reused(tmp_path):
+    torch.set_num_threads(1)
+    per_model = quiet(RunConfig.from_dict(tiny_run(tmp_path / "a", cases=10, models=MODELS, decode_once=False)))
+    cache = tmp_path / "cache"
+    once = quiet(RunConfig.from_dict(tiny_run(tmp_path / "b", cases=10, models=MODELS, cache_dir=str(cache))))
+    a, b = arrays(per_model), arrays(once)
+    assert a.keys() == b.keys() and len(a) == 2 * 3
+    for name in a:
+        for key in a[name]:
+            np.testing.assert_array_equal(a[name][key], b[name][key], err_msg=f"{name}:{key}")
+    log = json.loads((once / "run_log.json").read_text())
+    assert log[-1]["decode_once"] == {"decoded": 10, "from_cache": 0, "skipped": 0}
+    assert len(list((cache / "entries").iterdir())) == 3  # one transform key per model here
+
+    again = quiet(RunConfig.from_dict(tiny_run(tmp_path / "c", cases=10, models=MODELS, cache_dir=str(cache))))
+    assert json.loads((again / "run_log.json").read_text())[-1]["decode_once"] == {
+        "decoded": 0, "from_cache": 10, "skipped": 0}
+    assert arrays(again).keys() == b.keys()
+    for name, parts in arrays(again).items():
+        for key in parts:
+            np.testing.assert_array_equal(parts[key], b[name][key])
+
+
+def write_pngs(folder: Path, n: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+    paths = []
+    for i in range(n):
+        p = folder / f"img{i}.png"
+        Image.fromarray(rng.integers(0, 256, (40 + i, 50), dtype=np.uint8)).save(p)
+        paths.append(p)
+    return paths
+
+
+class Files:
+    """A minimal dataset: rows → Sample-like objects reading PNGs."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from xbench.datasets import Sample
+
+        return Sample(case_id=f"c{i}", dataset="files", image_path=self.paths[i], size=(0, 0), view=None, labels={})
+
+
+def test_changed_file_is_decoded_again_never_served_stale(adapters, tmp_path):
+    paths = write_pngs(tmp_path / "img", 3)
+    cache = tmp_path / "cache"
+    feed = InputFeed(Files(paths), [adapters["kad"]], cache_dir=cache)
+    feed.ensure(range(3))
+    assert feed.stats == {"decoded": 3, "from_cache": 0, "skipped": 0}
+    Image.fromarray(np.full((40, 50), 200, np.uint8)).save(paths[0])  # new content (and mtime / size)
+    os.utime(paths[0], ns=(time.time_ns() + 10**9,) * 2)
+    feed2 = InputFeed(Files(paths), [adapters["kad"]], cache_dir=cache)
+    feed2.ensure(range(3))
+    assert feed2.stats == {"decoded": 1, "from_cache": 2, "skipped": 0}
+    key = feed2.specs[id(adapters["kad"])].key
+    want = adapters["kad"].preprocess(xbench.datasets.images.read_image(paths[0]))
+    got = feed2.specs[id(adapters["kad"])].decode(torch.from_numpy(feed2.rows[0][1][key])[None])[0]
+    assert torch.equal(got, want)
+
+
+def _prepare(args):
+    cache, paths = args
+    adapter = xbench.create_model("center_prior")
+    feed = InputFeed(Files([Path(p) for p in paths]), [adapter], cache_dir=cache)
+    feed.ensure(range(len(paths)))
+    return feed.stats["decoded"] + feed.stats["from_cache"]
+
+
+def test_concurrent_writers_share_the_cache_safely(tmp_path):
+    paths = [str(p) for p in write_pngs(tmp_path / "img", 12)]
+    cache = str(tmp_path / "cache")
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        assert pool.map(_prepare, [(cache, paths)] * 3) == [12] * 3
+    assert not list(Path(cache).rglob("*.tmp"))  # every write renamed into place
+    entries = list((Path(cache) / "entries").rglob("*.npy"))
+    assert len(entries) == 12
+    for entry in entries:  # complete files, each equal to a fresh preprocess of its image
+        assert np.load(entry).ndim == 3
+
+
+def test_a_missing_image_is_a_counted_skip_in_the_feed(adapters, tmp_path):
+    paths = write_pngs(tmp_path / "img", 2)
+    paths.append(tmp_path / "img" / "absent.png")
+    feed = InputFeed(Files(paths), [adapters["kad"]], skip_missing=True)
+    items = [it for items, _ in feed.batches(adapters["kad"], [[0, 1, 2]], torch.device("cpu")) for it in items]
+    assert [it[2] is None for it in items] == [True, True, False] and "MissingFileError" in items[2][2]
+    with pytest.raises(xbench.errors.MissingFileError):
+        InputFeed(Files(paths), [adapters["kad"]]).ensure([2])
+
+
+# -- precision and map storage -------------------------------------------------------------------------
+@pytest.mark.parametrize("precision, allowed", [("fp32", False), ("bf16", False), ("tf32", True)])
+def test_precision_mode_sets_tf32_for_the_run_and_restores_it(precision, allowed):
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        for start in (True, False):
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = start
+            with precision_mode(precision, "cuda"):
+                assert torch.backends.cuda.matmul.allow_tf32 is allowed
+                assert torch.backends.cudnn.allow_tf32 is allowed
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (start, start)
+        with pytest.raises(RuntimeError), precision_mode(precision, "cuda"):  # restored after an error too
+            raise RuntimeError("boom")
+        assert torch.backends.cudnn.allow_tf32 is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.mark.usefixtures("phantom_cache")
+def test_map_dtype_float32_stores_float32_maps_within_float16_error(tmp_path):
+    torch.set_num_threads(1)
+    models = ["ref_xattn"]
+    half = quiet(RunConfig.from_dict(tiny_run(tmp_path / "h", cases=8, models=models)))
+    full = quiet(RunConfig.from_dict(tiny_run(tmp_path / "f", cases=8, models=models, map_dtype="float32")))
+    h = ResultStore(half).read("phantom", "ref_xattn").maps
+    f = ResultStore(full).read("phantom", "ref_xattn").maps
+    assert h.dtype == np.float16 and f.dtype == np.float32
+    normal = np.abs(f) >= 2.0 ** -14  # float16 normal range
+    rel = np.abs(h.astype(np.float32) - f)[normal] / np.abs(f)[normal]
+    assert normal.mean() > 0.9 and 0 < rel.max() <= 2.0 ** -11  # float16 rounding: relative error at most 4.9e-4

@@ -1,0 +1,33 @@
+"""xbench.open_run: one call gives a notebook the run's config, tables, evaluation log and model flags."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import yaml
+from conftest import tiny_run
+
+import xbench
+from xbench.config import RunConfig
+from xbench.errors import XBenchError, XBenchWarning
+from xbench.runner import run
+
+pytestmark = pytest.mark.usefixtures("phantom_cache")
+
+
+def test_open_run_reads_an_evaluated_run(tmp_path):
+    raw = tiny_run(tmp_path / "out", cases=10, models=["center_prior", "random_prior"], bootstrap={"replicates": 0})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        run(RunConfig.from_dict(raw), progress=False)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    r = xbench.open_run(path)
+    assert set(r.metrics["model"]) == {"center_prior", "random_prior"} and len(r.pairs) > 0 and len(r.curves) > 0
+    assert r.baselines == ["center_prior", "random_prior"] and r.unverified == [] and r.notes == {}
+    assert r.flags == {"baselines": r.baselines, "unverified": [], "notes": {}}
+    assert r.datasets == ["phantom"] and "synthetic phantom" in r.label
+    assert {e["model"] for e in r.log} == {"center_prior", "random_prior"} and r.log[0]["cases"] == 10
+    assert r.path("figures", "x.png") == tmp_path / "out" / "figures" / "x.png" and (tmp_path / "out" / "figures").is_dir()
+    with pytest.raises(XBenchError, match="no metrics table"):
+        xbench.open_run(path, output_dir=tmp_path / "empty")

@@ -1,0 +1,118 @@
+"""Helpers shared by the adapters: seeded builds, the stand-in tokenizer, 8-bit resize/normalise, input checks.
+
+Each helper exists once here; adapters import it instead of keeping a copy.
+"""
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, TypeVar
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+T = TypeVar("T")
+
+
+def seeded_build(seed: int, build: Callable[[], T]) -> T:
+    """Run ``build()`` with torch's CPU RNG seeded by ``seed`` and restored afterwards (no global seeding).
+
+    >>> a = seeded_build(3, lambda: torch.nn.Linear(2, 2))
+    >>> b = seeded_build(3, lambda: torch.nn.Linear(2, 2))
+    >>> bool(torch.equal(a.weight, b.weight))
+    True
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return build()
+
+
+class HashWordTokenizer:
+    """Deterministic stand-in tokenizer for random-init models built without their real vocabulary.
+
+    Lower-cased words (``pattern`` matches of the text; whitespace-separated by default) get id
+    ``1000 + crc32(word) % 27000`` between ``[CLS]`` (101) and ``[SEP]`` (102), zero-padded to
+    ``max_length`` (the toy ids of the parity fixtures). Calling it returns ``(input_ids,
+    attention_mask)``, both int64 ``(len(texts), max_length)``; extra keyword arguments (those a BERT
+    tokenizer takes) are ignored. It has no linguistic meaning and is never used with official weights.
+
+    >>> ids, mask = HashWordTokenizer(6)(["Pleural effusion"])
+    >>> ids[0, 0].item(), ids[0, 3].item(), mask.tolist()
+    (101, 102, [[1, 1, 1, 1, 0, 0]])
+    """
+
+    def __init__(self, max_length: int = 256, pattern: str = r"\S+"):
+        self.max_length = int(max_length)
+        self.pattern = re.compile(pattern)
+
+    def __call__(self, texts: Sequence[str], **_: object) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(len(texts), self.max_length, dtype=torch.int64)
+        for row, text in enumerate(texts):
+            words = self.pattern.findall(text.lower())[: self.max_length - 2]
+            seq = [101, *(1000 + zlib.crc32(w.encode("utf-8")) % 27000 for w in words), 102]
+            ids[row, : len(seq)] = torch.tensor(seq)
+        return ids, (ids != 0).to(torch.int64)
+
+
+# -- images ------------------------------------------------------------------------------------
+def to_uint8(image: np.ndarray) -> np.ndarray:
+    """XBench image (float32 ``(H, W)`` in [0, 1]) -> uint8 by ``round(clip(image) * 255)`` (exact for 8-bit sources)."""
+    array = np.asarray(image, dtype=np.float32)
+    if array.ndim != 2:
+        raise ValueError(f"expected a grey image of shape (H, W), got shape {array.shape}")
+    return np.round(np.clip(array, 0.0, 1.0) * 255).astype(np.uint8)
+
+
+def resize_uint8(image: np.ndarray, size: int, resample: int = Image.BICUBIC) -> np.ndarray:
+    """``(H, W)`` image -> ``(size, size)`` uint8 by PIL ``resample`` (``Resize([size, size])`` on a PIL image).
+
+    Aspect ratio is not kept. An image already ``size x size`` comes back unchanged (PIL and torchvision
+    both return a copy). PIL resizes each channel alike, so resizing the grey image equals resizing its
+    RGB copy channel by channel.
+    """
+    pil = Image.fromarray(to_uint8(image))
+    if pil.size != (size, size):
+        pil = pil.resize((size, size), resample)
+    return np.asarray(pil)
+
+
+def normalize_uint8(image_uint8: np.ndarray, mean: Sequence[float] = IMAGENET_MEAN,
+                    std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
+    """``(S, S)`` uint8 -> ``(3, S, S)`` float32: ``ToTensor`` (/255), grey -> RGB, ``Normalize(mean, std)``."""
+    grey = torch.from_numpy(np.array(image_uint8, dtype=np.uint8)).float().div(255)  # a writable copy
+    rgb = grey.unsqueeze(0).repeat(3, 1, 1)
+    return rgb.sub(torch.tensor(mean, dtype=torch.float32)[:, None, None]).div(
+        torch.tensor(std, dtype=torch.float32)[:, None, None])
+
+
+# -- input checks --------------------------------------------------------------------------------
+def check_inputs(pixels: torch.Tensor, prompts: Sequence[str], size: int | None) -> None:
+    """Raise ``ValueError`` unless ``pixels`` is ``(B, 3, size, size)`` (any ``S`` when ``size`` is None) and
+    ``prompts`` is not empty."""
+    if pixels.ndim != 4 or pixels.shape[1] != 3 or (size is not None and tuple(pixels.shape[2:]) != (size, size)):
+        want = "S, S" if size is None else f"{size}, {size}"
+        raise ValueError(f"expected pixels of shape (B, 3, {want}), got {tuple(pixels.shape)}")
+    if not len(prompts):
+        raise ValueError("prompts is empty: give at least one class name")
+
+
+class PromptCache(Generic[T]):
+    """Text features of the last prompt list (``key``) an adapter encoded; ``get`` recomputes on a new key.
+
+    >>> cache = PromptCache()
+    >>> cache.get(("a",), lambda: 1), cache.get(("a",), lambda: 2), cache.get(("b",), lambda: 3)
+    (1, 1, 3)
+    """
+
+    def __init__(self) -> None:
+        self._entry: tuple[Hashable, T] | None = None
+
+    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        if self._entry is None or self._entry[0] != key:
+            self._entry = (key, compute())
+        return self._entry[1]

@@ -1,0 +1,88 @@
+"""One call to open an evaluated run for the notebooks: :func:`open_run`.
+
+Replaces the setup cell every analysis notebook repeated (read the config, load the tables, derive the model
+flags); the notebooks then only call the library and plot.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .config import RunConfig
+
+
+@dataclass
+class Run:
+    """An evaluated run: its config and tables (``metrics`` tidy, ``pairs``, ``curves``, ``models``), the
+    evaluation log, and the model flags the tables and figures use."""
+
+    cfg: RunConfig
+    metrics: pd.DataFrame
+    pairs: pd.DataFrame
+    curves: pd.DataFrame
+    models: pd.DataFrame
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.cfg.output_dir)
+
+    @property
+    def baselines(self) -> list[str]:
+        """Prior baselines (never ranked)."""
+        from .tables import model_flags
+
+        return model_flags(self.models)[0]
+
+    @property
+    def unverified(self) -> list[str]:
+        """Models without verified code or weights (dagger)."""
+        from .tables import model_flags
+
+        return model_flags(self.models)[1]
+
+    @property
+    def notes(self) -> dict[str, str]:
+        """Model → note (e.g. ``random-init weights``)."""
+        from .tables import model_notes
+
+        return model_notes(self.models)
+
+    @property
+    def flags(self) -> dict[str, Any]:
+        """``baselines``, ``unverified`` and ``notes`` as keyword arguments for :mod:`xbench.tables`."""
+        return {"baselines": self.baselines, "unverified": self.unverified, "notes": self.notes}
+
+    @property
+    def datasets(self) -> list[str]:
+        return list(dict.fromkeys(self.metrics["dataset"]))
+
+    @property
+    def label(self) -> str:
+        """Figure-title fragment naming the run's datasets (the phantom flagged as synthetic)."""
+        from .figures import data_label
+
+        return data_label(sorted(self.datasets))
+
+    def path(self, kind: str, name: str) -> Path:
+        """``<output_dir>/<kind>/<name>`` (``kind``: ``tables`` or ``figures``), its folder created."""
+        folder = self.output_dir / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / name
+
+
+def open_run(config: str | Path | RunConfig, *, output_dir: str | Path | None = None, device: str | None = None) -> Run:
+    """The evaluated run of ``config`` (a run YAML or a :class:`RunConfig`): its tables must exist
+    (``xbench run`` / ``xbench evaluate`` or notebook 00 wrote them)."""
+    from .evaluate import load_tables
+
+    cfg = config if isinstance(config, RunConfig) else RunConfig.from_yaml(
+        config, output_dir=None if output_dir is None else str(output_dir), device=device)
+    tables = load_tables(cfg.output_dir)
+    log_path = Path(cfg.output_dir) / "tables" / "evaluation_log.json"
+    log = json.loads(log_path.read_text()) if log_path.is_file() else []
+    return Run(cfg, tables["metrics"], tables["pairs"], tables["curves"], tables["models"], log)
