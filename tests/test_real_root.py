@@ -59,13 +59,13 @@ def predicted(monkeypatch) -> Counter:
     """Images passed to each prior's predict."""
     calls: Counter = Counter()
     for cls in (CenterPrior, RandomPrior):
-        original = cls.predict
+        original = cls.predict_cases  # what the runner calls (the random prior draws by case id)
 
-        def counting(self, pixels, prompts, _original=original, _name=cls.__name__):
+        def counting(self, pixels, prompts, case_ids, _original=original, _name=cls.__name__):
             calls[_name] += pixels.shape[0]
-            return _original(self, pixels, prompts)
+            return _original(self, pixels, prompts, case_ids)
 
-        monkeypatch.setattr(cls, "predict", counting)
+        monkeypatch.setattr(cls, "predict_cases", counting)
     return calls
 
 

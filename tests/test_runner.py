@@ -75,13 +75,13 @@ def base(tmp_path_factory, phantom_cache) -> dict:
 
 @pytest.fixture()
 def predict_calls(monkeypatch) -> Counter:
-    """Images passed to each prior's predict."""
+    """Images passed to each prior's predict_cases (what the runner calls)."""
     calls: Counter = Counter()
     for cls in (CenterPrior, RandomPrior, AnatomicalPrior):
-        def counted(self, pixels, prompts, _orig=cls.predict):
+        def counted(self, pixels, prompts, case_ids, _orig=cls.predict_cases):
             calls[self.name] += len(pixels)
-            return _orig(self, pixels, prompts)
-        monkeypatch.setattr(cls, "predict", counted)
+            return _orig(self, pixels, prompts, case_ids)
+        monkeypatch.setattr(cls, "predict_cases", counted)
     return calls
 
 
@@ -115,7 +115,8 @@ def test_stored_predictions_match_the_adapter(base):
     model = xbench.create_model("random_prior")
     prompts = [data.prompts[f] for f in data.findings]
     rows = [0, 9, 21]
-    pred = model.predict(torch.stack([model.preprocess(data[r].image()) for r in rows]), prompts)
+    pred = model.predict_cases(torch.stack([model.preprocess(data[r].image()) for r in rows]), prompts,
+                               [data[r].case_id for r in rows])
     assert stored.case_ids.tolist() == data.cases["case_id"].tolist()
     np.testing.assert_array_equal(stored.scores[rows], pred.scores.numpy())
     np.testing.assert_array_equal(stored.maps[rows], pred.maps.numpy().astype(np.float16))

@@ -180,7 +180,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
             for name, values in (("pointing", hits), ("dice", _overlap(pred_masks, gts, "dice")),
                                  ("iou", _overlap(pred_masks, gts, "iou")), ("dice_boxes", _overlap(box_masks, gts, "dice"))):
                 per_case[name].update({(i, finding): float(x) for i, x in zip(ids, values)})
-        atomic_write(folder / "masks.npz", lambda tmp: np.savez_compressed(tmp, **masks))
+        atomic_write(folder / "masks.npz", lambda tmp, m=masks: np.savez_compressed(tmp, **m))
         written.append(folder / "masks.npz")
         boxes = pd.DataFrame(box_rows, columns=["img_id", "task", "x_min", "y_min", "x_max", "y_max", "score",
                                                 "area_cells", "image_height", "image_width"])

@@ -237,7 +237,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                 reasons[reason.split(":")[0]] += 1
         if ok:
             with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if feed is not None else nullcontext()):
-                pred = adapter.predict(pixels, prompts)
+                pred = adapter.predict_cases(pixels, prompts, [it[1] for it in ok])
             scores = pred.scores.float().cpu().numpy()
             acc["ids"] += [it[1] for it in ok]
             acc["sizes"] += [it[3] for it in ok]

@@ -99,8 +99,8 @@ def test_broken_meta_is_named_then_rewritten_keeping_intact_chunks(base, tmp_pat
     with pytest.raises(XBenchError, match=r"random_prior/meta\.json is damaged"):
         evaluate_run(config(out), progress=False)
     calls = []
-    original = RandomPrior.predict
-    monkeypatch.setattr(RandomPrior, "predict", lambda self, *a: calls.append(1) or original(self, *a))
+    original = RandomPrior.predict_cases
+    monkeypatch.setattr(RandomPrior, "predict_cases", lambda self, *a: calls.append(1) or original(self, *a))
     with pytest.warns(XBenchWarning, match=r"meta\.json is damaged"):
         run(config(out), progress=False)
     assert calls == []  # the chunks' index names the same inputs: nothing recomputed
