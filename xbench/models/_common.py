@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .inputs import to_uint8  # the one float -> 8-bit rule (per source depth; see xbench.models.inputs)
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
@@ -60,14 +62,6 @@ class HashWordTokenizer:
 
 
 # -- images ------------------------------------------------------------------------------------
-def to_uint8(image: np.ndarray) -> np.ndarray:
-    """XBench image (float32 ``(H, W)`` in [0, 1]) -> uint8 by ``round(clip(image) * 255)`` (exact for 8-bit sources)."""
-    array = np.asarray(image, dtype=np.float32)
-    if array.ndim != 2:
-        raise ValueError(f"expected a grey image of shape (H, W), got shape {array.shape}")
-    return np.round(np.clip(array, 0.0, 1.0) * 255).astype(np.uint8)
-
-
 def resize_uint8(image: np.ndarray, size: int, resample: int = Image.BICUBIC) -> np.ndarray:
     """``(H, W)`` image -> ``(size, size)`` uint8 by PIL ``resample`` (``Resize([size, size])`` on a PIL image).
 
