@@ -122,8 +122,9 @@ def test_shared_helpers_are_defined_once():
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in helpers:
                 defined.setdefault(node.name, []).append(path.name)
-            methods = {f.name for f in getattr(node, "body", []) if isinstance(f, ast.FunctionDef)}
-            if isinstance(node, ast.ClassDef) and path.parent.name == "models" and methods & {"predict", "_load", "_random"}:
+            is_class = isinstance(node, ast.ClassDef)
+            methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)} if is_class else set()
+            if is_class and path.parent.name == "models" and methods & {"predict", "_load", "_random"}:
                 written = {t.id for stmt in node.body if isinstance(stmt, (ast.Assign, ast.AnnAssign))
                            for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
                            if isinstance(t, ast.Name)} & facts
