@@ -495,8 +495,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             opts: dict[str, Any] = {}
             base = None
-            for name, change in [("fp32", {}), ("tf32", {"precision": "tf32"}), ("bf16", {"precision": "bf16"}),
-                                 ("channels_last", {"channels_last": True}), ("fp16", {"precision": "fp16"})]:
+            for name, change in [("fp32", {}), ("fp32_repeat", {}), ("bf16", {"precision": "bf16"}),
+                                 ("channels_last", {"channels_last": True}), ("fp16", {"precision": "fp16"}),
+                                 ("tf32", {"precision": "tf32"})]:
                 if time.perf_counter() - t0 > args.budget:
                     break
                 raw = run_config(args.root, args.out / f"opt_{name}", fraction=args.paper_fraction, batch_size=args.batch_size,

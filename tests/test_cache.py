@@ -89,10 +89,6 @@ def test_equal_preprocessing_shares_one_key_and_different_does_not(adapters):
 
 
 # -- the runner ----------------------------------------------------------------------------------------
-def chunks(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / "store").rglob("chunk-*.npz"))}
-
-
 def arrays(out: Path) -> dict[str, dict]:
     found = {}
     for p in sorted((out / "store").rglob("chunk-*.npz")):

@@ -130,6 +130,7 @@ def _init_distributed(cfg: RunConfig) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" then means this rank's GPU
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=barrier_timeout()))
+        _GLOO_GROUP = None  # a group of an earlier, destroyed process group is unusable
     if _GLOO_GROUP is None:
         _GLOO_GROUP = (torch.distributed.new_group(backend="gloo")
                        if torch.distributed.get_backend() != "gloo" else torch.distributed.group.WORLD)
