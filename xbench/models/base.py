@@ -27,8 +27,8 @@ input (templates, entity lookup) and documents how it handles unseen classes.
 
 Weights are local only: ``create_model(name, weights=DIR)``; without ``weights``
 the folder ``$XBENCH_WEIGHTS/<name>`` is used. Checkpoints are read with
-:mod:`xbench.models.checkpoint` (safetensors, ``torch.load(weights_only=True)`` or a restricted
-unpickler), never by executing pickled code.
+:mod:`xbench.models.checkpoint` (safetensors, or a restricted unpickler for torch archives), never
+by executing pickled code.
 """
 from __future__ import annotations
 
@@ -305,9 +305,9 @@ def missing_weights(config: Mapping[str, Any], keys: Sequence[str] | None = None
 def load_checkpoint(path: str | Path) -> Any:
     """Load a ``.pt/.pth/.ckpt/.bin`` or ``.safetensors`` file on CPU without running any code from it.
 
-    Delegates to :func:`xbench.models.checkpoint.read_checkpoint`: safetensors, else
-    ``torch.load(weights_only=True)``, else the restricted unpickler (numpy scalars, ``Namespace``,
-    config objects as inert placeholders, reported by a warning). A file that cannot be read safely
+    Delegates to :func:`xbench.models.checkpoint.read_checkpoint`: safetensors, else the restricted
+    unpickler for torch archives (numpy scalars, ``Namespace``, config objects as inert placeholders,
+    reported by a warning; legacy non-zip files through ``torch.load(weights_only=True)``). A file that cannot be read safely
     raises :class:`CheckpointError` naming it.
     """
     from .checkpoint import read_checkpoint

@@ -4,15 +4,17 @@
 
 1. ``.safetensors`` → :func:`safetensors.torch.load_file` (tensors only by design); a file that is not
    safetensors raises :class:`~xbench.errors.CheckpointError` naming it.
-2. ``torch.load(weights_only=True)``: plain state dicts, tensors, containers of builtins.
-3. When (2) refuses the file because it pickles other objects (a numpy scalar, an
-   ``argparse.Namespace``, a scheduler's state, an OmegaConf / Lightning config), the file is read
-   again by :class:`RestrictedUnpickler`, fed with the tensors of the zip archive by torch's own
-   storage reader. Its ``find_class`` never imports anything: a pickled global name is looked up in
+2. torch's zip archive (``.pt``/``.pth``/``.ckpt`` since torch 1.6) is read by :class:`RestrictedUnpickler`,
+   fed with the archive's tensors by torch's own storage reader — plain state dicts as well as files that
+   pickle other objects (a numpy scalar, an ``argparse.Namespace``, a scheduler's state, an OmegaConf /
+   Lightning config). It is used instead of ``torch.load(weights_only=True)``, whose unpickler admits
+   ``bytearray(n)`` (a crafted file could ask for any amount of memory). Its ``find_class`` never imports
+   anything: a pickled global name is looked up in
    :data:`allowed_globals` (torch's weights-only allowlist — tensor/storage rebuild functions, dtypes,
    ``OrderedDict``, ``Counter``, ``set`` … — plus ``argparse.Namespace``, ``collections.defaultdict``
    / ``deque``, builtin scalar and container constructors, and numpy dtypes, scalars and arrays
-   through wrappers that refuse anything but plain data). **Every other name becomes an inert
+   through wrappers that refuse anything but plain data; no sized producer such as ``bytearray(n)``,
+   ``bytes(n)`` or ``range(n)``). **Every other name becomes an inert
    placeholder** (:class:`Placeholder`): calling it, building it or filling it only records the
    pickled arguments and state, so a ``__reduce__`` payload such as ``os.system`` / ``exec`` /
    ``subprocess.Popen`` / ``functools.partial`` is stored as data and never called. The replaced names
@@ -20,12 +22,11 @@
    Placeholders never reach a network: the adapters' strict loaders require real tensors under
    string keys and raise :class:`CheckpointError` naming the file and the key otherwise. ``BUILD``
    on a class or a function (which would mutate a global) is refused with :class:`CheckpointError`.
+3. A legacy (pre-1.6, non-zip) file: ``torch.load(weights_only=True)``, tensors and builtin containers only.
 4. A TorchScript archive (``constants.pkl`` present, e.g. OpenAI's ``ViT-B-16.pt``) is never
    compiled or run: :func:`read_torchscript_state_dict` reads its ``data.pkl`` with the same
    restricted unpickler (the ``__torch__.*`` module classes become placeholders) and collects the
    tensors of the module tree under their dotted attribute names.
-
-Legacy (pre-1.6, non-zip) files are only read by step 2.
 """
 from __future__ import annotations
 
@@ -198,6 +199,8 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: ever
     dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, file: Any, *, encoding: str = "utf-8", **kwargs: Any):
+        # torch's archive loader may pass options of its own (torch 2.11 passes ``weights_only``): keep pickle's
+        kwargs = {k: v for k, v in kwargs.items() if k in ("fix_imports", "errors", "buffers")}
         super().__init__(file, encoding=encoding, **kwargs)
         self.replaced: list[str] = []
         self._allowed = allowed_globals()
@@ -292,16 +295,18 @@ def read_checkpoint_report(path: str | Path) -> tuple[Any, LoadReport]:
     if _is_torchscript(path):
         raise CheckpointError(f"{path}: is a TorchScript archive (code + data), not a checkpoint; XBench never "
                               "runs TorchScript. Use the model's plain state-dict file instead.")
-    try:
+    if zipfile.is_zipfile(path):  # torch's archive format: the restricted unpickler reads it directly
+        # (not torch.load(weights_only=True) first: its unpickler admits bytearray(n), so a crafted file could
+        # ask for any amount of memory; ours admits no sized producer)
+        obj, replaced = _restricted_load(path)
+        return obj, LoadReport(path, "restricted", replaced)
+    try:  # a legacy (non-zip) torch file
         return torch.load(path, map_location="cpu", weights_only=True), LoadReport(path, "weights_only")
     except pickle.UnpicklingError as first:
-        if not zipfile.is_zipfile(path):
-            raise CheckpointError(f"{path}: a legacy (non-zip) checkpoint with non-tensor objects cannot be read "
-                                  f"safely ({first})") from first
-    except Exception as exc:  # truncated zip, not a torch file, ...
+        raise CheckpointError(f"{path}: a legacy (non-zip) checkpoint with non-tensor objects cannot be read "
+                              f"safely ({first})") from first
+    except Exception as exc:  # not a torch file, truncated, ...
         raise CheckpointError(f"{path}: cannot be read as a checkpoint ({type(exc).__name__}: {exc})") from exc
-    obj, replaced = _restricted_load(path)
-    return obj, LoadReport(path, "restricted", replaced)
 
 
 def read_checkpoint(path: str | Path) -> Any:
