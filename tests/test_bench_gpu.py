@@ -28,7 +28,8 @@ def bench(monkeypatch):
 
 def test_tiny_cpu_benchmark(bench, tmp_path, monkeypatch):
     pytest.importorskip("pydicom")
-    monkeypatch.delenv("XBENCH_MANIFESTS", raising=False)
+    # the bench points XBENCH_MANIFESTS at its stand-ins; set here so that monkeypatch removes it afterwards
+    monkeypatch.setenv("XBENCH_MANIFESTS", str(tmp_path / "data" / "manifests"))
     r = bench.main(["--tiny", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--workers", "2",
                     "--gen-workers", "2", "--phases", "paper,default,cached", "--models", "center_prior,ref_xattn",
                     "--bootstrap", "5"])
