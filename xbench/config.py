@@ -155,12 +155,18 @@ def _annotation_allows(where: str, field_name: str, value: Any, annotation: Any)
     return True
 
 
-def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
-    key = f"datasets[{index}]"
+def _entry(where: str, item: Any, field_name: str) -> dict[str, Any]:
+    """A ``datasets`` / ``models`` list entry as a dict: a bare name is ``{name: ...}``; no name is an error."""
     if isinstance(item, str) and item:
         item = {"name": item}
     if not isinstance(item, dict) or "name" not in item:
-        raise FormatError(where, f"each entry needs a 'name', got {item!r}", field="datasets")
+        raise FormatError(where, f"each entry needs a 'name', got {item!r}", field=field_name)
+    return item
+
+
+def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
+    key = f"datasets[{index}]"
+    item = _entry(where, item, "datasets")
     name = _check_type(where, f"{key}.name", item["name"], "str")
     dataset_manifest(name)  # unknown name → UnknownNameError with "did you mean"
     options = {k: v for k, v in item.items() if k not in DATASET_KEYS}
@@ -186,10 +192,7 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
 
 def _model_spec(where: str, item: Any, index: int) -> ModelSpec:
     key = f"models[{index}]"
-    if isinstance(item, str) and item:
-        item = {"name": item}
-    if not isinstance(item, dict) or "name" not in item:
-        raise FormatError(where, f"each entry needs a 'name', got {item!r}", field="models")
+    item = _entry(where, item, "models")
     extra = sorted(set(item) - set(MODEL_KEYS))
     if extra:
         raise FormatError(where, f"unknown model key(s) {extra}" + "".join(_did_you_mean(k, list(MODEL_KEYS)) for k in extra)
