@@ -135,6 +135,19 @@ def test_deterministic_and_batch_independent(adapter, pixels, prediction):
     torch.testing.assert_close(single.scores[0], prediction.scores[1].flip(0), rtol=1e-4, atol=1e-5)
 
 
+def test_text_embeddings_do_not_depend_on_the_other_prompts(adapter):
+    """A prompt's embedding is the same whichever prompts came before it or with it (a run's other datasets, a
+    rank's shard): multi-GPU stores are byte-identical to a one-GPU run (issue 16)."""
+    adapter._text_cache.clear()
+    adapter.text_embeddings(["cardiomegaly", "nodule", "pleural effusion"])
+    after_others = adapter.text_embeddings(["nodule", "pneumothorax"])
+    adapter._text_cache.clear()
+    alone = adapter.text_embeddings(["nodule", "pneumothorax"])
+    for a, b in zip(after_others, alone):
+        assert torch.equal(a, b)
+    adapter._text_cache.clear()
+
+
 def test_maskclip_matches_identity_attention(adapter, pixels, prediction):
     """MaskCLIP's value path equals the last block's own nn.MultiheadAttention with each token attending only to
     itself (an additive mask of -inf off the diagonal), with residual and MLP dropped."""

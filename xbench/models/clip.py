@@ -179,15 +179,14 @@ class PromptPairCLIP(Adapter):
 
     def text_embeddings(self, prompts: Sequence[str]) -> tuple[torch.Tensor, ...]:
         """One ``(C, 512)`` L2-normalised embedding per template role (positive, then negative in prompt-pair
-        mode), cached per prompt name."""
-        todo = [p for p in dict.fromkeys(prompts) if p not in self._text_cache]
+        mode), cached per prompt name. Each prompt is encoded in a batch of its own, so its embedding does not
+        depend on which other prompts were encoded with it (a run's datasets, their order, a rank's shard)."""
         roles = list(self.templates)
-        if todo:
-            texts = [self.templates[role].format(p) for role in roles for p in todo]
-            with torch.no_grad():
-                emb = self.encode_text_ids(self.tokenizer(texts))
-            for i, prompt in enumerate(todo):
-                self._text_cache[prompt] = tuple(emb[r * len(todo) + i] for r in range(len(roles)))
+        for prompt in dict.fromkeys(prompts):
+            if prompt not in self._text_cache:
+                with torch.no_grad():
+                    emb = self.encode_text_ids(self.tokenizer([self.templates[role].format(prompt) for role in roles]))
+                self._text_cache[prompt] = tuple(emb[r] for r in range(len(roles)))
         return tuple(torch.stack([self._text_cache[p][r] for p in prompts]) for r in range(len(roles)))
 
     def image_features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
