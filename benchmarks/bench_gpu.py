@@ -195,7 +195,7 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
     """``xbench.run`` (inference only), then the evaluation timed apart; per-model rates from the run log."""
     from xbench.config import RunConfig
     from xbench.evaluate import evaluate_run
-    from xbench.runner import run
+    from xbench.pipeline import run
 
     cfg = RunConfig.from_dict(raw)
     shutil.rmtree(cfg.output_dir, ignore_errors=True)

@@ -21,7 +21,7 @@ from xbench.cache import InputFeed, model_input
 from xbench.config import RunConfig
 from xbench.errors import XBenchWarning
 from xbench.results import ResultStore
-from xbench.runner import run
+from xbench.pipeline import run
 from xbench.speed import precision_mode
 
 QUANTISING = ["clip", "medklip", "mavl", "kad", "carzero", "devide"]  # preprocess starts with round(x * 255)

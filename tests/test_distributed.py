@@ -18,7 +18,7 @@ import yaml
 
 from test_runner import MODELS, _free_port, assert_same_tables, quiet_run, run_log, tiny_config, tiny_raw
 from xbench.config import RunConfig
-from xbench.runner import run
+from xbench.pipeline import run
 
 pytestmark = [pytest.mark.usefixtures("phantom_cache"),
               pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),

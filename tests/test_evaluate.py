@@ -21,7 +21,7 @@ from xbench.errors import XBenchError, XBenchWarning
 from xbench.evaluate import evaluate_run, load_tables
 from xbench.metrics import DATASET_LEVEL, POOLED, TIDY_COLUMNS
 from xbench.models.priors import CenterPrior, RandomPrior
-from xbench.runner import run
+from xbench.pipeline import run
 
 CASES, GRID = 22, (64, 64)
 MODELS = ["center_prior", "random_prior", "anatomical_prior"]

@@ -17,7 +17,7 @@ from xbench.datasets.regions import rasterize
 from xbench.errors import XBenchError, XBenchWarning
 from xbench.evaluate import load_tables
 from xbench.exports import export_run, mask_boxes
-from xbench.runner import run
+from xbench.pipeline import run
 
 CASES, GRID = 22, (64, 64)
 pytestmark = pytest.mark.usefixtures("phantom_cache")

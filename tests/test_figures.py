@@ -15,7 +15,7 @@ from xbench.config import RunConfig
 from xbench.errors import XBenchWarning
 from xbench.evaluate import load_tables
 from xbench.metrics import DATASET_LEVEL
-from xbench.runner import run
+from xbench.pipeline import run
 
 MODELS = ["center_prior", "random_prior"]
 CASES = 22

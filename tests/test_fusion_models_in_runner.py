@@ -16,7 +16,7 @@ import torch
 from conftest import tiny_run
 from xbench.config import RunConfig
 from xbench.errors import XBenchWarning
-from xbench.runner import run
+from xbench.pipeline import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 FUSION = ["medklip", "mavl", "kad", "carzero", "devide"]

@@ -15,7 +15,7 @@ from conftest import tiny_run
 from xbench.config import RunConfig
 from xbench.errors import XBenchWarning
 from xbench.metrics import DATASET_LEVEL
-from xbench.runner import run
+from xbench.pipeline import run
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "10_score_your_maps.ipynb"

@@ -22,7 +22,7 @@ from xbench.config import RunConfig
 from xbench.errors import UnknownNameError, XBenchError, XBenchWarning
 from xbench.models.priors import CenterPrior
 from xbench.preflight import PreflightError, preflight
-from xbench.runner import run
+from xbench.pipeline import run
 
 REPO = Path(__file__).resolve().parents[1]
 MINIMAL = {"output_dir": "out", "datasets": ["phantom"], "models": ["center_prior"]}

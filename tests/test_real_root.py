@@ -23,7 +23,7 @@ from xbench.config import RunConfig
 from xbench.errors import XBenchError, XBenchWarning
 from xbench.models.priors import CenterPrior, RandomPrior
 from xbench.preflight import preflight
-from xbench.runner import run
+from xbench.pipeline import run
 
 CASES = 880  # boxed images of the official BBox_List_2017.csv
 MODELS = ["center_prior", "random_prior"]

@@ -18,7 +18,7 @@ from xbench.config import RunConfig
 from xbench.errors import XBenchWarning
 from xbench.evaluate import load_tables
 from xbench.report import SIZE_EDGES, build_report
-from xbench.runner import run
+from xbench.pipeline import run
 
 CASES, PER_CLASS = 22, 3
 pytestmark = pytest.mark.usefixtures("phantom_cache")

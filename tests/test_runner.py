@@ -25,7 +25,7 @@ from xbench.config import RunConfig
 from xbench.errors import MissingFileError, XBenchError, XBenchWarning
 from xbench.models.priors import AnatomicalPrior, CenterPrior, RandomPrior
 from xbench.results import ResultStore
-from xbench.runner import merge, run
+from xbench.pipeline import merge, run
 
 CASES, CHUNK = 22, 8  # 3 chunks: rows 0-7, 8-15, 16-21 (a short last chunk); batch 3 does not divide the chunk
 MODELS = ["center_prior", "random_prior", "anatomical_prior"]

@@ -17,7 +17,7 @@ from conftest import tiny_run
 from xbench.config import RunConfig
 from xbench.errors import FormatError, XBenchError, XBenchWarning
 from xbench.evaluate import load_tables
-from xbench.runner import run
+from xbench.pipeline import run
 from xbench.score import RECOGNITION_METRICS, MapSet, load_maps, read_chexlocalize, read_chexlocalize_pickle
 
 CASES = 22

@@ -10,7 +10,7 @@ from conftest import tiny_run
 import xbench
 from xbench.config import RunConfig
 from xbench.errors import XBenchError, XBenchWarning
-from xbench.runner import run
+from xbench.pipeline import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

@@ -10,9 +10,9 @@ from .datasets import load_dataset
 from .models import create_model
 from .registry import add_config_path, list_datasets, list_models
 from .session import open_run
+from .version import __version__ as __version__
 
 __all__ = ["analysis", "metrics", "tables", "load_dataset", "create_model", "add_config_path", "list_datasets", "list_models", "open_run", "evaluate_maps"]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

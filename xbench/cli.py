@@ -226,13 +226,13 @@ def _dispatch(args: argparse.Namespace) -> int:
             print("problems:\n  - " + "\n  - ".join(report.problems), file=sys.stderr)
         return 0 if report.ok else 1
     if args.command == "run":
-        from .runner import run
+        from .pipeline import run
 
         out = run(cfg, shard=args.shard, overwrite=args.overwrite, progress=not args.quiet, evaluate=not args.no_eval,
                   check=not args.no_check)
         print(f"results in {out}")
     elif args.command == "merge":
-        from .runner import merge
+        from .pipeline import merge
 
         print(f"results in {merge(cfg, args.sources)}")
     elif args.command == "evaluate":

@@ -49,7 +49,6 @@ from typing import Any
 
 import torch
 
-from .datasets import BaseDataset, load_dataset
 from .errors import FormatError, MissingFileError, XBenchError
 from .registry import dataset_manifest, import_target, model_config, read_yaml
 
@@ -69,9 +68,6 @@ class DatasetSpec:
     split: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
-    def open(self, split: str | None = None) -> BaseDataset:
-        """The dataset this spec names (``split`` overrides the spec's, e.g. a baseline's ``fit_split``)."""
-        return load_dataset(self.name, root=self.root, split=split or self.split, **self.options)
 
 
 @dataclass

@@ -34,7 +34,7 @@ import pandas as pd
 
 from .atomic import atomic_write_bytes, write_frame
 from .config import RunConfig
-from .datasets import BaseDataset
+from .datasets import BaseDataset, open_dataset
 from .errors import XBenchError
 from .logs import progress_iter
 from .metrics import BEST_TAU, THRESHOLDS, grounding_scores, score_table
@@ -167,7 +167,7 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     tidy, pairs, curves, log, models = [], [], [], [], {}
     run_models, left_out = runnable_models(cfg, announce=False)
     for dspec in cfg.datasets:
-        dataset = dspec.open()
+        dataset = open_dataset(dspec)
         gt = ground_truth(dataset, cfg.grid, progress=progress)
         for mspec in run_models:
             result = evaluate_pair(cfg, dataset, mspec.name, gt, store)

@@ -31,13 +31,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from . import __version__
+from .version import __version__
 from .atomic import atomic_write_bytes, check_writable
 from .config import DatasetSpec, ModelSpec, RunConfig
-from .datasets import BaseDataset, load_dataset
+from .datasets import BaseDataset, open_dataset
 from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from .fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
-from .evaluate import evaluate_run
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
 from .logs import progress_bar
@@ -69,11 +68,6 @@ def _collate(items: list[Any]) -> list[Any]:
     return items
 
 
-def open_dataset(spec: DatasetSpec) -> BaseDataset:
-    """Open a dataset named in a run config (same as ``spec.open()``)."""
-    return spec.open()
-
-
 def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None = None,
                output_dir: str | Path | None = None, *, overwrite: bool = False) -> Adapter:
     """Build a model named in a run config.
@@ -92,7 +86,7 @@ def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None 
         raise XBenchError(f"model {spec.name!r}: fit_split {spec.fit_split!r} is the evaluation split of "
                           f"{dspec.name!r}; a baseline must be fitted on a disjoint split")
     folder = fitted_folder(output_dir, dspec, spec)
-    fit_data = load_dataset(dspec.name, root=dspec.root, split=spec.fit_split, **dspec.options)
+    fit_data = open_dataset(dspec, split=spec.fit_split)
     key = fit_key(fit_data, dspec, spec)
     if overwrite or not fitted_is_current(folder, key):
         cls = import_target(model_config(spec.name)["class"])
@@ -310,13 +304,15 @@ def _join_chunk(old: dict[str, np.ndarray], new: dict[str, Any], dataset: BaseDa
     return {k: v[at] for k, v in joined.items()}
 
 
-def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False, progress: bool = True,
-        evaluate: bool = True, check: bool = True) -> Path:
-    """Infer every (dataset, model) of ``cfg`` into the store, then (unless sharded) compute the metric tables.
+def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False,
+              progress: bool = True, check: bool = True) -> tuple[Path, bool]:
+    """Infer every (dataset, model) of ``cfg`` into the store; the metric tables are computed above this layer
+    (:func:`xbench.pipeline.run`).
 
     With ``check`` (default) :func:`xbench.preflight.preflight` runs first and any problem stops the run before a
     model is built. Optional models without weights are left out (logged; noted in ``run_log.json``).
-    Returns the output folder. A re-run with the same config only evaluates (and infers cases skipped before).
+    Returns the output folder and whether this process should evaluate now: false for an independent shard (`xbench
+    merge` evaluates once all are present) and for every distributed rank but rank 0.
     """
     from .preflight import preflight, runnable_models, summary
 
@@ -375,17 +371,12 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
 
     if dist is not None:
         _barrier(shard)
-        if shard[0] != 0:
-            return out
-    elif shard != (0, 1):
-        return out  # independent shards: `xbench merge` evaluates once all are present
-    if evaluate:
-        evaluate_run(cfg, progress=progress)
-    return out
+        return out, shard[0] == 0
+    return out, shard == (0, 1)  # independent shards: `xbench merge` evaluates once all are present
 
 
-def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = True) -> Path:
-    """Copy chunk files of shards written to other folders into ``cfg.output_dir``, then evaluate.
+def merge_shards(cfg: RunConfig, sources: Sequence[str | Path]) -> Path:
+    """Copy chunk files of shards written to other folders into ``cfg.output_dir``.
 
     The results store does the joining (:meth:`~xbench.results.ResultStore.merge_from`): shards made
     from other inputs (meta keys, weights / annotation fingerprints) are refused naming what differs;
@@ -395,5 +386,4 @@ def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = Tru
     target = ResultStore(check_writable(cfg.output_dir, "output_dir"))
     for src in sources:
         target.merge_from(src)
-    evaluate_run(cfg, progress=progress)
     return Path(cfg.output_dir)

@@ -40,3 +40,13 @@ def test_regions_module_does_not_import_base():
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level}
     assert "base" not in imported
     assert Box is regions.Box  # base re-exports the types defined with rasterize
+
+
+def test_open_dataset_opens_a_run_config_entry(phantom_cache):
+    from xbench.config import DatasetSpec
+    from xbench.datasets import open_dataset
+
+    spec = DatasetSpec("phantom", split="test", options={"cases": 5})
+    ds = open_dataset(spec)
+    assert ds.name == "phantom" and len(ds) == 5 and ds.split == "test"
+    assert open_dataset(spec, split="prior").split == "prior"

@@ -18,7 +18,7 @@ from xbench.config import RunConfig
 from xbench.errors import OutputError, XBenchError, XBenchWarning
 from xbench.evaluate import evaluate_run
 from xbench.models.priors import CenterPrior
-from xbench.runner import run
+from xbench.pipeline import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

@@ -20,7 +20,7 @@ from xbench.evaluate import evaluate_run
 from xbench.fingerprint import file_sha256
 from xbench.models.priors import RandomPrior
 from xbench.results import ResultStore
-from xbench.runner import run
+from xbench.pipeline import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

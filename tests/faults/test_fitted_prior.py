@@ -15,7 +15,7 @@ import xbench
 from xbench.config import RunConfig
 from xbench.errors import XBenchWarning
 from xbench.models.priors import PRIOR_FILE, AnatomicalPrior
-from xbench.runner import run
+from xbench.pipeline import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

@@ -16,7 +16,7 @@ from xbench.config import RunConfig
 from xbench.datasets.base import Sample
 from xbench.errors import XBenchWarning
 from xbench.results import ResultStore
-from xbench.runner import run
+from xbench.pipeline import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

@@ -18,7 +18,7 @@ from xbench.config import RunConfig
 from xbench.datasets.images import image_size, read_image
 from xbench.errors import FormatError, XBenchWarning
 from xbench.results import ResultStore
-from xbench.runner import run
+from xbench.pipeline import run
 
 
 def png_bomb(path: Path, side: int = 14000) -> Path:

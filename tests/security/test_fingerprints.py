@@ -22,7 +22,7 @@ from xbench.errors import XBenchError, XBenchWarning
 from xbench.fingerprint import run_fingerprint
 from xbench.registry import dataset_manifest
 from xbench.results import ResultStore
-from xbench.runner import merge, run
+from xbench.pipeline import merge, run
 
 REFERENCE = Path(__file__).resolve().parents[2] / "xbench" / "reference_weights" / "ref_xattn"
 KEY = "fingerprint.weights.model.safetensors"

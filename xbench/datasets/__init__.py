@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import XBenchError
 from ..registry import dataset_manifest, import_target, list_datasets
 from .base import BaseDataset, Box, EncodedMask, Polygon, Region, Sample
 
-__all__ = ["BaseDataset", "Box", "EncodedMask", "Polygon", "Region", "Sample", "load_dataset", "list_datasets", "data_root"]
+if TYPE_CHECKING:
+    from ..config import DatasetSpec
+
+__all__ = ["BaseDataset", "Box", "EncodedMask", "Polygon", "Region", "Sample", "load_dataset", "open_dataset", "list_datasets",
+           "data_root"]
 
 
 def data_root(name: str, root: str | Path | None) -> Path:
@@ -30,3 +34,8 @@ def load_dataset(name: str, root: str | Path | None = None, split: str | None = 
     if manifest.get("generated"):  # procedural sources create their own files
         return cls(root, split, manifest=manifest, **kwargs)
     return cls(data_root(name, root), split, manifest=manifest, **kwargs)
+
+
+def open_dataset(spec: DatasetSpec, split: str | None = None) -> BaseDataset:
+    """The dataset a run config's entry names (``split`` overrides the entry's, e.g. a baseline's ``fit_split``)."""
+    return load_dataset(spec.name, root=spec.root, split=split or spec.split, **spec.options)
