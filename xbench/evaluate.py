@@ -86,6 +86,30 @@ def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool 
     return out
 
 
+def check_annotations(dataset: BaseDataset, model: str, meta: dict) -> None:
+    """Refuse to evaluate a store against annotation files other than those it was made with.
+
+    The store's ``meta.json`` records the sha256 of each annotation file (``fingerprint.annotations``); they are
+    hashed again here (at ``evaluate`` and at ``merge``, not only at resume). A file whose bytes changed (or
+    that appeared / vanished) → :class:`~xbench.errors.XBenchError` naming it; metrics are never computed from
+    a mix. Stores without a fingerprint (``xbench score`` of user maps) have nothing to compare.
+    """
+    from .fingerprint import dataset_fingerprint
+    from .manifests import file_entries
+
+    stored = (meta.get("fingerprint") or {}).get("annotations")
+    if stored is None:
+        return
+    now = dataset_fingerprint(dataset)
+    changed = sorted(k for k in set(stored) | set(now) if stored.get(k) != now.get(k))
+    if changed:
+        entries = file_entries(dataset.manifest, dataset.split)
+        files = ", ".join(f"{k} ({Path(dataset.root) / entries[k]['path'] if k in entries else k})" for k in changed)
+        raise XBenchError(f"{dataset.name} × {model}: annotation file(s) changed since the maps were stored: {files} "
+                          f"(sha256 in store/{dataset.name}/{model}/meta.json differs). Refusing to compute metrics "
+                          "from a mix: restore the file, or re-run with --overwrite to rebuild the store.")
+
+
 def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str, GroundTruth],
                   store: ResultStore) -> PairEvaluation:
     """Tidy metrics, per-pair rows, τ curves and counts of one (dataset, model).
@@ -93,6 +117,7 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
     Curves are over :data:`xbench.metrics.THRESHOLDS` (the grid :func:`~xbench.metrics.score_table` chooses τ on).
     """
     preds = store.read(dataset.name, model, expected_chunks=math.ceil(len(dataset) / cfg.chunk_size))
+    check_annotations(dataset, model, preds.meta)
     if preds.meta["findings"] != dataset.findings:
         raise XBenchError(f"store for {dataset.name} × {model} was made with findings {preds.meta['findings']}, "
                           f"the dataset now has {dataset.findings}; re-run with --overwrite")

@@ -37,6 +37,7 @@ import pandas as pd
 
 from .atomic import atomic_write, atomic_write_text, write_frame
 from .errors import XBenchError
+from .names import contained
 
 __all__ = ["maps_at_grid", "mask_boxes", "export_run", "open_run_dataset", "run_grid", "pointing_tolerance_table"]
 
@@ -153,7 +154,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
         data = open_run_dataset(preds.meta)
         row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
         at = {c: i for i, c in enumerate(preds.case_ids.tolist())}
-        folder = out_dir / ds / model
+        folder = contained(out_dir, ds, model, kind="dataset/model")
         folder.mkdir(parents=True, exist_ok=True)
         masks: dict[str, np.ndarray] = {}
         box_rows: list[dict[str, Any]] = []

@@ -126,6 +126,9 @@ def dataset_manifest(name: str) -> dict[str, Any]:
 
 
 def _entry(name: str, dirs: list[Path], kind: str) -> dict[str, Any]:
+    from .names import check_name
+
+    check_name(name, kind)
     files = _scan(dirs)
     if name not in files:
         raise UnknownNameError(kind, name, files)
@@ -133,6 +136,7 @@ def _entry(name: str, dirs: list[Path], kind: str) -> dict[str, Any]:
     if "class" not in cfg:
         raise FormatError(files[name], "missing required key", field="class")
     cfg.setdefault("name", name)
+    check_name(cfg["name"], kind, f"{files[name]}, field 'name'")
     cfg["config_path"] = str(files[name])
     return cfg
 

@@ -20,7 +20,7 @@ images and regions are read from the dataset named in the store's ``meta.json``.
 from __future__ import annotations
 
 import base64
-import html
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -64,18 +64,14 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
     grid = tuple(grid) if grid is not None else run_grid(t["pairs"])
     cards, note = _cards(run_dir, t["pairs"], t["metrics"], metas, grid, max_cases_per_class, thumb, progress)
     sections = [
-        ("Tables", _tables_html(t["metrics"]) + _paper_tables_html(run_dir)),
-        ("Per-case browser", note + _browser_html(cards, t["pairs"], metas)),
-        ("Figures", _figures_html(run_dir)),
-        ("Models and weights", _models_html(t["models"])),
-        ("Evaluation log", _log_html(log, run_log)),
-        ("Run configuration", _config_html(metas)),
+        ("Tables", _tables_blocks(t["metrics"]) + _paper_tables_blocks(run_dir)),
+        ("Per-case browser", [{"kind": "p", "text": note}, _browser_block(cards, metas)]),
+        ("Figures", _figures_blocks(run_dir)),
+        ("Models and weights", [_models_table(t["models"])]),
+        ("Evaluation log", _log_blocks(log, run_log)),
+        ("Run configuration", _config_blocks(metas)),
     ]
-    nav = " · ".join(f'<a href="#sec-{i}">{html.escape(name)}</a>' for i, (name, _) in enumerate(sections))
-    body = "\n".join(f'<section id="sec-{i}"><h2>{html.escape(name)}</h2>{content}</section>'
-                     for i, (name, content) in enumerate(sections))
-    title = f"XBench report — {run_dir.name}"
-    page = _PAGE.format(title=html.escape(title), nav=nav, body=body, css=_CSS, js=_JS)
+    page = render_page(f"XBench report — {run_dir.name}", sections)
     out.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(out, page)
 
@@ -84,29 +80,34 @@ def _read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-# -- tables -------------------------------------------------------------------------------------------------
-def _fmt(v: float, lo: float, hi: float) -> str:
+# -- tables: data only; every string reaches the page through the autoescaping template ------------------
+def _fmt(v: float, lo: float, hi: float) -> dict[str, str]:
+    """A cell: ``v`` (sort key), ``text`` and ``ci`` ("[lo, hi]" when both are finite)."""
     if not np.isfinite(v):
-        return "–"
-    s = f"{v:.3f}"
-    return s + (f' <span class="ci">[{lo:.3f}, {hi:.3f}]</span>' if np.isfinite(lo) and np.isfinite(hi) else "")
+        return {"v": "", "text": "–", "ci": ""}
+    ci = f"[{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) and np.isfinite(hi) else ""
+    return {"v": repr(float(v)), "text": f"{v:.3f}", "ci": ci}
 
 
-def _sortable(index_name: str, rows: list[tuple[str, list[tuple[float, str]]]], columns: list[str], kind: str) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in [index_name, *columns])
-    body = []
-    for name, cells in rows:
-        tds = "".join(f'<td data-v="{"" if not np.isfinite(v) else repr(float(v))}">{text}</td>' for v, text in cells)
-        body.append(f'<tr><td data-v="{html.escape(name)}">{html.escape(name)}</td>{tds}</tr>')
-    return (f'<table class="sortable" data-kind="{kind}"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
+def _text(value: Any) -> dict[str, str]:
+    return {"v": "", "text": str(value), "ci": ""}
 
 
-def _tables_html(tidy: pd.DataFrame) -> str:
+def _number(value: Any) -> dict[str, str]:
+    return {"v": repr(float(value)), "text": str(value), "ci": ""}
+
+
+_MISSING = {"v": "", "text": "–", "ci": ""}
+
+
+def _sortable(index_name: str, rows: list[tuple[str, list[dict[str, str]]]], columns: list[str], kind: str) -> dict:
+    return {"kind": "table", "table_kind": kind, "columns": [index_name, *columns], "rows": rows}
+
+
+def _tables_blocks(tidy: pd.DataFrame) -> list[dict]:
     from .metrics import DATASET_LEVEL
 
-    parts = ['<p>Click a column header to sort. Cells: value [95 % bootstrap CI]. Pointing at margin 0 '
-             '(argmax inside the region); other margins are named <code>pointing@Npx</code>.</p>']
+    blocks: list[dict] = [{"kind": "intro"}]
     for ds, sub in tidy.groupby("dataset", sort=False):
         level = sub[sub["finding"] == DATASET_LEVEL]
         metrics = [m for m in _SUMMARY_METRICS if m in set(level["metric"])]
@@ -114,97 +115,97 @@ def _tables_html(tidy: pd.DataFrame) -> str:
         rows = []
         for model, msub in level.groupby("model", sort=False):
             by = msub.set_index("metric")
-            rows.append((model, [(by.at[m, "value"], _fmt(by.at[m, "value"], by.at[m, "ci_low"], by.at[m, "ci_high"]))
-                                 if m in by.index else (np.nan, "–") for m in metrics]))
-        parts.append(f"<h3>{html.escape(ds)}: mean over classes</h3>" + _sortable("model", rows, metrics, "summary"))
+            rows.append((str(model), [_fmt(by.at[m, "value"], by.at[m, "ci_low"], by.at[m, "ci_high"])
+                                      if m in by.index else _MISSING for m in metrics]))
+        blocks += [{"kind": "h3", "text": f"{ds}: mean over classes"}, _sortable("model", rows, metrics, "summary")]
         classes = [f for f in dict.fromkeys(sub["finding"]) if not str(f).startswith("(")]
         for metric in ("pointing", "dice@best"):
-            models = list(dict.fromkeys(sub["model"]))
+            models = [str(m) for m in dict.fromkeys(sub["model"])]
             rows = []
             for f in classes:
                 cell = sub[(sub["finding"] == f) & (sub["metric"] == metric)].set_index("model")
                 if cell.empty:
                     continue
-                rows.append((f, [(cell.at[m, "value"], _fmt(cell.at[m, "value"], cell.at[m, "ci_low"],
-                                                            cell.at[m, "ci_high"])) if m in cell.index else (np.nan, "–")
-                                 for m in models]))
+                rows.append((str(f), [_fmt(cell.at[m, "value"], cell.at[m, "ci_low"], cell.at[m, "ci_high"])
+                                      if m in cell.index else _MISSING for m in models]))
             if rows:
-                parts.append(f"<h3>{html.escape(ds)}: {metric} per class</h3>" + _sortable("class", rows, models, metric))
-    return "\n".join(parts)
+                blocks += [{"kind": "h3", "text": f"{ds}: {metric} per class"}, _sortable("class", rows, models, metric)]
+    return blocks
 
 
-def _paper_tables_html(run_dir: Path) -> str:
-    """Every paper-form table of the run folder, sortable: ``tables/**/<stem>.html`` written by
-    :meth:`xbench.tables.PaperTable.write` as is; tables written by :func:`xbench.tables.write_table`
-    (``<stem>.csv`` next to ``<stem>.md``, no ``.html``) rendered from their CSV."""
-    parts = []
-    for path in sorted((run_dir / "tables").rglob("*.html")):
-        name = str(path.relative_to(run_dir / "tables").with_suffix(""))
-        parts.append(f'<h3>Paper-form table: {html.escape(name)}</h3><div class="paper">{path.read_text()}</div>')
+def _paper_tables_blocks(run_dir: Path) -> list[dict]:
+    """Every paper-form table of the run folder, rendered from its CSV (``tables/**/<stem>.csv`` next to a
+    ``.md``): value [CI] cells for :func:`xbench.tables.write_table` tables, the CSV's cells as text otherwise
+    (:meth:`xbench.tables.PaperTable.write`). Their ``.html`` files are never pasted into the page."""
+    blocks: list[dict] = []
     for path in sorted((run_dir / "tables").rglob("*.csv")):
-        if not path.with_suffix(".md").exists() or path.with_suffix(".html").exists():
+        if not path.with_suffix(".md").exists():
             continue
-        frame = pd.read_csv(path, index_col=0)
-        cells = [c.rsplit(" / ", 1)[0] for c in frame.columns if c.endswith(" / value")]
-        if not cells:
-            continue
-        rows = []
-        for idx, r in frame.iterrows():
-            vals = []
-            for c in cells:
-                v, lo, hi = (float(r.get(f"{c} / {k}", np.nan)) for k in ("value", "ci_low", "ci_high"))
-                vals.append((v, _fmt(v, lo, hi)))
-            rows.append((str(idx), vals))
+        frame = pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False)
         name = str(path.relative_to(run_dir / "tables").with_suffix(""))
-        parts.append(f"<h3>Paper-form table: {html.escape(name)}</h3>"
-                     + _sortable(str(frame.index.name or ""), rows, cells, "paper"))
-    return "\n".join(parts)
+        cells = [c.rsplit(" / ", 1)[0] for c in frame.columns if c.endswith(" / value")]
+        rows = []
+        if cells:
+            for idx, r in frame.iterrows():
+                rows.append((str(idx), [_fmt(*(_float(r.get(f"{c} / {k}", "")) for k in ("value", "ci_low", "ci_high")))
+                                        for c in cells]))
+        else:
+            cells = [str(c) for c in frame.columns]
+            for idx, r in frame.iterrows():
+                rows.append((str(idx), [_number(v) if _is_number(v) else _text(v) for v in r.tolist()]))
+        blocks += [{"kind": "h3", "text": f"Paper-form table: {name}"},
+                   _sortable(str(frame.index.name or ""), rows, cells, "paper")]
+    return blocks
 
 
-def _frame_html(frame: pd.DataFrame, kind: str) -> str:
-    rows = [(str(r.iloc[0]), [(np.nan, html.escape(str(v))) for v in r.iloc[1:]]) for _, r in frame.iterrows()]
-    return _sortable(str(frame.columns[0]), rows, [str(c) for c in frame.columns[1:]], kind)
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
 
 
-def _models_html(models: pd.DataFrame) -> str:
+def _is_number(text: str) -> bool:
+    return bool(np.isfinite(_float(text)))
+
+
+def _models_table(models: pd.DataFrame) -> dict:
     first = [c for c in ("model", "weights") if c in models.columns]
-    return _frame_html(models[first + [c for c in models.columns if c not in first]], "models")
+    frame = models[first + [c for c in models.columns if c not in first]]
+    rows = [(str(r.iloc[0]), [_text(v) for v in r.iloc[1:]]) for _, r in frame.iterrows()]
+    return _sortable(str(frame.columns[0]), rows, [str(c) for c in frame.columns[1:]], "models")
 
 
-def _figures_html(run_dir: Path) -> str:
+def _figures_blocks(run_dir: Path) -> list[dict]:
     pngs = sorted((run_dir / "figures").glob("*.png"))
     if not pngs:
-        return "<p>No figures in this run folder (the notebooks write them to <code>figures/</code>).</p>"
-    return "".join(f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,'
-                   f'{base64.b64encode(p.read_bytes()).decode()}"><figcaption>{html.escape(p.name)}</figcaption></figure>'
-                   for p in pngs)
+        return [{"kind": "nofigures"}]
+    return [{"kind": "figure", "alt": p.stem, "caption": p.name,
+             "src": "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode()} for p in pngs]
 
 
-def _log_html(log: Any, run_log: Any) -> str:
+def _log_blocks(log: Any, run_log: Any) -> list[dict]:
     if not log:
-        return "<p>No evaluation_log.json.</p>"
+        return [{"kind": "p", "text": "No evaluation_log.json."}]
     rows = []
     for entry in log:
         for finding, c in entry.get("pairs", {}).items():
+            skipped = entry.get("cases_skipped_at_inference", 0)
             rows.append((f'{entry["dataset"]} × {entry["model"]}', [
-                (np.nan, html.escape(finding)), (c["evaluated"], str(c["evaluated"])),
-                (c["missing_prediction"], str(c["missing_prediction"])),
-                (c["positive_without_region"], str(c["positive_without_region"])),
-                (entry.get("cases_skipped_at_inference", 0), str(entry.get("cases_skipped_at_inference", 0)))]))
-    text = _sortable("dataset × model", rows, ["class", "pairs evaluated", "excluded: no prediction",
-                                                "excluded: positive without region", "cases skipped at inference"], "log")
+                _text(finding), _number(c["evaluated"]), _number(c["missing_prediction"]),
+                _number(c["positive_without_region"]), _number(skipped)]))
+    blocks = [_sortable("dataset × model", rows, ["class", "pairs evaluated", "excluded: no prediction",
+                                                 "excluded: positive without region", "cases skipped at inference"], "log")]
     if run_log:
-        text += f"<details><summary>run_log.json</summary><pre>{html.escape(json.dumps(run_log, indent=1))}</pre></details>"
-    return text
+        blocks.append({"kind": "details", "summary": "run_log.json", "text": json.dumps(run_log, indent=1)})
+    return blocks
 
 
-def _config_html(metas: dict[tuple[str, str], dict]) -> str:
-    return "".join(f"<details><summary>{html.escape(d)} × {html.escape(m)}</summary>"
-                   f"<pre>{html.escape(json.dumps(meta, indent=1, sort_keys=True))}</pre></details>"
-                   for (d, m), meta in metas.items())
+def _config_blocks(metas: dict[tuple[str, str], dict]) -> list[dict]:
+    return [{"kind": "details", "summary": f"{d} × {m}", "text": json.dumps(meta, indent=1, sort_keys=True)}
+            for (d, m), meta in metas.items()]
 
 
-# -- per-case browser -----------------------------------------------------------------------------------------
 def _size_bin(fraction: float) -> str:
     for lo, hi in zip(SIZE_EDGES[:-1], SIZE_EDGES[1:]):
         if fraction <= hi:
@@ -312,44 +313,83 @@ def _cards(run_dir: Path, pairs: pd.DataFrame, tidy: pd.DataFrame, metas: dict, 
                                        "dice": None if not np.isfinite(dice_best) else round(float(dice_best), 3),
                                        "tau": None if not np.isfinite(tau) else round(float(tau), 2)})
             cards.append(card)
-    note = (f"<p>Showing {shown_total} of {all_total} positive (case, class) pairs: the first {per_class} of each "
+    note = (f"Showing {shown_total} of {all_total} positive (case, class) pairs: the first {per_class} of each "
             "class in dataset order. Red outline: ground truth; white cross: the map's argmax at the evaluation grid; "
-            "Dice at the class's best τ.</p>")
+            "Dice at the class's best τ.")
     return cards, note
 
 
-def _browser_html(cards: list[dict], pairs: pd.DataFrame, metas: dict) -> str:
-    datasets = sorted({c["dataset"] for c in cards})
+def _browser_block(cards: list[dict], metas: dict) -> dict:
     classes = list(dict.fromkeys(c["cls"] for c in cards))
-    models = list(dict.fromkeys(m for (_, m) in metas))
     sizes = [f"{lo:.0%}–{hi:.0%}" for lo, hi in zip(SIZE_EDGES[:-1], SIZE_EDGES[1:])]
-
-    def select(name: str, label: str, values: list[str], everything: str) -> str:
-        opts = f'<option value="">{everything}</option>' + "".join(
-            f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in values)
-        return f'<label>{label} <select id="f-{name}" data-key="{name}">{opts}</select></label>'
-
-    controls = (select("dataset", "dataset", datasets, "all") + select("class", "class", classes, "all")
-                + select("model", "model", models, "all models") + select("outcome", "pointing", ["hit", "miss"], "hit or miss")
-                + select("size", "lesion size", sizes, "all"))
-    out = [f'<div class="filters">{controls} <span>shown: <b id="shown">{len(cards)}</b> of {len(cards)}</span></div>',
-           '<div id="cards">']
+    filters = [("dataset", "dataset", sorted({c["dataset"] for c in cards}), "all"), ("class", "class", classes, "all"),
+               ("model", "model", list(dict.fromkeys(m for (_, m) in metas)), "all models"),
+               ("outcome", "pointing", ["hit", "miss"], "hit or miss"), ("size", "lesion size", sizes, "all")]
+    shown = []
     for c in cards:
         hits = " ".join(f'{m["model"]}={"hit" if m["hit"] else "miss"}' for m in c["models"] if m["hit"] is not None)
-        panels = [f'<div class="panel gt"><img src="{c["img"]}" alt="image"><div>image + GT</div></div>']
+        panels = []
         for m in c["models"]:
             res = ("hit" if m["hit"] else "miss") if m["hit"] is not None else "–"
             dice = "–" if m["dice"] is None else f'{m["dice"]:.3f}'
             tau = "" if m["tau"] is None else f' (τ={m["tau"]:.2f})'
-            panels.append(f'<div class="panel" data-model="{html.escape(m["model"])}"><img src="{m["img"]}" '
-                          f'alt="{html.escape(m["model"])}"><div>{html.escape(m["model"])}</div>'
-                          f'<div class="{res}">{res} · Dice {dice}{tau}</div></div>')
-        out.append(f'<div class="card" data-dataset="{html.escape(c["dataset"])}" data-class="{html.escape(c["cls"])}" '
-                   f'data-size="{html.escape(c["size"])}" data-hits="{html.escape(hits)}">'
-                   f'<div class="title">{html.escape(c["dataset"])} · {html.escape(c["case"])} · '
-                   f'{html.escape(c["cls"])} · GT area {c["area"]:.1%}</div>{"".join(panels)}</div>')
-    out.append("</div>")
-    return "\n".join(out)
+            panels.append({"model": m["model"], "img": m["img"], "res": res, "text": f"{res} · Dice {dice}{tau}"})
+        shown.append({**c, "hits": hits, "panels": panels, "title": f'{c["dataset"]} · {c["case"]} · {c["cls"]} · '
+                                                                    f'GT area {c["area"]:.1%}'})
+    return {"kind": "browser", "filters": filters, "cards": shown}
+
+
+#: Every page is rendered by this template with autoescaping on: no string from a run folder (class names from
+#: a manifest, model names, CSV cells, JSON) can become markup. Only the constant stylesheet and script are
+#: marked safe, and the Content-Security-Policy admits exactly that script (by its SHA-256) and no other.
+_TEMPLATE = """{% macro block(b) -%}
+{%- if b.kind == "table" -%}
+<table class="sortable" data-kind="{{ b.table_kind }}"><thead><tr>{% for c in b.columns %}<th>{{ c }}</th>{% endfor %}</tr></thead><tbody>
+{%- for name, cells in b.rows %}<tr><td data-v="{{ name }}">{{ name }}</td>{% for c in cells %}<td data-v="{{ c.v }}">{{ c.text }}{% if c.ci %} <span class="ci">{{ c.ci }}</span>{% endif %}</td>{% endfor %}</tr>{% endfor -%}
+</tbody></table>
+{%- elif b.kind == "h3" %}<h3>{{ b.text }}</h3>
+{%- elif b.kind == "p" %}<p>{{ b.text }}</p>
+{%- elif b.kind == "intro" %}<p>Click a column header to sort. Cells: value [95 % bootstrap CI]. Pointing at margin 0 (argmax inside the region); other margins are named <code>pointing@Npx</code>.</p>
+{%- elif b.kind == "nofigures" %}<p>No figures in this run folder (the notebooks write them to <code>figures/</code>).</p>
+{%- elif b.kind == "figure" %}<figure><img alt="{{ b.alt }}" src="{{ b.src }}"><figcaption>{{ b.caption }}</figcaption></figure>
+{%- elif b.kind == "details" %}<details><summary>{{ b.summary }}</summary><pre>{{ b.text }}</pre></details>
+{%- elif b.kind == "browser" -%}
+<div class="filters">{% for key, label, values, everything in b.filters %}<label>{{ label }} <select id="f-{{ key }}" data-key="{{ key }}"><option value="">{{ everything }}</option>{% for v in values %}<option value="{{ v }}">{{ v }}</option>{% endfor %}</select></label>{% endfor %} <span>shown: <b id="shown">{{ b.cards|length }}</b> of {{ b.cards|length }}</span></div>
+<div id="cards">
+{% for c in b.cards %}<div class="card" data-dataset="{{ c.dataset }}" data-class="{{ c.cls }}" data-size="{{ c.size }}" data-hits="{{ c.hits }}"><div class="title">{{ c.title }}</div><div class="panel gt"><img src="{{ c.img }}" alt="image"><div>image + GT</div></div>{% for m in c.panels %}<div class="panel" data-model="{{ m.model }}"><img src="{{ m.img }}" alt="{{ m.model }}"><div>{{ m.model }}</div><div class="{{ m.res }}">{{ m.text }}</div></div>{% endfor %}</div>
+{% endfor %}</div>
+{%- else %}{{ raise_unknown(b.kind) }}{% endif -%}
+{%- endmacro -%}
+<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{{ csp }}">
+<title>{{ title }}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{{ css }}</style></head>
+<body><h1>{{ title }}</h1><nav>{% for name, _ in sections %}{% if not loop.first %} · {% endif %}<a href="#sec-{{ loop.index0 }}">{{ name }}</a>{% endfor %}</nav><pre id="js-errors" class="errors"></pre>
+{% for name, blocks in sections %}<section id="sec-{{ loop.index0 }}"><h2>{{ name }}</h2>{% for b in blocks %}{{ block(b) }}{% endfor %}</section>
+{% endfor %}<script>{{ js }}</script></body></html>
+"""
+
+
+def _raise_unknown(kind: str) -> None:
+    raise XBenchError(f"report: unknown block kind {kind!r}")
+
+
+def render_page(title: str, sections: list[tuple[str, list[dict]]]) -> str:
+    """The report page from ``sections`` (name, blocks) through the autoescaping :data:`_TEMPLATE`, with a
+    Content-Security-Policy that admits only the page's own inline script and stylesheet (by hash) and
+    ``data:`` images: no other script, no network."""
+    import jinja2
+    from markupsafe import Markup
+
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    digest = lambda text: base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()  # noqa: E731
+    csp = (f"default-src 'none'; script-src 'sha256-{digest(_JS)}'; style-src 'sha256-{digest(_CSS)}'; "
+           "img-src data:; base-uri 'none'; form-action 'none'")
+    template = env.from_string(_TEMPLATE)
+    return template.render(title=title, sections=sections, csp=csp, css=Markup(_CSS), js=Markup(_JS),
+                           raise_unknown=_raise_unknown)
 
 
 _CSS = """
@@ -357,7 +397,7 @@ body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}
 h1{font-size:1.4em} h2{border-bottom:1px solid #ccc;margin-top:1.5em} h3{font-size:1em;margin:1em 0 .3em}
 table{border-collapse:collapse;font-size:12px;margin-bottom:.8em} th,td{border:1px solid #ddd;padding:2px 6px}
 th{background:#f2f2f2;cursor:pointer;user-select:none} th.asc:after{content:" ▲"} th.desc:after{content:" ▼"}
-.ci{color:#888;font-size:10px} #js-errors:empty{display:none} pre{font-size:11px;background:#f7f7f7;padding:.5em;overflow:auto;max-height:30em}
+.ci{color:#888;font-size:10px} #js-errors:empty{display:none} .errors{color:#b3261e} pre{font-size:11px;background:#f7f7f7;padding:.5em;overflow:auto;max-height:30em}
 figure{display:inline-block;margin:.4em;vertical-align:top} figure img{max-width:520px}
 figcaption{font-size:11px;color:#555}
 .filters{position:sticky;top:0;background:#fff;padding:.4em 0;z-index:2;border-bottom:1px solid #eee}
@@ -434,13 +474,4 @@ _JS = r"""
     document.body.dataset.ready = '1';
   });
 })();
-"""
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>{css}</style></head>
-<body><h1>{title}</h1><nav>{nav}</nav><pre id="js-errors" style="color:#b3261e"></pre>
-{body}
-<script>{js}</script></body></html>
 """

@@ -77,7 +77,10 @@ class ResultStore:
         self.root = Path(output_dir) / "store"
 
     def folder(self, dataset: str, model: str) -> Path:
-        return self.root / dataset / model
+        """``<store>/<dataset>/<model>``: both names must be safe names, and the folder stays inside the store."""
+        from .names import contained
+
+        return contained(self.root, dataset, model, kind="dataset/model")
 
     def chunk_path(self, dataset: str, model: str, chunk: int) -> Path:
         return self.folder(dataset, model) / f"chunk-{chunk:05d}.npz"

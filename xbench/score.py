@@ -27,7 +27,6 @@ warning says so.
 """
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -43,9 +42,10 @@ import pandas as pd
 
 from .atomic import atomic_write_text
 from .config import DatasetSpec, ModelSpec, RunConfig
-from .errors import FormatError, XBenchError, XBenchWarning
+from .errors import CheckpointError, FormatError, XBenchError, XBenchWarning
 from .metrics import ACCURACY, AUC, AUPRC, F1, HAMMING_ACCURACY
 from .results import ResultStore
+from .safe_arrays import read_npy, read_npz, read_safetensors
 
 __all__ = ["MapSet", "load_maps", "read_chexlocalize", "evaluate_maps", "RECOGNITION_METRICS"]
 
@@ -101,12 +101,11 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
     if path.is_file():
         if path.suffix != ".npz":
             raise XBenchError(f"{path}: a single maps file must be .npz (maps, case_ids, classes[, probs])")
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in ("maps", "case_ids", "classes") if k not in z.files]
-            if missing:
-                raise FormatError(path, f"missing array(s) {missing}; found {z.files}")
-            return MapSet(z["maps"], z["case_ids"].tolist(), z["classes"].tolist(),
-                          z["probs"] if "probs" in z.files else None)
+        z = read_npz(path)
+        missing = [k for k in ("maps", "case_ids", "classes") if k not in z]
+        if missing:
+            raise FormatError(path, f"missing array(s) {missing}; found {sorted(z)}")
+        return MapSet(z["maps"], z["case_ids"].tolist(), z["classes"].tolist(), z.get("probs"))
     if not path.is_dir():
         raise XBenchError(f"{path} is neither a maps folder nor an .npz file")
     files = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz", ".safetensors"))
@@ -120,7 +119,7 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
     maps, names = [], list(classes) if classes is not None else None
     for p in files:
         if p.suffix == ".npy":
-            arr = np.load(p, allow_pickle=False)
+            arr = read_npy(p)
             if arr.ndim != 3 or arr.shape[0] != len(names):
                 raise FormatError(p, f"expected a ({len(names)}, h, w) array (one map per class); got {arr.shape}")
         else:
@@ -142,12 +141,7 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
 
 
 def _read_named_arrays(path: Path) -> dict[str, np.ndarray]:
-    if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    from safetensors.numpy import load_file
-
-    return load_file(str(path))
+    return read_npz(path) if path.suffix == ".npz" else read_safetensors(path)
 
 
 def _read_probs(path: Path, case_ids: list[str], classes: list[str]) -> np.ndarray:
@@ -172,38 +166,24 @@ CHEXPERT_TASKS = ("No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "L
 _CHEXLOCALIZE_NAME = re.compile(r"^(?P<cxr>.+)_(?P<task>[^_]+)_map\.pkl$")
 
 
-def _storage_from_bytes(data: bytes) -> Any:
-    """Safe stand-in for ``torch.storage._load_from_bytes`` (which unpickles with ``weights_only`` off)."""
-    import torch
-
-    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-
-
-def _map_pickle_unpickler(fh: Any) -> Any:
-    """The project's restricted unpickler (:class:`xbench.models.checkpoint.RestrictedUnpickler`: an allowlist,
-    everything else an inert placeholder) plus one admitted name: a tensor pickled with plain ``pickle``
-    stores its storage as ``torch.storage._load_from_bytes(<torch.save bytes>)``; those bytes are read
-    with ``torch.load(weights_only=True)`` instead."""
-    from .models.checkpoint import RestrictedUnpickler
-
-    unpickler = RestrictedUnpickler(fh)
-    unpickler._allowed = {**unpickler._allowed, "torch.storage._load_from_bytes": _storage_from_bytes}
-    return unpickler
-
-
 def read_chexlocalize_pickle(path: str | Path) -> dict[str, Any]:
     """One cheXlocalize ``{cxr_id}_{task}_map.pkl`` as a dict (``map`` (1, 1, h, w), ``prob``, ``task``, ``gt``,
     ``cxr_img``, ``cxr_dims`` = (w, h)), read with a restricted unpickler: no code from the file runs."""
+    from .models.checkpoint import load_pickle, read_torch_bytes
+
     path = Path(path)
-    with open(path, "rb") as fh:
-        unpickler = _map_pickle_unpickler(fh)
-        try:
-            out = unpickler.load()
-        except Exception as exc:  # anything the restricted unpickler refuses, truncated files, ...
-            raise FormatError(path, f"not a readable cheXlocalize map pickle ({type(exc).__name__}: {exc})") from None
-    if unpickler.replaced:
+    where = f"{path} (nested torch storage)"
+    # a tensor pickled with plain ``pickle`` stores its storage as ``torch.storage._load_from_bytes(<torch.save
+    # bytes>)``: those bytes go through the same reader as a checkpoint (never torch.load)
+    nested = {"torch.storage._load_from_bytes": lambda data: read_torch_bytes(data, where)}
+    try:
+        with open(path, "rb") as fh:
+            out, replaced = load_pickle(fh, str(path), extra=nested)
+    except CheckpointError as exc:  # anything the restricted unpickler refuses, truncated files, ...
+        raise FormatError(path, f"not a readable cheXlocalize map pickle ({exc})") from None
+    if replaced:
         raise FormatError(path, f"refusing: pickles objects other than tensors, arrays and plain values "
-                                f"({', '.join(unpickler.replaced)}; kept as inert placeholders, never called)")
+                                f"({', '.join(replaced)}; kept as inert placeholders, never called)")
     if not isinstance(out, dict) or "map" not in out:
         raise FormatError(path, "expected a dict with a 'map' entry (cheXlocalize layout)")
     return out

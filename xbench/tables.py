@@ -15,6 +15,7 @@ fewer than :data:`MIN_PAIRS_TO_RANK` positive pairs is not ranked; rows of unver
 """
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,7 +339,8 @@ class PaperTable:
         shown = self.values.copy()
         shown.columns = [" ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in shown.columns]
         ranks.columns = shown.columns
-        style = shown.style.format("{:.2f}", na_rep="–")
+        style = shown.style.format("{:.2f}", na_rep="–", escape="html")
+        style = style.format_index(escape="html", axis=0).format_index(escape="html", axis=1)
         style = style.apply(lambda col: ["font-weight: bold" if r == 1 else "text-decoration: underline" if r == 2
                                          else "" for r in ranks[col.name]], axis=0)
         if self.separator is not None:
@@ -347,10 +349,10 @@ class PaperTable:
         tips = self.n.copy()
         tips.columns = shown.columns
         style = style.set_tooltips(tips.map(lambda k: f"n = {int(k)} positive pairs" if np.isfinite(k) else ""))
-        style = style.set_caption(self.caption).set_table_styles(
+        style = style.set_caption(html.escape(self.caption)).set_table_styles(
             [{"selector": "td, th", "props": "padding: 2px 6px; text-align: right"},
              {"selector": "caption", "props": "caption-side: top; font-weight: bold"}])
-        foot = "".join(f"<p>{t}</p>" for t in [self._legend(), *self.notes])
+        foot = "".join(f"<p>{html.escape(t)}</p>" for t in [self._legend(), *self.notes])
         return style.to_html() + foot + "\n"
 
     def write(self, stem: str | Path) -> list[Path]:

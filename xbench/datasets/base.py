@@ -171,7 +171,10 @@ class BaseDataset(Sequence[Sample], ABC):
         return self.contained(path)
 
     def image_path(self, name: str | Path, key: str = "images") -> Path:
-        """``folder(key) / name`` for a file named by the annotations; refused when it leaves the root."""
+        """``folder(key) / name`` for a file named by the annotations; refused when it leaves the root or holds a
+        NUL byte or another control character (no file system path can)."""
+        if any(ord(ch) < 32 for ch in str(name)):
+            raise FormatError(self.folder(key), f"file name {str(name)!r} holds a control character (NUL, newline, ...)")
         return self.contained(self.folder(key) / name)
 
     def contained(self, path: str | Path) -> Path:

@@ -4,25 +4,27 @@
 
 1. ``.safetensors`` → :func:`safetensors.torch.load_file` (tensors only by design); a file that is not
    safetensors raises :class:`~xbench.errors.CheckpointError` naming it.
-2. torch's zip archive (``.pt``/``.pth``/``.ckpt`` since torch 1.6) is read by :class:`RestrictedUnpickler`,
-   fed with the archive's tensors by torch's own storage reader — plain state dicts as well as files that
-   pickle other objects (a numpy scalar, an ``argparse.Namespace``, a scheduler's state, an OmegaConf /
-   Lightning config). It is used instead of ``torch.load(weights_only=True)``, whose unpickler admits
-   ``bytearray(n)`` (a crafted file could ask for any amount of memory). Its ``find_class`` never imports
-   anything: a pickled global name is looked up in
-   :data:`allowed_globals` (torch's weights-only allowlist — tensor/storage rebuild functions, dtypes,
-   ``OrderedDict``, ``Counter``, ``set`` … — plus ``argparse.Namespace``, ``collections.defaultdict``
-   / ``deque``, builtin scalar and container constructors, and numpy dtypes, scalars and arrays
-   through wrappers that refuse anything but plain data; no sized producer such as ``bytearray(n)``,
-   ``bytes(n)`` or ``range(n)``). **Every other name becomes an inert
-   placeholder** (:class:`Placeholder`): calling it, building it or filling it only records the
-   pickled arguments and state, so a ``__reduce__`` payload such as ``os.system`` / ``exec`` /
-   ``subprocess.Popen`` / ``functools.partial`` is stored as data and never called. The replaced names
-   are reported with a :class:`CheckpointWarning` (and returned by :func:`read_checkpoint_report`).
-   Placeholders never reach a network: the adapters' strict loaders require real tensors under
-   string keys and raise :class:`CheckpointError` naming the file and the key otherwise. ``BUILD``
-   on a class or a function (which would mutate a global) is refused with :class:`CheckpointError`.
-3. A legacy (pre-1.6, non-zip) file: ``torch.load(weights_only=True)``, tensors and builtin containers only.
+2. torch's zip archive (``.pt``/``.pth``/``.ckpt`` since torch 1.6) is opened with Python's ``zipfile``
+   (:func:`_read_zip_archive`): members must be stored uncompressed and fit in the file, and each tensor
+   storage's declared size must equal its member's size before the bytes are read. ``data.pkl`` goes
+   through :func:`load_pickle` — **the one pickle reader of XBench** (checkpoints, TorchScript data and
+   cheXlocalize maps alike): :class:`RestrictedUnpickler`, whose ``find_class`` never imports anything.
+   A pickled global name is looked up in the explicit :func:`allowed_globals` (tensor rebuilds, storage
+   types and ``numpy.ndarray`` as non-callable markers, torch dtypes, builtin scalars and containers,
+   ``argparse.Namespace``, numpy dtypes / scalars / arrays of plain numeric kinds made from their own
+   bytes). No constructor sized by a number in the file is admitted (``bytearray(n)``, ``range(n)``,
+   ``torch.ByteTensor(n)``, ``numpy.ndarray(shape)``), and no numpy object, structured or string array is
+   ever built (:data:`PLAIN_KINDS`). **Every other name becomes an inert placeholder**
+   (:class:`Placeholder`): calling it, building it or filling it only records the pickled arguments and
+   state, so a ``__reduce__`` payload such as ``os.system`` / ``exec`` / ``subprocess.Popen`` is stored as
+   data and never called. The replaced names are reported with a :class:`CheckpointWarning` (and returned
+   by :func:`read_checkpoint_report`). Placeholders never reach a network: the adapters' strict loaders
+   require real tensors under string keys and raise :class:`CheckpointError` naming the file and the key
+   otherwise. ``BUILD`` on a class or a function (which would mutate a global) is refused. The result's
+   nesting depth is bounded (:data:`MAX_DEPTH`, checked iteratively).
+3. A legacy (pre-1.6, non-zip) file is read from its bytes by :func:`_read_legacy` with the same
+   unpickler; a storage is allocated only while the storages declared so far fit in the bytes left in the
+   file, and each storage's recorded element count must match its declaration.
 4. A TorchScript archive (``constants.pkl`` present, e.g. OpenAI's ``ViT-B-16.pt``) is never
    compiled or run: :func:`read_torchscript_state_dict` reads its ``data.pkl`` with the same
    restricted unpickler (the ``__torch__.*`` module classes become placeholders) and collects the
@@ -33,8 +35,9 @@ from __future__ import annotations
 import _compat_pickle
 import argparse
 import collections
+import functools
+import io
 import pickle
-import types
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -46,6 +49,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError, MissingFileError, XBenchWarning
+from ..safe_arrays import array_from_bytes, plain_dtype
 
 __all__ = [
     "CheckpointWarning",
@@ -106,71 +110,169 @@ def _placeholder(qualified: str) -> type[Placeholder]:
     return type(name or qualified, (Placeholder,), {"__module__": module or "builtins", "qualname": qualified})
 
 
-# -- numpy, reconstructed from plain data only ---------------------------------------------------
-def _np_dtype(spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
-    """``numpy.dtype`` for pickles: only a type string such as ``'f8'`` or ``'V16'`` is accepted."""
+# -- limits that hold for every pickle XBench opens ------------------------------------------------------
+#: Deepest nesting of containers / objects a pickle may build (deeper → :class:`CheckpointError`).
+MAX_DEPTH = 100
+class _Pending:
+    """A numpy dtype or array under reconstruction; it becomes the real object at its ``BUILD`` (stack and memo).
+
+    A pending object that never got its ``BUILD`` is refused when the result is checked."""
+
+    def __init__(self, what: str, finish: Any):
+        self.what, self.finish, self.memo_keys = what, finish, []
+
+    def __repr__(self) -> str:
+        return f"<incomplete {self.what}>"
+
+
+def _np_dtype(spec: Any, align: Any = False, copy: Any = False) -> _Pending:
+    """``numpy.dtype('f8', False, True)`` + ``BUILD (3, '<', None, None, None, -1, -1, 0)``: plain kinds only."""
     if not isinstance(spec, str):
         raise pickle.UnpicklingError(f"numpy.dtype from a {type(spec).__name__} is not admitted")
-    return np.dtype(spec, align=bool(align), copy=bool(copy))
+    base = plain_dtype(spec)
+
+    def finish(state: Any) -> np.dtype:
+        if not (isinstance(state, tuple) and len(state) >= 2 and isinstance(state[1], str) and state[1] in "<>|="
+                and all(x is None for x in state[2:5])):
+            raise pickle.UnpicklingError(f"numpy dtype state {state!r:.80} is not a plain dtype's")
+        return base.newbyteorder(state[1]) if state[1] in "<>" and base.itemsize > 1 else base
+
+    return _Pending(f"numpy dtype {spec}", finish)
+
+
+def _np_reconstruct(subtype: Any, shape: Any, typecode: Any) -> _Pending:
+    """``numpy.core.multiarray._reconstruct(ndarray, (0,), b'b')``; the array itself is made from its ``BUILD``
+    state ``(version, shape, dtype, is_fortran, raw bytes)`` by :func:`array_from_bytes` (never numpy's
+    ``__setstate__``, which would accept object arrays)."""
+    if subtype is not _NDARRAY:
+        raise pickle.UnpicklingError(f"numpy array of subtype {subtype!r} is not admitted")
+
+    def finish(state: Any) -> np.ndarray:
+        if not (isinstance(state, tuple) and len(state) == 5 and isinstance(state[2], np.dtype)):
+            raise pickle.UnpicklingError("numpy array state is not (version, shape, dtype, is_fortran, bytes)")
+        _, shape, dtype, fortran, raw = state
+        return array_from_bytes(raw, plain_dtype(dtype), shape, bool(fortran))
+
+    return _Pending("numpy array", finish)
+
+
+def _np_frombuffer(buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+    """``numpy.core.numeric._frombuffer`` (pickle protocol 5 arrays), plain dtypes and exact sizes only."""
+    if not isinstance(dtype, np.dtype):
+        raise pickle.UnpicklingError(f"numpy array with a {type(dtype).__name__} dtype is not admitted")
+    return array_from_bytes(buf, plain_dtype(dtype), shape, order == "F")
 
 
 def _np_scalar(dtype: Any, data: Any = None) -> Any:
-    """``numpy.core.multiarray.scalar``: a number from its raw bytes; object dtype gives back the (already safe) object."""
+    """``numpy.core.multiarray.scalar``: a plain number from exactly its raw bytes."""
     if not isinstance(dtype, np.dtype):
         raise pickle.UnpicklingError(f"numpy scalar with a {type(dtype).__name__} dtype is not admitted")
-    if dtype.hasobject:
-        return data
+    dtype = plain_dtype(dtype)
     if not isinstance(data, bytes | bytearray) or len(data) != dtype.itemsize:
         raise pickle.UnpicklingError(f"numpy scalar of dtype {dtype} needs {dtype.itemsize} raw bytes")
     return np.frombuffer(bytes(data), dtype=dtype, count=1)[0].copy()
 
 
-def _np_reconstruct(subtype: Any, shape: Any, typecode: Any) -> np.ndarray:
-    """``numpy.core.multiarray._reconstruct`` for plain ``ndarray`` only (its state is then set by numpy's C code)."""
-    if subtype is not np.ndarray:
-        raise pickle.UnpicklingError(f"numpy array of subtype {subtype!r} is not admitted")
-    return np.ndarray.__new__(np.ndarray, (0,), np.uint8)
+class _Marker:
+    """A pickled class name admitted only as a reference (a storage type, ``numpy.ndarray``, ``torch.Tensor``):
+    calling it is refused, so no constructor sized by the file (``torch.ByteTensor(n)``, ``numpy.ndarray(shape)``)
+    can run."""
+
+    def __init__(self, name: str, dtype: torch.dtype | None = None):
+        self.name, self.dtype = name, dtype
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise pickle.UnpicklingError(f"calling {self.name} is not admitted")
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+_NDARRAY = _Marker("numpy.ndarray")
+_TENSOR = _Marker("torch.Tensor")
+_PARAMETER = _Marker("torch.nn.parameter.Parameter")
 
 
 def _bytearray(*args: Any) -> bytearray:
     """``bytearray`` from pickled data only (``bytearray(n)`` would allocate ``n`` bytes on request)."""
-    if args and not isinstance(args[0], bytes | bytearray | str):
-        raise pickle.UnpicklingError(f"bytearray from a {type(args[0]).__name__} is not admitted")
+    if not args or not isinstance(args[0], bytes | bytearray | str):
+        raise pickle.UnpicklingError(f"bytearray from a {type(args[0]).__name__ if args else 'nothing'} is not admitted")
     return bytearray(*args)
 
 
-def _numpy_globals() -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for core in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        out[f"{core}.scalar"] = _np_scalar
-        out[f"{core}._reconstruct"] = _np_reconstruct
-    out["numpy.dtype"] = _np_dtype
-    out["numpy.ndarray"] = np.ndarray
-    for code in set(np.typecodes["All"]) | {"O", "V", "S", "U"}:
-        cls = type(np.dtype(code))
-        out[f"numpy.dtypes.{cls.__name__}"] = cls
-    return out
+def _codecs_encode(text: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
+    """``_codecs.encode`` as protocol-2 pickles use it: text to bytes (latin-1 / utf-8) only."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
+        raise pickle.UnpicklingError("_codecs.encode is admitted for str → latin1/utf-8 only")
+    return text.encode(encoding, errors if errors in ("strict",) else "strict")
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> torch.Tensor:
+    """torch's ``_rebuild_from_type_v2`` for a plain tensor or a ``Parameter`` made by an admitted rebuild function."""
+    if func not in _TENSOR_REBUILDS.values() or new_type not in (_TENSOR, _PARAMETER) or not isinstance(args, tuple):
+        raise pickle.UnpicklingError("_rebuild_from_type_v2 is admitted for torch tensor rebuilds only")
+    ret = func(*args)
+    if new_type is _PARAMETER:
+        ret = torch.nn.Parameter(ret, requires_grad=ret.requires_grad)
+    if state:
+        raise pickle.UnpicklingError("tensor attributes (_rebuild_from_type_v2 state) are not admitted")
+    return ret
+
+
+def _rebuild_parameter(data: Any, requires_grad: Any, backward_hooks: Any, *rest: Any) -> torch.nn.Parameter:
+    if not isinstance(data, torch.Tensor):
+        raise pickle.UnpicklingError(f"a Parameter from a {type(data).__name__} is not admitted")
+    return torch.nn.Parameter(data, requires_grad=bool(requires_grad))
+
+
+_TENSOR_REBUILDS = {
+    "torch._utils._rebuild_tensor": torch._utils._rebuild_tensor,
+    "torch._utils._rebuild_tensor_v2": torch._utils._rebuild_tensor_v2,
+    "torch._utils._rebuild_tensor_v3": torch._utils._rebuild_tensor_v3,
+}
+
+
+def _storage_types() -> dict[str, _Marker]:
+    dtypes = {"Untyped": torch.uint8, "Byte": torch.uint8, "Char": torch.int8, "Short": torch.int16,
+              "Int": torch.int32, "Long": torch.int64, "Half": torch.float16, "Float": torch.float32,
+              "Double": torch.float64, "Bool": torch.bool, "BFloat16": torch.bfloat16,
+              "ComplexFloat": torch.complex64, "ComplexDouble": torch.complex128}
+    return {f"torch.{k}Storage": _Marker(f"torch.{k}Storage", v) for k, v in dtypes.items()}
 
 
 def allowed_globals() -> dict[str, Any]:
-    """Pickled global name → the object the restricted unpickler gives for it (nothing else is admitted).
+    """A copy of the explicit allowlist of pickled names (documented at :func:`_allowed_globals`)."""
+    return dict(_allowed_globals())
 
-    torch's weights-only allowlist (tensor and storage rebuild functions, torch dtypes, ``Size``,
-    ``device``, ``OrderedDict``, ``Counter``, ``set``, ``bytearray``, ``complex``, ``_codecs.encode``),
-    plus ``argparse.Namespace``, ``collections.defaultdict`` / ``deque``, builtin constructors of
-    scalars and containers, numpy dtypes, scalars and arrays (:func:`_np_scalar`, :func:`_np_reconstruct`).
-    No lazy or sized producer is admitted (``range``, ``bytes(n)``), so a constructor only ever copies
-    finite data that the pickle itself spelled out.
+
+@functools.cache
+def _allowed_globals() -> dict[str, Any]:
+    """Pickled global name → what the restricted unpickler gives for it (an explicit list; nothing else is admitted).
+
+    Tensor rebuilds (``_rebuild_tensor[_v2|_v3]``, ``_rebuild_parameter[_with_state]``,
+    ``_rebuild_from_type_v2`` for plain tensors and parameters); storage type names, ``numpy.ndarray``
+    and ``torch.Tensor`` as non-callable markers; torch dtypes, ``Size``, ``device``; ``OrderedDict``,
+    ``Counter``, ``defaultdict``, ``deque``, ``argparse.Namespace``, builtin scalar and container
+    constructors; numpy dtypes, scalars and arrays of plain kinds (:data:`PLAIN_KINDS`) made from their
+    bytes. No sized producer (``bytearray(n)``, ``bytes(n)``, ``range(n)``, ``torch.ByteTensor(n)``,
+    ``numpy.ndarray(shape)``) is admitted: every allocation copies bytes the pickle itself holds.
     """
-    from torch import _weights_only_unpickler as wou
-
-    out = dict(wou._get_allowed_globals())
-    out.update(_numpy_globals())
+    out: dict[str, Any] = dict(_TENSOR_REBUILDS)
+    out.update(_storage_types())
     out.update({
-        "argparse.Namespace": argparse.Namespace,
+        "torch._utils._rebuild_parameter": _rebuild_parameter,
+        "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
+        "torch._tensor._rebuild_from_type_v2": _rebuild_from_type_v2,
+        "torch.Tensor": _TENSOR,
+        "torch.nn.parameter.Parameter": _PARAMETER,
+        "torch.Size": torch.Size,
+        "torch.device": torch.device,
+        "collections.OrderedDict": collections.OrderedDict,
+        "collections.Counter": collections.Counter,
         "collections.defaultdict": collections.defaultdict,
         "collections.deque": collections.deque,
-        "builtins.bytearray": _bytearray,
+        "argparse.Namespace": argparse.Namespace,
+        "builtins.set": set,
         "builtins.frozenset": frozenset,
         "builtins.slice": slice,
         "builtins.list": list,
@@ -178,32 +280,45 @@ def allowed_globals() -> dict[str, Any]:
         "builtins.tuple": tuple,
         "builtins.int": int,
         "builtins.float": float,
+        "builtins.complex": complex,
         "builtins.bool": bool,
         "builtins.str": str,
-        "torch._tensor._rebuild_from_type_v2": torch._tensor._rebuild_from_type_v2,
+        "builtins.bytearray": _bytearray,
+        "_codecs.encode": _codecs_encode,
+        "numpy.dtype": _np_dtype,
+        "numpy.ndarray": _NDARRAY,
     })
+    for name in dir(torch):
+        value = getattr(torch, name, None)
+        if isinstance(value, torch.dtype):
+            out[f"torch.{name}"] = value
+    for core in ("numpy.core", "numpy._core"):
+        out[f"{core}.multiarray.scalar"] = _np_scalar
+        out[f"{core}.multiarray._reconstruct"] = _np_reconstruct
+        out[f"{core}.numeric._frombuffer"] = _np_frombuffer
     return out
 
 
-_BUILD_TYPES = (Placeholder, argparse.Namespace, np.ndarray, np.dtype, collections.OrderedDict,
-                collections.Counter, collections.defaultdict, torch.Tensor)
+_BUILD_TYPES = (Placeholder, argparse.Namespace, collections.OrderedDict, collections.Counter, collections.defaultdict)
 
 
 class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: every opcode is inspectable
     """Unpickler whose ``find_class`` admits only :func:`allowed_globals`; everything else → :class:`Placeholder`.
 
     ``replaced`` lists the names that were replaced. ``BUILD`` is admitted only on instances of
-    admitted data types and placeholders (never on a class or a function, which would mutate a global).
+    admitted data types and placeholders (never on a class or a function, which would mutate a global);
+    numpy dtypes and arrays are finished at their ``BUILD`` from validated plain data. ``extra`` adds
+    admitted names (the cheXlocalize reader's nested-storage reader). Use :func:`load_pickle`, which also
+    bounds the nesting depth of the result.
     """
 
     dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
 
-    def __init__(self, file: Any, *, encoding: str = "utf-8", **kwargs: Any):
-        # torch's archive loader may pass options of its own (torch 2.11 passes ``weights_only``): keep pickle's
-        kwargs = {k: v for k, v in kwargs.items() if k in ("fix_imports", "errors", "buffers")}
+    def __init__(self, file: Any, *, encoding: str = "utf-8", extra: Mapping[str, Any] | None = None, **kwargs: Any):
+        kwargs = {k: v for k, v in kwargs.items() if k in ("fix_imports", "errors")}
         super().__init__(file, encoding=encoding, **kwargs)
         self.replaced: list[str] = []
-        self._allowed = allowed_globals()
+        self._allowed = {**allowed_globals(), **(extra or {})}
         self._made: dict[str, type[Placeholder]] = {}
 
     def find_class(self, module: str, name: str) -> Any:
@@ -220,11 +335,47 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: ever
 
     def load_build(self) -> None:
         inst = self.stack[-2]  # below the state
+        if isinstance(inst, _Pending):
+            state = self.stack.pop()
+            try:
+                real = inst.finish(state)
+            except ValueError as exc:
+                raise pickle.UnpicklingError(str(exc)) from None
+            self.stack[-1] = real
+            for key in inst.memo_keys:
+                if self.memo.get(key) is inst:
+                    self.memo[key] = real
+            return
         if not isinstance(inst, _BUILD_TYPES):
             raise pickle.UnpicklingError(f"BUILD on a {type(inst).__name__} is not admitted")
         super().load_build()
 
     dispatch[pickle.BUILD[0]] = load_build
+
+    def _memo_put(self, key: int) -> None:
+        if key < 0:
+            raise ValueError("negative memo index")
+        value = self.stack[-1]
+        self.memo[key] = value
+        if isinstance(value, _Pending):
+            value.memo_keys.append(key)
+
+    def load_put(self) -> None:
+        self._memo_put(int(self.readline()[:-1]))
+
+    def load_binput(self) -> None:
+        self._memo_put(self.read(1)[0])
+
+    def load_long_binput(self) -> None:
+        self._memo_put(int.from_bytes(self.read(4), "little"))
+
+    def load_memoize(self) -> None:
+        self._memo_put(len(self.memo))
+
+    dispatch[pickle.PUT[0]] = load_put
+    dispatch[pickle.BINPUT[0]] = load_binput
+    dispatch[pickle.LONG_BINPUT[0]] = load_long_binput
+    dispatch[pickle.MEMOIZE[0]] = load_memoize
 
     def load_newobj_ex(self) -> None:
         raise pickle.UnpicklingError("NEWOBJ_EX (keyword constructor arguments) is not admitted")
@@ -232,9 +383,182 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: ever
     dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
 
 
+def check_tree(obj: Any, where: str, max_depth: int = MAX_DEPTH) -> None:
+    """Walk what a pickle built (iteratively): nesting deeper than ``max_depth`` or a numpy object left without its
+    ``BUILD`` → :class:`CheckpointError` naming ``where``. Cycles are visited once."""
+    seen: set[int] = set()
+    todo: list[tuple[Any, int]] = [(obj, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, _Pending):
+            raise CheckpointError(f"{where}: holds an {item!r} (a numpy object without its state); refused")
+        if isinstance(item, str | bytes | bytearray | int | float | complex | bool | torch.Tensor | np.ndarray
+                      | np.generic | torch.dtype | torch.Size | torch.device) or item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if depth >= max_depth:
+            raise CheckpointError(f"{where}: nesting deeper than {max_depth} levels; refused")
+        if isinstance(item, Mapping):
+            children = [*item.keys(), *item.values()]
+        elif isinstance(item, list | tuple | set | frozenset | collections.deque):
+            children = list(item)
+        elif isinstance(item, slice):
+            children = [item.start, item.stop, item.step]
+        else:
+            children = []
+        if hasattr(item, "__dict__") and not isinstance(item, type):
+            children += list(vars(item).values())
+        todo.extend((c, depth + 1) for c in children)
+
+
+def load_pickle(file: Any, where: str, *, persistent_load: Any = None,
+                extra: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
+    """THE pickle reader of XBench (checkpoints, TorchScript data, cheXlocalize maps): :class:`RestrictedUnpickler`
+    on ``file`` → ``(object, replaced names)``, then :func:`check_tree`. Anything refused →
+    :class:`CheckpointError` naming ``where``; no code from the file runs."""
+    unpickler = RestrictedUnpickler(file, extra=extra)
+    if persistent_load is not None:
+        unpickler.persistent_load = persistent_load
+    try:
+        obj = unpickler.load()
+    except CheckpointError:
+        raise
+    except RecursionError:
+        raise CheckpointError(f"{where}: nesting too deep; refused") from None
+    except Exception as exc:
+        raise CheckpointError(f"{where}: refused by the restricted unpickler ({type(exc).__name__}: {exc}); "
+                              "no code from the file was run") from None
+    check_tree(obj, where)
+    return obj, unpickler.replaced
+
+
+# -- torch containers, read by XBench itself (bytes counted before anything is allocated) ---------------
+def _element_size(dtype: torch.dtype) -> int:
+    return torch._utils._element_size(dtype)
+
+
+def _typed_storage(raw: bytearray, dtype: torch.dtype) -> Any:
+    untyped = torch.frombuffer(raw, dtype=torch.uint8).untyped_storage() if raw else torch.UntypedStorage(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage deprecation notice
+        return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+
+def _storage_pid(pid: Any, size: int) -> tuple[_Marker, str, int]:
+    if not (isinstance(pid, tuple) and len(pid) == size and pid[0] in ("storage", b"storage")):
+        raise pickle.UnpicklingError(f"persistent id {pid!r:.80} is not a torch storage reference")
+    stype, key, numel = pid[1], pid[2], pid[4]
+    if not isinstance(stype, _Marker) or stype.dtype is None:
+        raise pickle.UnpicklingError(f"storage type {stype!r:.80} is not admitted")
+    if not isinstance(key, str) or type(numel) is not int or numel < 0:
+        raise pickle.UnpicklingError("storage key / size is malformed")
+    return stype, key, numel
+
+
+def _read_zip_archive(fh: Any, size: int, where: str) -> tuple[Any, list[str]]:
+    """A torch zip archive (``torch.save`` since 1.6, TorchScript ``data.pkl``), read with Python's ``zipfile``.
+
+    Every member used must be stored uncompressed (torch never compresses; a compressed member could expand
+    beyond the file) and fit in the file; a storage's declared size must equal its member's size, checked
+    before its bytes are read."""
+    try:
+        archive = zipfile.ZipFile(fh)
+        infos = {info.filename: info for info in archive.infolist()}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise CheckpointError(f"{where}: not a readable zip archive ({exc})") from None
+    pkls = [n for n in infos if n == "data.pkl" or (n.endswith("/data.pkl") and n.count("/") == 1)]
+    if len(pkls) != 1:
+        raise CheckpointError(f"{where}: a torch archive has exactly one <name>/data.pkl; found {len(pkls)}")
+    prefix = pkls[0][: -len("data.pkl")]
+
+    def member(name: str) -> bytearray:
+        info = infos.get(name)
+        if info is None:
+            raise CheckpointError(f"{where}: archive member {name} is missing")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointError(f"{where}: archive member {name} is compressed; torch archives are stored "
+                                  "uncompressed, so this is refused (it could expand beyond the file)")
+        if info.file_size > size or info.compress_size != info.file_size:
+            raise CheckpointError(f"{where}: archive member {name} declares {info.file_size} bytes; the file has {size}")
+        raw = bytearray(info.file_size)
+        try:
+            with archive.open(info) as src:
+                got = src.readinto(raw)
+                if got != info.file_size:
+                    raise CheckpointError(f"{where}: archive member {name} is truncated ({got} of {info.file_size} bytes)")
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            raise CheckpointError(f"{where}: archive member {name} is unreadable ({exc})") from None
+        return raw
+
+    order = bytes(member(prefix + "byteorder")) if prefix + "byteorder" in infos else b"little"
+    if order != b"little":
+        raise CheckpointError(f"{where}: byte order {order[:16]!r} is not supported (little-endian archives only)")
+    storages: dict[str, Any] = {}
+
+    def persistent_load(pid: Any) -> Any:
+        stype, key, numel = _storage_pid(pid, 5)
+        if key not in storages:
+            name = f"{prefix}data/{key}"
+            info = infos.get(name)
+            nbytes = numel * _element_size(stype.dtype)
+            if info is None or info.file_size != nbytes:
+                raise pickle.UnpicklingError(f"storage {key} declares {nbytes} bytes; the archive holds "
+                                             f"{'no member' if info is None else info.file_size}")
+            storages[key] = _typed_storage(member(name), stype.dtype)
+        return storages[key]
+
+    return load_pickle(io.BytesIO(member(prefix + "data.pkl")), where, persistent_load=persistent_load)
+
+
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+
+
+def _read_legacy(data: bytes, where: str) -> tuple[Any, list[str]]:
+    """A legacy (pre-1.6, non-zip) torch file, from its bytes: header pickles, the object pickle (storages
+    declared there are allocated only while their total fits in the bytes left), the storage keys, then each
+    storage's element count and bytes (the count must match the declaration)."""
+    fh = io.BytesIO(data)
+    if load_pickle(fh, where)[0] != _LEGACY_MAGIC:
+        raise CheckpointError(f"{where}: not a torch checkpoint (no legacy magic number, not a zip archive)")
+    if load_pickle(fh, where)[0] != 1001:
+        raise CheckpointError(f"{where}: unknown legacy torch protocol version")
+    info = load_pickle(fh, where)[0]
+    if not isinstance(info, dict) or info.get("little_endian") is not True:
+        raise CheckpointError(f"{where}: legacy checkpoint is not little-endian; not supported")
+    storages: dict[str, Any] = {}
+    committed = 0
+
+    def persistent_load(pid: Any) -> Any:
+        nonlocal committed
+        stype, key, numel = _storage_pid(pid, 6)
+        if pid[5] is not None:
+            raise pickle.UnpicklingError("legacy storage views are not supported")
+        if key not in storages:
+            nbytes = numel * _element_size(stype.dtype)
+            if committed + nbytes > len(data) - fh.tell():
+                raise pickle.UnpicklingError(f"storage {key} declares {nbytes} bytes; only "
+                                             f"{len(data) - fh.tell() - committed} bytes are left in the file")
+            committed += nbytes
+            storages[key] = (_typed_storage(bytearray(nbytes), stype.dtype), numel)  # ≤ the bytes left in the file
+        return storages[key][0]
+
+    obj, replaced = load_pickle(fh, where, persistent_load=persistent_load)
+    keys = load_pickle(fh, where)[0]
+    if not isinstance(keys, list) or sorted(keys) != sorted(storages):
+        raise CheckpointError(f"{where}: legacy storage list does not match the storages the pickle uses")
+    for key in keys:
+        storage, numel = storages[key]
+        count = int.from_bytes(fh.read(8), "little", signed=True)
+        nbytes = numel * _element_size(storage.dtype)
+        raw = fh.read(nbytes) if count == numel else b""
+        if count != numel or len(raw) != nbytes:
+            raise CheckpointError(f"{where}: storage {key} is truncated or its size ({count}) differs from {numel}")
+        if nbytes:
+            storage._untyped_storage.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8).untyped_storage())
+    return obj, replaced
 @dataclass
 class LoadReport:
-    """What :func:`read_checkpoint_report` did: ``method`` (``safetensors``, ``weights_only``,
+    """What :func:`read_checkpoint_report` did: ``method`` (``safetensors``, ``legacy``,
     ``restricted``, ``torchscript``) and the pickled names it replaced by placeholders."""
 
     path: Path
@@ -242,7 +566,7 @@ class LoadReport:
     replaced: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        text = {"safetensors": "safetensors", "weights_only": "torch.load(weights_only=True)",
+        text = {"safetensors": "safetensors", "legacy": "restricted unpickler (legacy torch format)",
                 "restricted": "restricted unpickler", "torchscript": "restricted unpickler (TorchScript data.pkl, code not run)"}[self.method]
         if self.replaced:
             text += f"; {len(self.replaced)} pickled type(s) kept as inert placeholders: {', '.join(self.replaced)}"
@@ -250,22 +574,23 @@ class LoadReport:
 
 
 def _restricted_load(path: Path) -> tuple[Any, list[str]]:
-    """``data.pkl`` of a torch zip archive through :class:`RestrictedUnpickler`, storages by torch's reader."""
-    made: list[RestrictedUnpickler] = []
+    """A torch zip archive (checkpoint or TorchScript) through :func:`_read_zip_archive`."""
+    with open(path, "rb") as fh:
+        return _read_zip_archive(fh, path.stat().st_size, str(path))
 
-    class Tracked(RestrictedUnpickler):
-        def __init__(self, *args: Any, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            made.append(self)
 
-    try:
-        reader = torch._C.PyTorchFileReader(str(path))
-        obj = torch.serialization._load(reader, "cpu", types.SimpleNamespace(Unpickler=Tracked),
-                                        weights_only=True, encoding="utf-8")
-    except Exception as exc:
-        raise CheckpointError(f"{path}: refused by the restricted unpickler ({type(exc).__name__}: {exc}); "
-                              "no code from the file was run") from exc
-    return obj, (made[0].replaced if made else [])
+def read_torch_bytes(data: bytes, where: str) -> Any:
+    """A ``torch.save`` payload held in memory (zip archive or legacy format), read like a checkpoint file: the
+    reader of the storages nested in cheXlocalize map pickles (``torch.storage._load_from_bytes``)."""
+    if not isinstance(data, bytes | bytearray):
+        raise pickle.UnpicklingError(f"nested torch data must be bytes, got {type(data).__name__}")
+    if data[:4] == b"PK\x03\x04":
+        obj, replaced = _read_zip_archive(io.BytesIO(data), len(data), where)
+    else:
+        obj, replaced = _read_legacy(bytes(data), where)
+    if replaced:
+        raise CheckpointError(f"{where}: nested torch data pickles other objects ({', '.join(replaced)}); refused")
+    return obj
 
 
 def _is_torchscript(path: Path) -> bool:
@@ -296,17 +621,10 @@ def read_checkpoint_report(path: str | Path) -> tuple[Any, LoadReport]:
         raise CheckpointError(f"{path}: is a TorchScript archive (code + data), not a checkpoint; XBench never "
                               "runs TorchScript. Use the model's plain state-dict file instead.")
     if zipfile.is_zipfile(path):  # torch's archive format: the restricted unpickler reads it directly
-        # (not torch.load(weights_only=True) first: its unpickler admits bytearray(n), so a crafted file could
-        # ask for any amount of memory; ours admits no sized producer)
         obj, replaced = _restricted_load(path)
         return obj, LoadReport(path, "restricted", replaced)
-    try:  # a legacy (non-zip) torch file
-        return torch.load(path, map_location="cpu", weights_only=True), LoadReport(path, "weights_only")
-    except pickle.UnpicklingError as first:
-        raise CheckpointError(f"{path}: a legacy (non-zip) checkpoint with non-tensor objects cannot be read "
-                              f"safely ({first})") from first
-    except Exception as exc:  # not a torch file, truncated, ...
-        raise CheckpointError(f"{path}: cannot be read as a checkpoint ({type(exc).__name__}: {exc})") from exc
+    obj, replaced = _read_legacy(path.read_bytes(), str(path))  # a legacy (non-zip) torch file, bytes read first
+    return obj, LoadReport(path, "legacy", replaced)
 
 
 def read_checkpoint(path: str | Path) -> Any:
