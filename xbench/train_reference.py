@@ -144,7 +144,7 @@ def train(model_name: str, out: str | Path, *, epochs: int | None = None, seed: 
     model = model.cpu().eval()
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     atomic_write(out / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp)))
-    adapter = ADAPTERS[model_name].from_state_dict(model.state_dict())
+    adapter = ADAPTERS[model_name].from_checkpoint(model.state_dict())
     test_set = load_dataset("phantom", split="test")
     record = {
         "model": model_name,

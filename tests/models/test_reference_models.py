@@ -157,7 +157,7 @@ def test_truncated_checkpoint_lists_missing_keys():
     state = dict(XAttnAdapter.from_config({"params": {"random_init": True}}, None).model.state_dict())
     state.pop("head.weight")
     with pytest.raises(CheckpointError, match="head.weight"):
-        XAttnAdapter.from_state_dict(state)
+        XAttnAdapter.from_checkpoint(state)
 
 
 def test_missing_weights_folder(tmp_path):

@@ -33,6 +33,7 @@ by executing pickled code.
 from __future__ import annotations
 
 import os
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ class Adapter(ABC):
 
     Facts (``name``, ``map_source``, ``score_rule``, ``input_size``, ``grid``, ``verified``, ``citation``,
     ``weights_source``) are instance attributes copied from the model's YAML by :meth:`__init__`; they are
-    never written in the adapter's code. An adapter built directly (tests, ``from_official_checkpoint``)
+    never written in the adapter's code. An adapter built directly (tests, :meth:`from_checkpoint`)
     with a partial config gets the missing facts from the YAML named by its class's :attr:`config_name`.
     """
 
@@ -119,6 +120,25 @@ class Adapter(ABC):
             raise missing_weights(config, random_init=cls._random.__func__ is not Adapter._random.__func__)
         adapter.weights_label = label
         return adapter
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Any, *parts: Any, **options: Any) -> Adapter:
+        """The in-memory constructor, one name for every adapter: the adapter from a *loaded* checkpoint object.
+
+        ``parts`` are what the model needs besides its weights (text encoder, tokenizer, vocabulary, network
+        config; see each adapter), ``options`` at least ``config`` (a partial config gets its missing facts from
+        the YAML, :func:`with_yaml_facts`) and ``device``. Adapters whose weights come from files implement it and
+        their ``_load`` reads the files and calls it; a mismatching checkpoint raises
+        :class:`~xbench.errors.CheckpointError` listing the keys.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no in-memory constructor (its weights are not a checkpoint)")
+
+    @classmethod
+    def from_official_checkpoint(cls, checkpoint: Any, *parts: Any, **options: Any) -> Adapter:
+        """Deprecated spelling of :meth:`from_checkpoint` (MedKLIP, MAVL, KAD and CARZero used it until 2026-11)."""
+        warnings.warn(f"{cls.__name__}.from_official_checkpoint is deprecated; use {cls.__name__}.from_checkpoint "
+                      "(the same arguments)", DeprecationWarning, stacklevel=2)
+        return cls.from_checkpoint(checkpoint, *parts, **options)
 
     @classmethod
     def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> Adapter:

@@ -88,6 +88,7 @@ from ._common import HashWordTokenizer, PromptCache, check_inputs, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
 from .checkpoint import require_tensor_state
 from .inputs import to_uint8
+from .layers import QueryNetwork
 from .text import load_bert_tokenizer
 
 __all__ = [
@@ -495,68 +496,24 @@ class CARZeroTextEncoder(nn.Module):
         return words, sentence
 
 
-class FusionLayer(nn.Module):
-    """``TransformerDecoderWoSelfAttenLayer`` (pre-norm, inference): cross-attention and FFN, no self-attention.
-
-    ``self_attn`` and ``norm1`` are kept only because the checkpoint stores them. Dropout is omitted
-    (identity at inference).
-    """
-
-    def __init__(self, dim: int = EMBED_DIM, heads: int = 4, ffn: int = 1024):
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(dim, heads)
-        self.multihead_attn = nn.MultiheadAttention(dim, heads)
-        self.linear1 = nn.Linear(dim, ffn)
-        self.linear2 = nn.Linear(ffn, dim)
-        self.norm1 = nn.LayerNorm(dim)
-        self.norm2 = nn.LayerNorm(dim)
-        self.norm3 = nn.LayerNorm(dim)
-
-    def forward(self, queries: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``queries (q, N, D)``, ``memory (T, N, D)`` -> new queries and head-averaged attention ``(N, q, T)``."""
-        attended, weights = self.multihead_attn(self.norm2(queries), memory, memory, need_weights=True)
-        x = queries + attended
-        return x + self.linear2(F.relu(self.linear1(self.norm3(x)))), weights
-
-
-class FusionDecoder(nn.Module):
-    """``TransformerDecoder``: the layers and the final ``norm`` (the same module as ``decoder_norm``)."""
-
-    def __init__(self, layers: int, norm: nn.LayerNorm):
-        super().__init__()
-        self.layers = nn.ModuleList(FusionLayer() for _ in range(layers))
-        self.norm = norm
-
-
-class FusionModule(nn.Module):
+class FusionModule(QueryNetwork):
     """``TQN_Model`` of CARZero: ``forward(memory (N, T, D), queries (q, D)) -> (logits (N, q, 1), attention)``.
 
-    ``attention`` is the list of the 4 layers' head-averaged cross-attention, each ``(N, q, T)``.
-    ``logit_scale`` is stored in the checkpoint but unused at inference.
+    KAD's query network (:class:`~xbench.models.layers.QueryNetwork`) with the ``TransformerDecoderWoSelfAttenLayer``
+    variant of the one decoder layer (no self-attention; ``self_attn`` / ``norm1`` are in the checkpoint but unused),
+    the final norm registered twice (``decoder_norm`` and ``decoder.norm``, as the checkpoint stores it) and a 4-layer
+    ``mlp_head`` 768->1024->512->256->1 (Linear layers at indices 0, 3, 6, 9 as in the checkpoint). ``attention``
+    is the list of the 4 layers' head-averaged cross-attention, each ``(N, q, T)``. ``logit_scale`` is stored in
+    the checkpoint but unused at inference.
     """
 
     def __init__(self, layers: int = 4, dim: int = EMBED_DIM):
-        super().__init__()
-        self.logit_scale = nn.Parameter(torch.ones([]) * math.log(1 / 0.07))
-        self.decoder_norm = nn.LayerNorm(dim)
-        self.decoder = FusionDecoder(layers, self.decoder_norm)
-        self.mlp_head = nn.Sequential(  # Linear layers at indices 0, 3, 6, 9 as in the checkpoint
+        super().__init__(lambda: nn.Sequential(
             nn.Linear(dim, 1024), nn.ReLU(), nn.Dropout(0.1),
             nn.Linear(1024, 512), nn.ReLU(), nn.Dropout(0.1),
             nn.Linear(512, 256), nn.ReLU(), nn.Dropout(0.1),
             nn.Linear(256, 1),
-        )
-
-    def forward(self, memory: torch.Tensor, queries: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        batch = memory.shape[0]
-        memory = self.decoder_norm(memory.transpose(0, 1))
-        x = self.decoder_norm(queries.unsqueeze(1).repeat(1, batch, 1))
-        attention = []
-        for layer in self.decoder.layers:
-            x, weights = layer(x, memory)
-            attention.append(weights)
-        x = self.decoder.norm(x)
-        return self.mlp_head(x.transpose(0, 1)), attention
+        ), layers, heads=4, ffn=1024, d_model=dim, self_attention=False, final_norm_alias=True)
 
 
 class CARZeroModel(nn.Module):
@@ -682,7 +639,7 @@ class CARZeroAdapter(Adapter):
         vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", source)
         tokenizer = load_bert_tokenizer(tok_dir, source=source)
         bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
-        return cls.from_official_checkpoint(load_carzero_checkpoint(files["checkpoint"]), tokenizer, read_vocab(vocab_path),
+        return cls.from_checkpoint(load_carzero_checkpoint(files["checkpoint"]), tokenizer, read_vocab(vocab_path),
                                             bert_config, config, device, where=str(files["checkpoint"]))
 
     @classmethod
@@ -694,7 +651,7 @@ class CARZeroAdapter(Adapter):
         return cls(model, HashWordTokenizer(MAX_WORDS), vocab, config, device)
 
     @classmethod
-    def from_official_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str], bert_config: BertConfig | None = None,
+    def from_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str], bert_config: BertConfig | None = None,
                                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu",
                                  where: str = "CARZero checkpoint") -> CARZeroAdapter:
         """Adapter from a loaded checkpoint dict (the path a user's ``CARZero_best_model.ckpt`` takes).

@@ -264,7 +264,7 @@ class _ReferenceAdapter(Adapter):
         self.model = model.to(self.device).eval()
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None = None,
+    def from_checkpoint(cls, state: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None = None,
                         device: str | torch.device = "cpu", where: str = "reference checkpoint") -> _ReferenceAdapter:
         """Build the adapter from a loaded state dict (the path a committed or user file takes).
 
@@ -281,7 +281,7 @@ class _ReferenceAdapter(Adapter):
               ) -> _ReferenceAdapter:
         """``files["checkpoint"]`` (the committed ``bundled_weights`` folder unless ``weights=DIR``)."""
         path = files["checkpoint"]
-        return cls.from_state_dict(load_checkpoint(path), config, device, where=str(path))
+        return cls.from_checkpoint(load_checkpoint(path), config, device, where=str(path))
 
     @classmethod
     def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device
