@@ -14,10 +14,13 @@ import torch
 import xbench
 from xbench.errors import CheckpointError, MissingFileError, XBenchWarning
 from xbench.metrics import pointing_game
-from xbench.models.reference import GRID, INPUT_SIZE, PatchSimAdapter, XAttnAdapter, preprocess, tokenize
+from xbench.models.reference import PatchSimAdapter, XAttnAdapter, preprocess, tokenize
+from xbench.registry import model_config
 from xbench.train_reference import evaluate, evaluate_centre_prior
 
 CASES = 100
+INPUT_SIZE = model_config("ref_xattn")["input_size"]  # the facts of both reference models' YAMLs
+GRID = tuple(model_config("ref_xattn")["grid"])
 LARGE = ["Cardiomegaly", "Pleural Effusion"]
 SMALL_THIN = ["Nodule", "Pneumothorax"]
 

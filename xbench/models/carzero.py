@@ -85,11 +85,12 @@ from transformers import BertConfig, BertModel
 
 from ..errors import CheckpointError
 from ._common import HashWordTokenizer, PromptCache, check_inputs, seeded_build
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, with_yaml_facts
 from .checkpoint import require_tensor_state
 from .inputs import to_uint8
 from .layers import QueryNetwork
 from .text import load_bert_tokenizer
+from ..registry import model_config
 
 __all__ = [
     "CARZeroAdapter",
@@ -115,7 +116,6 @@ __all__ = [
 ]
 
 RESIZE = 256  # cfg.data.image.imsize
-CROP = 224  # cfg.transforms.random_crop.crop_size (CenterCrop at test time)
 MEAN, STD = 0.4978, 0.2449  # cfg.transforms.norm == "CXR_MAE" (builder.build_transformation)
 MAX_WORDS = 97  # cfg.data.text.word_num
 EMBED_DIM = 768
@@ -254,7 +254,13 @@ def resize_and_pad(image: np.ndarray, size: int = RESIZE) -> np.ndarray:
     return np.pad(resized, [(pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2)], constant_values=0)
 
 
-def preprocess_stages(image: np.ndarray) -> dict[str, Any]:
+def crop_size() -> int:
+    """``CenterCrop`` size of the official test transform (``cfg.transforms.random_crop.crop_size``): the model input,
+    the ``input_size`` of ``xbench/configs/models/carzero.yaml``."""
+    return int(model_config("carzero")["input_size"])
+
+
+def preprocess_stages(image: np.ndarray, crop: int | None = None) -> dict[str, Any]:
     """All stages of the official ``process_img`` for one XBench image.
 
     Parameters
@@ -276,8 +282,9 @@ def preprocess_stages(image: np.ndarray) -> dict[str, Any]:
         raise ValueError(f"expected a grey image of shape (H, W), got shape {image.shape}")
     u8 = to_uint8(image, "opencv")  # cv2.imread(path, 0): 8-bit files exact, 16-bit PNGs v >> 8
     padded = resize_and_pad(u8, RESIZE)
-    top = int(round((RESIZE - CROP) / 2.0))
-    cropped = padded[top: top + CROP, top: top + CROP]
+    crop = int(crop or crop_size())
+    top = int(round((RESIZE - crop) / 2.0))
+    cropped = padded[top: top + crop, top: top + crop]
     x = torch.from_numpy(np.ascontiguousarray(cropped)).to(torch.float32).div(255)
     x = x.unsqueeze(0).repeat(3, 1, 1)
     x = x.sub(torch.tensor(MEAN, dtype=torch.float32)).div(torch.tensor(STD, dtype=torch.float32))
@@ -434,9 +441,10 @@ class VisionTransformer(nn.Module):
     then the 196 patches row-major. ``pos_embed`` is added to the patches and to the CLS token.
     """
 
-    def __init__(self, image_size: int = CROP, patch: int = 16, dim: int = EMBED_DIM, depth: int = 12, heads: int = 12):
+    def __init__(self, image_size: int | None = None, patch: int = 16, dim: int = EMBED_DIM, depth: int = 12, heads: int = 12):
         super().__init__()
-        tokens = (image_size // patch) ** 2
+        self.patch = patch
+        tokens = (int(image_size or crop_size()) // patch) ** 2
         self.patch_embed = _PatchEmbed(patch, dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, tokens + 1, dim), requires_grad=False)
@@ -457,9 +465,9 @@ class VisionTransformer(nn.Module):
 class CARZeroImageEncoder(nn.Module):
     """Holds the ViT as ``model`` (checkpoint prefix ``img_encoder.model.``); global/local embedders are identities."""
 
-    def __init__(self):
+    def __init__(self, image_size: int | None = None):
         super().__init__()
-        self.model = VisionTransformer()
+        self.model = VisionTransformer(image_size)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.model(pixels)
@@ -517,12 +525,13 @@ class FusionModule(QueryNetwork):
 
 
 class CARZeroModel(nn.Module):
-    """The CARZero network with the official attribute names (checkpoint keys minus ``CARZero.``)."""
+    """The CARZero network with the official attribute names (checkpoint keys minus ``CARZero.``); ``image_size``
+    (default :func:`crop_size`) sizes the ViT's positional embedding."""
 
-    def __init__(self, bert_config: BertConfig | None = None):
+    def __init__(self, bert_config: BertConfig | None = None, image_size: int | None = None):
         super().__init__()
         self.text_encoder = CARZeroTextEncoder(bert_config)
-        self.img_encoder = CARZeroImageEncoder()
+        self.img_encoder = CARZeroImageEncoder(image_size)
         self.fusion_module = FusionModule()
 
 
@@ -588,7 +597,7 @@ class CARZeroOutput:
     maps: torch.Tensor
 
 
-def attention_maps(attention: Sequence[torch.Tensor], grid: tuple[int, int] = (14, 14)) -> torch.Tensor:
+def attention_maps(attention: Sequence[torch.Tensor], grid: tuple[int, int]) -> torch.Tensor:
     """Official map: drop key 0 (image CLS) of the last 4 layers **without renormalising**, average, reshape row-major.
 
     ``attention``: per layer ``(B, n, 1 + h*w)``; returns ``(B, n, h, w)``. The sum runs in the
@@ -628,6 +637,8 @@ class CARZeroAdapter(Adapter):
         if len(self.vocab) < vocab_size:
             raise ValueError(f"vocab has {len(self.vocab)} tokens but the text encoder has {vocab_size} embeddings")
         self._text_cache: PromptCache[tuple[torch.Tensor, torch.Tensor]] = PromptCache()
+        side = self.input_size // self.model.img_encoder.model.patch
+        self.check_fact("grid", (side, side), f"input_size {self.input_size} over the ViT's 16-pixel patches")
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -646,7 +657,7 @@ class CARZeroAdapter(Adapter):
     def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> CARZeroAdapter:
         """Full-size network with torch's default initialisation seeded by ``params.seed`` (global RNG restored),
         the :class:`~xbench.models._common.HashWordTokenizer` stand-in and :func:`synthetic_vocab`."""
-        model = seeded_build(int(config["params"].get("seed", 0)), CARZeroModel)
+        model = seeded_build(int(config["params"].get("seed", 0)), lambda: CARZeroModel(image_size=config["input_size"]))
         vocab = synthetic_vocab(model.text_encoder.model.config.vocab_size)
         return cls(model, HashWordTokenizer(MAX_WORDS), vocab, config, device)
 
@@ -659,7 +670,8 @@ class CARZeroAdapter(Adapter):
         The BERT vocabulary size is read from the checkpoint; other BERT sizes come from
         ``bert_config`` (bert-base when ``None``). Mismatches raise :class:`CheckpointError`.
         """
-        model = CARZeroModel(bert_config_from_state(official_state(checkpoint, where), bert_config))
+        image_size = with_yaml_facts(cls.config_name, config)["input_size"]
+        model = CARZeroModel(bert_config_from_state(official_state(checkpoint, where), bert_config), image_size)
         load_official_checkpoint(model, checkpoint, where)
         adapter = cls(model, tokenizer, vocab, config, device)
         adapter.weights_label = "official"
@@ -668,7 +680,7 @@ class CARZeroAdapter(Adapter):
     # -- inputs --------------------------------------------------------------------------------
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         """XBench image ``(H, W)`` float32 in [0, 1] -> ``(3, 224, 224)`` float32 (:func:`preprocess_stages`)."""
-        return preprocess_stages(image)["pixel_values"]
+        return preprocess_stages(image, self.input_size)["pixel_values"]
 
     def input_window(self, size: tuple[int, int]) -> tuple[float, float, float, float]:
         """Window of :func:`resize_and_pad` + ``CenterCrop(224)`` in original pixels.
@@ -679,13 +691,14 @@ class CARZeroAdapter(Adapter):
         """
         h, w = int(size[0]), int(size[1])
         longest = max(h, w)
-        top = int(round((RESIZE - CROP) / 2.0))
+        crop = self.input_size
+        top = int(round((RESIZE - crop) / 2.0))
         window = []
         for extent in (h, w):
             resized = RESIZE if extent == longest else int(float(extent) * float(RESIZE / float(longest)))
             pad_before = (RESIZE - resized) // 2
             start = (top - pad_before) * extent / resized
-            window.append((start, start + CROP * extent / resized))
+            window.append((start, start + crop * extent / resized))
         (y0, y1), (x0, x1) = window
         return (y0, x0, y1, x1)
 

@@ -81,7 +81,7 @@ BERT_VOCAB = 28996  # Bio_ClinicalBERT (BERT-base cased vocabulary)
 RESAMPLE = Image.BILINEAR  # the official Resize([S, S]) on a PIL image (antialiased)
 
 
-def resize_uint8(image: np.ndarray, size: int | None = None) -> np.ndarray:
+def bilinear_resize(image: np.ndarray, size: int | None = None) -> np.ndarray:
     """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(size, size)`` uint8, the official pre-ToTensor image.
 
     ``round(image · 255)`` then PIL ``BILINEAR`` resize (antialiased; aspect ratio not kept). Resizing the grey
@@ -89,6 +89,9 @@ def resize_uint8(image: np.ndarray, size: int | None = None) -> np.ndarray:
     the ``input_size`` of ``xbench/configs/models/medklip.yaml`` (the adapters pass their own).
     """
     return _common.resize_uint8(image, int(size or model_config("medklip")["input_size"]), RESAMPLE)
+
+
+resize_uint8 = bilinear_resize  # the family's name for it (MedKLIP's and MAVL's ``resize_uint8``): no copy of the helper
 
 
 # -- text -------------------------------------------------------------------------------------

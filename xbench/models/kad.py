@@ -374,7 +374,8 @@ class KADAdapter(Adapter):
         stride = self.network.image_encoder.stride
         if self.input_size % stride:
             raise ValueError(f"input_size {self.input_size} is not a multiple of the trunk stride {stride}")
-        self.grid = (self.input_size // stride, self.input_size // stride)  # the trunk fixes it (the YAMLs agree)
+        side = self.input_size // stride
+        self.check_fact("grid", (side, side), f"input_size {self.input_size} over the trunk's stride {stride}")
         self._text_cache: PromptCache[torch.Tensor] = PromptCache()
 
     # -- construction ----------------------------------------------------------------------

@@ -153,7 +153,7 @@ class AttentionPool2d(nn.Module):
     (``(h·w + 1, C)``, so the grid size is fixed); separate q/k/v projections with biases, ``c_proj``.
     """
 
-    def __init__(self, spatial: int = 14, dim: int = 1024, heads: int = 8, out: int = D_MODEL):
+    def __init__(self, spatial: int, dim: int = 1024, heads: int = 8, out: int = D_MODEL):
         super().__init__()
         self.positional_embedding = nn.Parameter(torch.zeros(spatial * spatial + 1, dim))
         self.k_proj = nn.Linear(dim, dim)
