@@ -53,8 +53,8 @@ from .atomic import atomic_write, atomic_write_text
 from .datasets import load_dataset
 from .datasets.base import BaseDataset
 from .models.base import Adapter
-from .models.reference import (ARCHITECTURES, NEGATIVE_TEMPLATES, POSITIVE_TEMPLATES, WEIGHTS_FILE, PatchSimAdapter,
-                               XAttnAdapter, preprocess, tokenize)
+from .models.reference import (ARCHITECTURES, NEGATIVE_TEMPLATES, POSITIVE_TEMPLATES, PatchSimAdapter,
+                               XAttnAdapter, preprocess, tokenize, weights_file)
 
 ADAPTERS: dict[str, type[Adapter]] = {"ref_patchsim": PatchSimAdapter, "ref_xattn": XAttnAdapter}
 #: per-model defaults of ``--epochs`` and ``--cases`` (the committed checkpoints' recipes)
@@ -143,8 +143,8 @@ def train(model_name: str, out: str | Path, *, epochs: int | None = None, seed: 
 
     model = model.cpu().eval()
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    atomic_write(out / WEIGHTS_FILE, lambda tmp: save_file(state, str(tmp)))
-    adapter = ADAPTERS[model_name].from_state_dict(model.state_dict())
+    atomic_write(out / weights_file(), lambda tmp: save_file(state, str(tmp)))
+    adapter = ADAPTERS[model_name].from_checkpoint(model.state_dict())
     test_set = load_dataset("phantom", split="test")
     record = {
         "model": model_name,

@@ -14,10 +14,13 @@ import torch
 import xbench
 from xbench.errors import CheckpointError, MissingFileError, XBenchWarning
 from xbench.metrics import pointing_game
-from xbench.models.reference import GRID, INPUT_SIZE, PatchSimAdapter, XAttnAdapter, preprocess, tokenize
+from xbench.models.reference import PatchSimAdapter, XAttnAdapter, preprocess, tokenize
+from xbench.registry import model_config
 from xbench.train_reference import evaluate, evaluate_centre_prior
 
 CASES = 100
+INPUT_SIZE = model_config("ref_xattn")["input_size"]  # the facts of both reference models' YAMLs
+GRID = tuple(model_config("ref_xattn")["grid"])
 LARGE = ["Cardiomegaly", "Pleural Effusion"]
 SMALL_THIN = ["Nodule", "Pneumothorax"]
 
@@ -157,7 +160,7 @@ def test_truncated_checkpoint_lists_missing_keys():
     state = dict(XAttnAdapter.from_config({"params": {"random_init": True}}, None).model.state_dict())
     state.pop("head.weight")
     with pytest.raises(CheckpointError, match="head.weight"):
-        XAttnAdapter.from_state_dict(state)
+        XAttnAdapter.from_checkpoint(state)
 
 
 def test_missing_weights_folder(tmp_path):

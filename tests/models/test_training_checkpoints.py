@@ -36,7 +36,7 @@ def test_medklip_training_checkpoint_loads(tmp_path):
     state = MedKLIPNet().state_dict()
     path = tmp_path / "checkpoint_final.pth"
     torch.save({"model": {f"module.{k}": v for k, v in state.items()}, **_training_extras()}, path)
-    adapter = MedKLIPAdapter.from_official_checkpoint(load_checkpoint(path), bert_from_state())
+    adapter = MedKLIPAdapter.from_checkpoint(load_checkpoint(path), bert_from_state())
     _assert_same(adapter.net, state)
 
 
@@ -48,7 +48,7 @@ def test_mavl_training_checkpoint_loads(tmp_path):
     state = MAVLNet().state_dict()
     path = tmp_path / "checkpoint_full_40.pth"
     torch.save({"model": {f"module.{k}": v for k, v in state.items()}, **_training_extras()}, path)
-    adapter = MAVLAdapter.from_official_checkpoint(load_checkpoint(path), bert_from_state())
+    adapter = MAVLAdapter.from_checkpoint(load_checkpoint(path), bert_from_state())
     _assert_same(adapter.net, state)
 
 
@@ -60,7 +60,7 @@ def test_kad_training_checkpoint_loads(tmp_path, trunk):
     containers = {name: getattr(network, name).state_dict() for name in ("image_encoder", "text_encoder", "model")}
     path = tmp_path / "best_valid.pt"
     torch.save({**containers, **_training_extras()}, path)
-    adapter = KADAdapter.from_official_checkpoint(load_checkpoint(path), HashWordTokenizer(),
+    adapter = KADAdapter.from_checkpoint(load_checkpoint(path), HashWordTokenizer(),
                                                   {"params": {"trunk": trunk}, "input_size": 224})
     for name, state in containers.items():
         _assert_same(getattr(adapter.network, name), state)

@@ -270,7 +270,7 @@ def test_carzero_file_with_a_placeholder_value_is_refused_by_key(tmp_path):
     with pytest.warns(CheckpointWarning, match="exec"):
         checkpoint = load_checkpoint(path)
     with pytest.raises(CheckpointError, match=r"CARZero_best_model\.ckpt.*decoder_norm\.weight' is a exec"):
-        CARZeroAdapter.from_official_checkpoint(checkpoint, None, [], where=str(path))
+        CARZeroAdapter.from_checkpoint(checkpoint, None, [], where=str(path))
     assert not marker.exists()
 
 

@@ -33,6 +33,7 @@ by executing pickled code.
 from __future__ import annotations
 
 import os
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,8 +43,8 @@ from typing import Any, ClassVar, final
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, MissingFileError
-from ..registry import PACKAGE_DIR, import_target, model_config
+from ..errors import CheckpointError, FormatError, MissingFileError
+from ..registry import PACKAGE_DIR, import_target, list_models, model_config
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Adapter(ABC):
 
     Facts (``name``, ``map_source``, ``score_rule``, ``input_size``, ``grid``, ``verified``, ``citation``,
     ``weights_source``) are instance attributes copied from the model's YAML by :meth:`__init__`; they are
-    never written in the adapter's code. An adapter built directly (tests, ``from_official_checkpoint``)
+    never written in the adapter's code. An adapter built directly (tests, :meth:`from_checkpoint`)
     with a partial config gets the missing facts from the YAML named by its class's :attr:`config_name`.
     """
 
@@ -83,6 +84,15 @@ class Adapter(ABC):
         self.weights_source: str | None = weights_source(facts)
         self.device = torch.device(device)
         self.weights_label = "unknown"  # "official", "random-init", "xbench-reference", "user-checkpoint", "none"
+
+    def check_fact(self, key: str, value: Any, why: str) -> None:
+        """Raise :class:`FormatError` (naming the YAML and the key) unless fact ``key`` equals ``value``, what the
+        network or its files fix (``why``). Adapters check facts; they never overwrite them."""
+        stated = getattr(self, key)
+        if stated != value:
+            where = self.config.get("config_path") or f"model config of {type(self).__name__}"
+            raise FormatError(where, f"states {key} {stated!r}, but {why} gives {value!r}; facts are written in the "
+                                     "model YAML only: correct it there", field=key)
 
     # -- the one builder -------------------------------------------------------------------
     @classmethod
@@ -119,6 +129,25 @@ class Adapter(ABC):
             raise missing_weights(config, random_init=cls._random.__func__ is not Adapter._random.__func__)
         adapter.weights_label = label
         return adapter
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Any, *parts: Any, **options: Any) -> Adapter:
+        """The in-memory constructor, one name for every adapter: the adapter from a *loaded* checkpoint object.
+
+        ``parts`` are what the model needs besides its weights (text encoder, tokenizer, vocabulary, network
+        config; see each adapter), ``options`` at least ``config`` (a partial config gets its missing facts from
+        the YAML, :func:`with_yaml_facts`) and ``device``. Adapters whose weights come from files implement it and
+        their ``_load`` reads the files and calls it; a mismatching checkpoint raises
+        :class:`~xbench.errors.CheckpointError` listing the keys.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no in-memory constructor (its weights are not a checkpoint)")
+
+    @classmethod
+    def from_official_checkpoint(cls, checkpoint: Any, *parts: Any, **options: Any) -> Adapter:
+        """Deprecated spelling of :meth:`from_checkpoint` (MedKLIP, MAVL, KAD and CARZero used it until 2026-11)."""
+        warnings.warn(f"{cls.__name__}.from_official_checkpoint is deprecated; use {cls.__name__}.from_checkpoint "
+                      "(the same arguments)", DeprecationWarning, stacklevel=2)
+        return cls.from_checkpoint(checkpoint, *parts, **options)
 
     @classmethod
     def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> Adapter:
@@ -222,15 +251,35 @@ def require_file(folder: Path, relative: str, what: str, source: str | None) -> 
     return path
 
 
-def with_yaml_facts(config_name: str, config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``config`` over the registered YAML ``config_name`` (top-level keys of ``config`` win, ``params`` as a whole).
+FACT_KEYS = ("map_source", "score_rule", "input_size", "grid", "verified", "citation", "title")
 
-    A config that came from the registry (it has ``class``) or a class without ``config_name`` is used as is.
+
+def _agrees(yaml_config: Mapping[str, Any], config: Mapping[str, Any]) -> bool:
+    """Whether every fact and ``params`` entry of ``config`` that ``yaml_config`` also states has the same value."""
+    def same(a: Any, b: Any) -> bool:
+        return list(a) == list(b) if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) else a == b
+
+    yaml_params = yaml_config.get("params") or {}
+    return (all(same(yaml_config[k], v) for k, v in config.items() if k in FACT_KEYS and k in yaml_config)
+            and all(same(yaml_params[k], v) for k, v in (config.get("params") or {}).items() if k in yaml_params))
+
+
+def with_yaml_facts(config_name: str, config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``config`` over a registered YAML of the class (top-level keys of ``config`` win, ``params`` as a whole).
+
+    The YAML is ``config_name``'s when ``config`` agrees with it, else the first other registered YAML of the same
+    class that it agrees with (``{"input_size": 512, "params": {"trunk": "layer4"}}`` for the KAD adapter is
+    ``kad_512``, whose grid is 16x16), else ``config_name``'s. A config that came from the registry (it has
+    ``class``) or a class without ``config_name`` is used as is.
     """
     config = dict(config or {})
     if "class" in config or not config_name:
         return config
-    return {**model_config(config_name), **config}
+    base = model_config(config_name)
+    if not _agrees(base, config):
+        variants = (model_config(n) for n in list_models() if n != config_name)
+        base = next((v for v in variants if v.get("class") == base.get("class") and _agrees(v, config)), base)
+    return {**base, **config}
 
 
 def weight_entries(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -186,8 +186,8 @@ class BiomedCLIPAdapter(PromptPairCLIP):
         self._set_templates()
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
-        self.input_size = int(self.model.visual.image_size[0])
-        self.grid = tuple(self.model.visual.trunk.patch_embed.grid_size)
+        self.check_fact("input_size", int(self.model.visual.image_size[0]), "the folder's open_clip_config.json")
+        self.check_fact("grid", tuple(self.model.visual.trunk.patch_embed.grid_size), "the folder's open_clip_config.json")
         pre = dict(preprocess_cfg or {})
         self.transform = open_clip.image_transform(
             self.input_size, is_train=False,

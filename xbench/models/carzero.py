@@ -85,10 +85,12 @@ from transformers import BertConfig, BertModel
 
 from ..errors import CheckpointError
 from ._common import HashWordTokenizer, PromptCache, check_inputs, seeded_build
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, with_yaml_facts
 from .checkpoint import require_tensor_state
 from .inputs import to_uint8
+from .layers import QueryNetwork
 from .text import load_bert_tokenizer
+from ..registry import model_config
 
 __all__ = [
     "CARZeroAdapter",
@@ -114,7 +116,6 @@ __all__ = [
 ]
 
 RESIZE = 256  # cfg.data.image.imsize
-CROP = 224  # cfg.transforms.random_crop.crop_size (CenterCrop at test time)
 MEAN, STD = 0.4978, 0.2449  # cfg.transforms.norm == "CXR_MAE" (builder.build_transformation)
 MAX_WORDS = 97  # cfg.data.text.word_num
 EMBED_DIM = 768
@@ -253,7 +254,13 @@ def resize_and_pad(image: np.ndarray, size: int = RESIZE) -> np.ndarray:
     return np.pad(resized, [(pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2)], constant_values=0)
 
 
-def preprocess_stages(image: np.ndarray) -> dict[str, Any]:
+def crop_size() -> int:
+    """``CenterCrop`` size of the official test transform (``cfg.transforms.random_crop.crop_size``): the model input,
+    the ``input_size`` of ``xbench/configs/models/carzero.yaml``."""
+    return int(model_config("carzero")["input_size"])
+
+
+def preprocess_stages(image: np.ndarray, crop: int | None = None) -> dict[str, Any]:
     """All stages of the official ``process_img`` for one XBench image.
 
     Parameters
@@ -275,8 +282,9 @@ def preprocess_stages(image: np.ndarray) -> dict[str, Any]:
         raise ValueError(f"expected a grey image of shape (H, W), got shape {image.shape}")
     u8 = to_uint8(image, "opencv")  # cv2.imread(path, 0): 8-bit files exact, 16-bit PNGs v >> 8
     padded = resize_and_pad(u8, RESIZE)
-    top = int(round((RESIZE - CROP) / 2.0))
-    cropped = padded[top: top + CROP, top: top + CROP]
+    crop = int(crop or crop_size())
+    top = int(round((RESIZE - crop) / 2.0))
+    cropped = padded[top: top + crop, top: top + crop]
     x = torch.from_numpy(np.ascontiguousarray(cropped)).to(torch.float32).div(255)
     x = x.unsqueeze(0).repeat(3, 1, 1)
     x = x.sub(torch.tensor(MEAN, dtype=torch.float32)).div(torch.tensor(STD, dtype=torch.float32))
@@ -433,9 +441,10 @@ class VisionTransformer(nn.Module):
     then the 196 patches row-major. ``pos_embed`` is added to the patches and to the CLS token.
     """
 
-    def __init__(self, image_size: int = CROP, patch: int = 16, dim: int = EMBED_DIM, depth: int = 12, heads: int = 12):
+    def __init__(self, image_size: int | None = None, patch: int = 16, dim: int = EMBED_DIM, depth: int = 12, heads: int = 12):
         super().__init__()
-        tokens = (image_size // patch) ** 2
+        self.patch = patch
+        tokens = (int(image_size or crop_size()) // patch) ** 2
         self.patch_embed = _PatchEmbed(patch, dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, tokens + 1, dim), requires_grad=False)
@@ -456,9 +465,9 @@ class VisionTransformer(nn.Module):
 class CARZeroImageEncoder(nn.Module):
     """Holds the ViT as ``model`` (checkpoint prefix ``img_encoder.model.``); global/local embedders are identities."""
 
-    def __init__(self):
+    def __init__(self, image_size: int | None = None):
         super().__init__()
-        self.model = VisionTransformer()
+        self.model = VisionTransformer(image_size)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.model(pixels)
@@ -495,77 +504,34 @@ class CARZeroTextEncoder(nn.Module):
         return words, sentence
 
 
-class FusionLayer(nn.Module):
-    """``TransformerDecoderWoSelfAttenLayer`` (pre-norm, inference): cross-attention and FFN, no self-attention.
-
-    ``self_attn`` and ``norm1`` are kept only because the checkpoint stores them. Dropout is omitted
-    (identity at inference).
-    """
-
-    def __init__(self, dim: int = EMBED_DIM, heads: int = 4, ffn: int = 1024):
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(dim, heads)
-        self.multihead_attn = nn.MultiheadAttention(dim, heads)
-        self.linear1 = nn.Linear(dim, ffn)
-        self.linear2 = nn.Linear(ffn, dim)
-        self.norm1 = nn.LayerNorm(dim)
-        self.norm2 = nn.LayerNorm(dim)
-        self.norm3 = nn.LayerNorm(dim)
-
-    def forward(self, queries: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``queries (q, N, D)``, ``memory (T, N, D)`` -> new queries and head-averaged attention ``(N, q, T)``."""
-        attended, weights = self.multihead_attn(self.norm2(queries), memory, memory, need_weights=True)
-        x = queries + attended
-        return x + self.linear2(F.relu(self.linear1(self.norm3(x)))), weights
-
-
-class FusionDecoder(nn.Module):
-    """``TransformerDecoder``: the layers and the final ``norm`` (the same module as ``decoder_norm``)."""
-
-    def __init__(self, layers: int, norm: nn.LayerNorm):
-        super().__init__()
-        self.layers = nn.ModuleList(FusionLayer() for _ in range(layers))
-        self.norm = norm
-
-
-class FusionModule(nn.Module):
+class FusionModule(QueryNetwork):
     """``TQN_Model`` of CARZero: ``forward(memory (N, T, D), queries (q, D)) -> (logits (N, q, 1), attention)``.
 
-    ``attention`` is the list of the 4 layers' head-averaged cross-attention, each ``(N, q, T)``.
-    ``logit_scale`` is stored in the checkpoint but unused at inference.
+    KAD's query network (:class:`~xbench.models.layers.QueryNetwork`) with the ``TransformerDecoderWoSelfAttenLayer``
+    variant of the one decoder layer (no self-attention; ``self_attn`` / ``norm1`` are in the checkpoint but unused),
+    the final norm registered twice (``decoder_norm`` and ``decoder.norm``, as the checkpoint stores it) and a 4-layer
+    ``mlp_head`` 768->1024->512->256->1 (Linear layers at indices 0, 3, 6, 9 as in the checkpoint). ``attention``
+    is the list of the 4 layers' head-averaged cross-attention, each ``(N, q, T)``. ``logit_scale`` is stored in
+    the checkpoint but unused at inference.
     """
 
     def __init__(self, layers: int = 4, dim: int = EMBED_DIM):
-        super().__init__()
-        self.logit_scale = nn.Parameter(torch.ones([]) * math.log(1 / 0.07))
-        self.decoder_norm = nn.LayerNorm(dim)
-        self.decoder = FusionDecoder(layers, self.decoder_norm)
-        self.mlp_head = nn.Sequential(  # Linear layers at indices 0, 3, 6, 9 as in the checkpoint
+        super().__init__(lambda: nn.Sequential(
             nn.Linear(dim, 1024), nn.ReLU(), nn.Dropout(0.1),
             nn.Linear(1024, 512), nn.ReLU(), nn.Dropout(0.1),
             nn.Linear(512, 256), nn.ReLU(), nn.Dropout(0.1),
             nn.Linear(256, 1),
-        )
-
-    def forward(self, memory: torch.Tensor, queries: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        batch = memory.shape[0]
-        memory = self.decoder_norm(memory.transpose(0, 1))
-        x = self.decoder_norm(queries.unsqueeze(1).repeat(1, batch, 1))
-        attention = []
-        for layer in self.decoder.layers:
-            x, weights = layer(x, memory)
-            attention.append(weights)
-        x = self.decoder.norm(x)
-        return self.mlp_head(x.transpose(0, 1)), attention
+        ), layers, heads=4, ffn=1024, d_model=dim, self_attention=False, final_norm_alias=True)
 
 
 class CARZeroModel(nn.Module):
-    """The CARZero network with the official attribute names (checkpoint keys minus ``CARZero.``)."""
+    """The CARZero network with the official attribute names (checkpoint keys minus ``CARZero.``); ``image_size``
+    (default :func:`crop_size`) sizes the ViT's positional embedding."""
 
-    def __init__(self, bert_config: BertConfig | None = None):
+    def __init__(self, bert_config: BertConfig | None = None, image_size: int | None = None):
         super().__init__()
         self.text_encoder = CARZeroTextEncoder(bert_config)
-        self.img_encoder = CARZeroImageEncoder()
+        self.img_encoder = CARZeroImageEncoder(image_size)
         self.fusion_module = FusionModule()
 
 
@@ -631,7 +597,7 @@ class CARZeroOutput:
     maps: torch.Tensor
 
 
-def attention_maps(attention: Sequence[torch.Tensor], grid: tuple[int, int] = (14, 14)) -> torch.Tensor:
+def attention_maps(attention: Sequence[torch.Tensor], grid: tuple[int, int]) -> torch.Tensor:
     """Official map: drop key 0 (image CLS) of the last 4 layers **without renormalising**, average, reshape row-major.
 
     ``attention``: per layer ``(B, n, 1 + h*w)``; returns ``(B, n, h, w)``. The sum runs in the
@@ -671,6 +637,8 @@ class CARZeroAdapter(Adapter):
         if len(self.vocab) < vocab_size:
             raise ValueError(f"vocab has {len(self.vocab)} tokens but the text encoder has {vocab_size} embeddings")
         self._text_cache: PromptCache[tuple[torch.Tensor, torch.Tensor]] = PromptCache()
+        side = self.input_size // self.model.img_encoder.model.patch
+        self.check_fact("grid", (side, side), f"input_size {self.input_size} over the ViT's 16-pixel patches")
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -682,19 +650,19 @@ class CARZeroAdapter(Adapter):
         vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", source)
         tokenizer = load_bert_tokenizer(tok_dir, source=source)
         bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
-        return cls.from_official_checkpoint(load_carzero_checkpoint(files["checkpoint"]), tokenizer, read_vocab(vocab_path),
+        return cls.from_checkpoint(load_carzero_checkpoint(files["checkpoint"]), tokenizer, read_vocab(vocab_path),
                                             bert_config, config, device, where=str(files["checkpoint"]))
 
     @classmethod
     def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> CARZeroAdapter:
         """Full-size network with torch's default initialisation seeded by ``params.seed`` (global RNG restored),
         the :class:`~xbench.models._common.HashWordTokenizer` stand-in and :func:`synthetic_vocab`."""
-        model = seeded_build(int(config["params"].get("seed", 0)), CARZeroModel)
+        model = seeded_build(int(config["params"].get("seed", 0)), lambda: CARZeroModel(image_size=config["input_size"]))
         vocab = synthetic_vocab(model.text_encoder.model.config.vocab_size)
         return cls(model, HashWordTokenizer(MAX_WORDS), vocab, config, device)
 
     @classmethod
-    def from_official_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str], bert_config: BertConfig | None = None,
+    def from_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str], bert_config: BertConfig | None = None,
                                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu",
                                  where: str = "CARZero checkpoint") -> CARZeroAdapter:
         """Adapter from a loaded checkpoint dict (the path a user's ``CARZero_best_model.ckpt`` takes).
@@ -702,7 +670,8 @@ class CARZeroAdapter(Adapter):
         The BERT vocabulary size is read from the checkpoint; other BERT sizes come from
         ``bert_config`` (bert-base when ``None``). Mismatches raise :class:`CheckpointError`.
         """
-        model = CARZeroModel(bert_config_from_state(official_state(checkpoint, where), bert_config))
+        image_size = with_yaml_facts(cls.config_name, config)["input_size"]
+        model = CARZeroModel(bert_config_from_state(official_state(checkpoint, where), bert_config), image_size)
         load_official_checkpoint(model, checkpoint, where)
         adapter = cls(model, tokenizer, vocab, config, device)
         adapter.weights_label = "official"
@@ -711,7 +680,7 @@ class CARZeroAdapter(Adapter):
     # -- inputs --------------------------------------------------------------------------------
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         """XBench image ``(H, W)`` float32 in [0, 1] -> ``(3, 224, 224)`` float32 (:func:`preprocess_stages`)."""
-        return preprocess_stages(image)["pixel_values"]
+        return preprocess_stages(image, self.input_size)["pixel_values"]
 
     def input_window(self, size: tuple[int, int]) -> tuple[float, float, float, float]:
         """Window of :func:`resize_and_pad` + ``CenterCrop(224)`` in original pixels.
@@ -722,13 +691,14 @@ class CARZeroAdapter(Adapter):
         """
         h, w = int(size[0]), int(size[1])
         longest = max(h, w)
-        top = int(round((RESIZE - CROP) / 2.0))
+        crop = self.input_size
+        top = int(round((RESIZE - crop) / 2.0))
         window = []
         for extent in (h, w):
             resized = RESIZE if extent == longest else int(float(extent) * float(RESIZE / float(longest)))
             pad_before = (RESIZE - resized) // 2
             start = (top - pad_before) * extent / resized
-            window.append((start, start + CROP * extent / resized))
+            window.append((start, start + crop * extent / resized))
         (y0, y1), (x0, x1) = window
         return (y0, x0, y1, x1)
 

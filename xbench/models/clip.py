@@ -240,7 +240,7 @@ class CLIPAdapter(PromptPairCLIP):
             raise ValueError(f"CLIP params.map_variant must be one of {MAP_VARIANTS}, got {self.map_variant!r}")
         self._set_templates()
         self.model = model.to(self.device).eval()
-        self.grid = tuple(self.model.visual.grid_size)
+        self.check_fact("grid", tuple(self.model.visual.grid_size), f"the {ARCHITECTURE} network")
         self.tokenizer = open_clip.get_tokenizer(ARCHITECTURE)
         self.transform = open_clip.image_transform(
             self.input_size, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN, std=open_clip.OPENAI_DATASET_STD)

@@ -53,21 +53,21 @@ from transformers import BertConfig
 
 from ..errors import XBenchWarning
 from ._common import IMAGENET_MEAN, IMAGENET_STD, check_inputs, normalize_uint8, resize_uint8, seeded_build
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
 from .kad import (TQN, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state, build_uninitialised,
                   canonical_text_state, canonical_tqn_state, checkpoint_containers, max_normalised_maps, prompt_text,
                   random_init_tokenizer)
 
-INPUT_SIZE = 224  # torchvision vit_b_16's input and patch (the YAML states input_size 224, grid 14x14)
-PATCH = 16
-
 
 class DeViDeImageEncoder(nn.Module):
-    """ViT-B/16 (torchvision layout under ``vit.``) returning the 196 patch tokens ``(B, 196, 768)``."""
+    """ViT-B/16 (torchvision layout under ``vit.``) returning the patch tokens ``(B, (S/16)², 768)``.
 
-    def __init__(self):
+    ``image_size`` is the YAML's ``input_size`` (its positional embedding fixes it).
+    """
+
+    def __init__(self, image_size: int):
         super().__init__()
-        self.vit = torchvision.models.vit_b_16(weights=None, image_size=INPUT_SIZE)
+        self.vit = torchvision.models.vit_b_16(weights=None, image_size=image_size)
         self.vit.heads = nn.Identity()  # unused classifier; no parameters, no keys
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -80,10 +80,10 @@ class DeViDeImageEncoder(nn.Module):
 class DeViDeNetwork(nn.Module):
     """Image encoder + text encoder + TQN; attribute names follow the checkpoint containers."""
 
-    def __init__(self, head_outputs: int = 2, bert_config: BertConfig | None = None,
+    def __init__(self, image_size: int, head_outputs: int = 2, bert_config: BertConfig | None = None,
                  tqn_layers: int = 4, tqn_heads: int = 4, tqn_ffn: int = 1024):
         super().__init__()
-        self.image_encoder = DeViDeImageEncoder()
+        self.image_encoder = DeViDeImageEncoder(image_size)
         self.text_encoder = KADTextEncoder(bert_config)
         self.model = TQN(layers=tqn_layers, heads=tqn_heads, ffn=tqn_ffn, outputs=head_outputs)
 
@@ -123,12 +123,13 @@ class DeViDeAdapter(Adapter):
         self.network = network.to(self.device).eval()
         self.tokenizer = tokenizer
 
-    @staticmethod
-    def _network_kwargs(config: Mapping[str, Any]) -> dict[str, int]:
+    @classmethod
+    def _network_kwargs(cls, config: Mapping[str, Any]) -> dict[str, int]:
+        config = with_yaml_facts(cls.config_name, config)
         params = config.get("params", {})
         if int(params.get("head_outputs", 2)) not in (1, 2):
             raise ValueError(f"params.head_outputs must be 1 (sigmoid) or 2 (softmax), got {params['head_outputs']!r}")
-        return {"head_outputs": int(params.get("head_outputs", 2)), "tqn_layers": int(params.get("tqn_layers", 4)),
+        return {"image_size": int(config["input_size"]), "head_outputs": int(params.get("head_outputs", 2)), "tqn_layers": int(params.get("tqn_layers", 4)),
                 "tqn_heads": int(params.get("tqn_heads", 4)), "tqn_ffn": int(params.get("tqn_ffn", 1024))}
 
     @classmethod

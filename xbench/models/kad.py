@@ -80,6 +80,7 @@ from transformers import BertConfig, BertModel
 from ..errors import CheckpointError, MissingFileError
 from ._common import HashWordTokenizer, PromptCache, check_inputs, normalize_uint8, resize_uint8, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict
+from .layers import QueryNetwork
 
 MAX_LENGTH = 256  # official --max_length
 EMBED_DIM = 768
@@ -186,40 +187,9 @@ def bert_config_from_state(state: Mapping[str, torch.Tensor], prefix: str = "ber
 
 
 # -- query network -------------------------------------------------------------------------
-class TQNLayer(nn.Module):
-    """Pre-norm decoder layer: self-attention, cross-attention, FFN (dropout inactive at inference)."""
-
-    def __init__(self, d_model: int = EMBED_DIM, heads: int = 4, ffn: int = 1024):
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(d_model, heads)
-        self.multihead_attn = nn.MultiheadAttention(d_model, heads)
-        self.linear1 = nn.Linear(d_model, ffn)
-        self.linear2 = nn.Linear(ffn, d_model)
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
-        self.norm3 = nn.LayerNorm(d_model)
-
-    def forward(self, queries: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``queries (Q, B, D)``, ``memory (HW, B, D)`` -> new queries and head-averaged cross-attention ``(B, Q, HW)``."""
-        x = self.norm1(queries)
-        queries = queries + self.self_attn(x, x, x, need_weights=True)[0]
-        x = self.norm2(queries)
-        attended, weights = self.multihead_attn(x, memory, memory, need_weights=True, average_attn_weights=True)
-        queries = queries + attended
-        queries = queries + self.linear2(F.relu(self.linear1(self.norm3(queries))))
-        return queries, weights
-
-
-class TQNDecoder(nn.Module):
-    """Holds the decoder layers (keys ``decoder.layers.{i}.*``)."""
-
-    def __init__(self, layers: int = 4, d_model: int = EMBED_DIM, heads: int = 4, ffn: int = 1024):
-        super().__init__()
-        self.layers = nn.ModuleList(TQNLayer(d_model, heads, ffn) for _ in range(layers))
-
-
-class TQN(nn.Module):
-    """KAD's query network (official ``TQN_Model``), shared by DeViDe.
+class TQN(QueryNetwork):
+    """KAD's query network (official ``TQN_Model``), shared by DeViDe: :class:`~xbench.models.layers.QueryNetwork`
+    with self-attending queries and a one-layer ``mlp_head``.
 
     Parameters
     ----------
@@ -236,25 +206,7 @@ class TQN(nn.Module):
     """
 
     def __init__(self, layers: int = 4, heads: int = 4, ffn: int = 1024, outputs: int = 2, d_model: int = EMBED_DIM):
-        super().__init__()
-        self.logit_scale = nn.Parameter(torch.tensor(float(np.log(1 / 0.07))))
-        self.decoder_norm = nn.LayerNorm(d_model)
-        self.decoder = TQNDecoder(layers, d_model, heads, ffn)
-        self.mlp_head = nn.Sequential(nn.Linear(d_model, outputs))
-
-    def forward(self, image_tokens: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits ``(B, Q, outputs)`` and every layer's cross-attention, each ``(B, Q, HW)``.
-
-        ``image_tokens`` is ``(B, HW, D)``, ``text_features`` ``(Q, D)`` (shared by all images).
-        """
-        batch = image_tokens.shape[0]
-        memory = self.decoder_norm(image_tokens.transpose(0, 1))
-        queries = self.decoder_norm(text_features.unsqueeze(1).repeat(1, batch, 1))
-        attention = []
-        for layer in self.decoder.layers:
-            queries, weights = layer(queries, memory)
-            attention.append(weights)
-        return self.mlp_head(self.decoder_norm(queries).transpose(0, 1)), attention
+        super().__init__(lambda: nn.Sequential(nn.Linear(d_model, outputs)), layers, heads, ffn, d_model)
 
 
 # -- checkpoint ----------------------------------------------------------------------------
@@ -422,14 +374,15 @@ class KADAdapter(Adapter):
         stride = self.network.image_encoder.stride
         if self.input_size % stride:
             raise ValueError(f"input_size {self.input_size} is not a multiple of the trunk stride {stride}")
-        self.grid = (self.input_size // stride, self.input_size // stride)  # the trunk fixes it (the YAMLs agree)
+        side = self.input_size // stride
+        self.check_fact("grid", (side, side), f"input_size {self.input_size} over the trunk's stride {stride}")
         self._text_cache: PromptCache[torch.Tensor] = PromptCache()
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> KADAdapter:
         """Official ``checkpoint`` (``best_valid.pt``) and the Med-KEBERT ``text_encoder`` tokenizer folder."""
-        return cls.from_official_checkpoint(load_checkpoint(files["checkpoint"]),
+        return cls.from_checkpoint(load_checkpoint(files["checkpoint"]),
                                             MedKEBERTTokenizer(files["text_encoder"]), config, device)
 
     @classmethod
@@ -440,7 +393,7 @@ class KADAdapter(Adapter):
         return cls(network, random_init_tokenizer(params), config, device)
 
     @classmethod
-    def from_official_checkpoint(cls, checkpoint: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
+    def from_checkpoint(cls, checkpoint: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
                                  device: str | torch.device = "cpu") -> KADAdapter:
         """Adapter from a loaded official checkpoint dict (the path a user's ``best_valid.pt`` takes).
 

@@ -72,24 +72,28 @@ Deviations
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from ..errors import FormatError, UnknownNameError, XBenchWarning
-from ._common import check_inputs, normalize_uint8, seeded_build
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict
-from .medklip import (  # MAVL is built on MedKLIP's code base: same entities, transform and text helpers
-    D_MODEL, ENTITIES, INPUT_SIZE, SYNONYMS, TAIL_ENTITY, TEXT_LENGTH, QueryDecoder, bert_from_state,
-    canonical_class, encode_cls, layer_mean, load_text_encoder, resize_uint8, toy_token_ids,
+from ..errors import FormatError
+from ..registry import model_config
+from .entity_queries import (  # MAVL is built on MedKLIP's code base: the family's shared code
+    D_MODEL, ENTITIES, SYNONYMS, TAIL_ENTITY, TEXT_LENGTH, EntityQueryAdapter, QueryDecoder, bert_from_state,
+    canonical_class, encode_cls, layer_mean, load_text_encoder, resize_uint8, strip_state, toy_token_ids,
 )
+
+__all__ = [
+    "ASPECTS", "D_MODEL", "ENTITIES", "MAP_CONCEPTS", "N_CONCEPTS", "NORMAL_ENTITIES", "SCORE_MODES", "SYNONYMS",
+    "TAIL_ENTITY", "TEXT_LENGTH", "AttentionPool2d", "MAVLAdapter", "MAVLNet", "assemble_concept_book",
+    "bert_from_state", "canonical_class", "encode_cls", "layer_mean", "load_text_encoder", "official_state_dict",
+    "read_texts", "resize_uint8", "text_mode_scores", "toy_token_ids",
+]
 
 # Aspect order of gpt4_mimic.json (alphabetical); concept index c = 1 + aspect index.
 ASPECTS: tuple[str, ...] = ("border", "fluid", "location", "opacity", "other", "patterns", "shape", "texture")
@@ -149,7 +153,7 @@ class AttentionPool2d(nn.Module):
     (``(h·w + 1, C)``, so the grid size is fixed); separate q/k/v projections with biases, ``c_proj``.
     """
 
-    def __init__(self, spatial: int = 14, dim: int = 1024, heads: int = 8, out: int = D_MODEL):
+    def __init__(self, spatial: int, dim: int = 1024, heads: int = 8, out: int = D_MODEL):
         super().__init__()
         self.positional_embedding = nn.Parameter(torch.zeros(spatial * spatial + 1, dim))
         self.k_proj = nn.Linear(dim, dim)
@@ -173,13 +177,20 @@ class AttentionPool2d(nn.Module):
 
 
 class MAVLNet(nn.Module):
-    """The checkpoint's modules, named as in the official grounding model's state dict."""
+    """The checkpoint's modules, named as in the official grounding model's state dict.
 
-    def __init__(self) -> None:
+    ``grid`` (the map grid, default: the ``grid`` of ``xbench/configs/models/mavl.yaml``) sizes the attention pool's
+    positional embedding, which fixes the input size.
+    """
+
+    def __init__(self, grid: Sequence[int] | None = None) -> None:
         super().__init__()
+        h, w = grid if grid is not None else model_config("mavl")["grid"]
+        if h != w:
+            raise ValueError(f"MAVL's attention pool needs a square grid, got {h}x{w}")
         resnet = torchvision.models.resnet50(weights=None)
         self.backbone = nn.Sequential(*list(resnet.children())[:-3])  # conv1 … layer3
-        self.pool = AttentionPool2d(INPUT_SIZE // 16, 1024, 8, D_MODEL)
+        self.pool = AttentionPool2d(int(h), 1024, 8, D_MODEL)
         self.disease_embedding_layer = nn.Linear(768, D_MODEL)
         self.res_l1 = nn.Sequential(nn.Conv2d(1024, 1024, kernel_size=1), nn.PReLU())
         self.res_l2 = nn.Conv2d(1024, D_MODEL, kernel_size=1)
@@ -210,10 +221,7 @@ class MAVLNet(nn.Module):
 def official_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     """Released object (``{'model': sd, ...}`` or a bare state dict) → state dict as the official loader
     makes it: ``k.replace('module.', '')`` and every key containing ``temp`` dropped."""
-    state = checkpoint.get("model", checkpoint)
-    if not isinstance(state, Mapping):
-        raise TypeError(f"checkpoint['model'] must be a state dict, got {type(state).__name__}")
-    return {k.replace("module.", ""): v for k, v in state.items() if "temp" not in k and isinstance(v, torch.Tensor)}
+    return strip_state(checkpoint, lambda key: key.replace("module.", ""), lambda key: "temp" not in key)
 
 
 def text_mode_scores(global_logits: torch.Tensor) -> torch.Tensor:
@@ -226,132 +234,60 @@ def text_mode_scores(global_logits: torch.Tensor) -> torch.Tensor:
 
 
 # -- adapter -------------------------------------------------------------------------------
-class MAVLAdapter(Adapter):
-    """MAVL behind the XBench adapter contract (see the module docstring for every convention)."""
+class MAVLAdapter(EntityQueryAdapter):
+    """MAVL behind the XBench adapter contract (see the module docstring for every convention).
+
+    ``texts`` is ``{name: [description, 8 aspects]}`` (:func:`read_texts`); ``params.score_mode`` picks the score.
+    """
 
     config_name = "mavl"
+    network = MAVLNet
+    texts_per_entity = N_CONCEPTS
 
     def __init__(self, net: MAVLNet, text_encoder: nn.Module, tokenizer: Any = None,
                  texts: Mapping[str, Sequence[str]] | None = None, config: Mapping[str, Any] | None = None,
                  device: str | torch.device = "cpu"):
-        super().__init__(config, device)
-        params = self.config.get("params", {})
-        self.unseen_fallback: str | None = params.get("unseen_fallback", TAIL_ENTITY)
-        if self.unseen_fallback is not None and self.unseen_fallback not in ENTITIES:
-            raise UnknownNameError(f"{self.name} entity (params.unseen_fallback)", self.unseen_fallback, ENTITIES)
-        self.score_mode: str = params.get("score_mode", "auto")
+        super().__init__(net, text_encoder, tokenizer, texts, config, device)
+        self.score_mode: str = self.config.get("params", {}).get("score_mode", "auto")
         if self.score_mode not in SCORE_MODES:
             raise ValueError(f"params.score_mode must be one of {SCORE_MODES}, got {self.score_mode!r}")
-        self.net = net.eval().to(self.device)
-        self.text_encoder = text_encoder.eval().to(self.device)
-        self.tokenizer = tokenizer
-        # Without the JSON files (random init) each entity is described by its name and "<aspect>: <name>".
-        self.texts = ({k: list(v) for k, v in texts.items()} if texts is not None else
-                      {e: [e.replace("_", " ")] + [f"{a}: {e.replace('_', ' ')}" for a in ASPECTS] for e in ENTITIES})
-        self._entity_book: torch.Tensor | None = None
-        self._extra_book: dict[str, torch.Tensor] = {}
-
-    # -- construction --------------------------------------------------------------------
-    @classmethod
-    def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> MAVLAdapter:
-        """Released ``checkpoint``, ``descriptions`` + aspect ``concepts`` JSON and the Bio_ClinicalBERT folder."""
-        bert, tokenizer = load_text_encoder(files["text_encoder"], config["weights"]["text_encoder"].get("source"))
-        return cls.from_official_checkpoint(load_checkpoint(files["checkpoint"]), bert, tokenizer=tokenizer,
-                                            texts=read_texts(files["descriptions"], files["concepts"]),
-                                            config=config, device=device)
 
     @classmethod
-    def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> MAVLAdapter:
-        """Full-size networks seeded by ``params.seed``; texts from the entity names, :data:`toy_token_ids`."""
-        seed = int(config["params"].get("seed", 0))
-        return cls(seeded_build(seed, MAVLNet), bert_from_state(seed=seed), None, None, config, device)
+    def build_network(cls, config: Mapping[str, Any]) -> MAVLNet:
+        """The network, its attention pool sized by the config's ``grid``."""
+        return MAVLNet(config["grid"])
 
-    @classmethod
-    def from_official_checkpoint(cls, checkpoint: Mapping[str, Any], text_encoder: nn.Module, *, tokenizer: Any = None,
-                                 texts: Mapping[str, Sequence[str]] | None = None, config: Mapping[str, Any] | None = None,
-                                 device: str | torch.device = "cpu") -> "MAVLAdapter":
-        """Build from the loaded released checkpoint object (official key handling, strict load).
+    @staticmethod
+    def official_state(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """:func:`official_state_dict`."""
+        return official_state_dict(checkpoint)
 
-        A wrong or truncated checkpoint raises :class:`~xbench.errors.CheckpointError` listing the
-        missing / unexpected keys.
-        """
-        net = MAVLNet()
-        load_state_strict(net, official_state_dict(checkpoint), "MAVL checkpoint")
-        adapter = cls(net, text_encoder, tokenizer, texts, config, device)
-        adapter.weights_label = "official"
-        return adapter
+    @staticmethod
+    def read_texts(files: Mapping[str, Path]) -> dict[str, list[str]]:
+        """``files["descriptions"]`` and ``files["concepts"]`` (:func:`read_texts`)."""
+        return read_texts(files["descriptions"], files["concepts"])
 
-    # -- text ----------------------------------------------------------------------------
-    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Texts → ``(input_ids, attention_mask)`` ``(N, 64)``: the local tokenizer (official settings) or, without one, :func:`toy_token_ids`."""
-        if self.tokenizer is None:
-            return toy_token_ids(texts)
-        enc = self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=TEXT_LENGTH, return_tensors="pt")
-        return enc["input_ids"], enc["attention_mask"]
+    @staticmethod
+    def name_texts(name: str) -> list[str]:
+        """Random init: the name and ``"<aspect>: <name>"``."""
+        return [name, *(f"{a}: {name}" for a in ASPECTS)]
 
-    def encode_text_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """BERT [CLS] embeddings ``(N, 768)`` of tokenised texts (the official book rule)."""
-        return encode_cls(self.text_encoder, input_ids, attention_mask)
-
-    def _book_for(self, names: Sequence[str]) -> torch.Tensor:
+    def book_for(self, names: Sequence[str]) -> torch.Tensor:
+        """``(len(names)·9, 768)`` concept book rows (:func:`assemble_concept_book`)."""
         desc = self.encode_text_ids(*self.tokenize([self.texts[n][0] for n in names]))
         aspects = self.encode_text_ids(*self.tokenize([a for n in names for a in self.texts[n][1:]]))
         return assemble_concept_book(desc, aspects)
 
-    def set_entity_book(self, book: torch.Tensor) -> None:
-        """Cache the ``(675, 768)`` concept book of the 75 entities (e.g. computed from stored token ids)."""
-        if tuple(book.shape) != (len(ENTITIES) * N_CONCEPTS, 768):
-            raise ValueError(f"concept book must have shape ({len(ENTITIES) * N_CONCEPTS}, 768), got {tuple(book.shape)}")
-        self._entity_book = book.to(self.device, torch.float32)
-
-    @property
-    def entity_book(self) -> torch.Tensor:
-        """``(675, 768)`` concept book of the 75 entities, computed once and cached."""
-        if self._entity_book is None:
-            self.set_entity_book(self._book_for(ENTITIES))
-        return self._entity_book
-
-    def resolve(self, prompts: Sequence[str]) -> tuple[list[str], list[int]]:
-        """Prompt names → (disease names: the 75 entities + appended unseen classes, disease index per prompt).
-
-        Unseen classes with a description and 8 aspects are appended in first-appearance order; others
-        map to ``tail_abnorm_obs`` with an :class:`XBenchWarning`, or raise :class:`UnknownNameError`
-        when ``params.unseen_fallback`` is null.
-        """
-        diseases = list(ENTITIES)
-        columns = []
-        for prompt in prompts:
-            key = canonical_class(prompt)
-            if key not in ENTITIES and key not in self.texts:
-                if self.unseen_fallback is None:
-                    raise UnknownNameError("MAVL class", prompt, [*ENTITIES, *SYNONYMS])
-                warnings.warn(f"MAVL: {prompt!r} is neither an entity nor a class with description and aspects; "
-                              f"scored with the {self.unseen_fallback!r} entity", XBenchWarning, stacklevel=3)
-                key = self.unseen_fallback
-            if key not in diseases:
-                diseases.append(key)
-            columns.append(diseases.index(key))
-        return diseases, columns
-
     def concept_book(self, diseases: Sequence[str]) -> torch.Tensor:
-        """``(D·9, 768)`` concept book of the disease names (the cached entity book first)."""
-        extra = list(diseases[len(ENTITIES):])
-        for name in extra:
-            if name not in self._extra_book:
-                self._extra_book[name] = self._book_for([name])
-        return torch.cat([self.entity_book, *(self._extra_book[n] for n in extra)])
-
-    # -- image ---------------------------------------------------------------------------
-    def preprocess(self, image: np.ndarray) -> torch.Tensor:
-        """XBench image → ``(3, 224, 224)`` float32 (see :func:`resize_uint8`, :func:`normalize_uint8`)."""
-        return normalize_uint8(resize_uint8(image, size=self.input_size))
+        """``(D·9, 768)`` concept book of the disease names (:meth:`query_book`)."""
+        return self.query_book(diseases)
 
     def forward_features(self, pixels: torch.Tensor, book: torch.Tensor) -> dict[str, torch.Tensor]:
         """Run the network for a ``(D·9, 768)`` book.
 
         Returns ``logits (B, D, 2)``, ``scores_feature (B, D)``, ``global_logits (B, 9, D)``,
-        ``scores_text (B, D)``, ``attention (4, B, D·9, 196)``, ``maps (B, D, 14, 14)``, ``memory
-        (B, 256, 14, 14)``, ``global (B, 256)`` and ``queries (D·9, 256)``.
+        ``scores_text (B, D)``, ``attention (4, B, D·9, 196)``, ``maps (B, D, h, w)``, ``memory
+        (B, 256, h, w)``, ``global (B, 256)`` and ``queries (D·9, 256)``.
         """
         with torch.no_grad():
             out = self.net(pixels.to(self.device, torch.float32), book.to(self.device))
@@ -362,15 +298,10 @@ class MAVLAdapter(Adapter):
                        attention=torch.stack(out["attention"]), maps=ws.reshape(b, n_disease, *self.grid))
             return out
 
-    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        """Scores ``(B, C)`` (probabilities, mode per ``params.score_mode``) and raw 14×14 maps ``(B, C, 14, 14)``."""
-        check_inputs(pixels, prompts, self.input_size)
-        diseases, columns = self.resolve(prompts)
-        out = self.forward_features(pixels, self.concept_book(diseases))
+    def select_scores(self, out: Mapping[str, torch.Tensor], columns: Sequence[int]) -> torch.Tensor:
+        """Per ``params.score_mode``: ``auto`` = text mode for appended unseen classes, feature mode otherwise."""
         index = torch.tensor(columns, device=out["maps"].device)
         if self.score_mode == "auto":
             text = torch.tensor([c >= len(ENTITIES) for c in columns], device=index.device)
-            scores = torch.where(text, out["scores_text"][:, index], out["scores_feature"][:, index])
-        else:
-            scores = out[f"scores_{self.score_mode}"][:, index]
-        return Prediction(scores=scores.float().cpu(), maps=out["maps"][:, index].float().cpu())
+            return torch.where(text, out["scores_text"][:, index], out["scores_feature"][:, index])
+        return out[f"scores_{self.score_mode}"][:, index]

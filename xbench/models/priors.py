@@ -38,12 +38,22 @@ import torch.nn.functional as F
 from xbench.errors import FormatError, UnknownNameError, XBenchWarning
 from xbench.models._common import check_inputs
 from xbench.models.base import Adapter, Prediction, require_file
-
-PRIOR_FILE = "anatomical_prior.npz"  # the name save() writes; create_model reads the path of the YAML's weights.maps
-DEFAULT_INPUT_SIZE = 32  # thumbnail side of priors built directly (fit / constructor); the YAMLs set input_size
+from xbench.registry import model_config
 
 
-def thumbnail(image: np.ndarray, size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor:
+def prior_file() -> str:
+    """The file :meth:`AnatomicalPrior.save` writes and :meth:`AnatomicalPrior.load` reads: the ``weights.maps.path``
+    of ``anatomical_prior.yaml`` (also ``PRIOR_FILE``, read on first use)."""
+    return str(model_config("anatomical_prior")["weights"]["maps"]["path"])
+
+
+def __getattr__(name: str) -> str:
+    if name == "PRIOR_FILE":
+        return prior_file()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def thumbnail(image: np.ndarray, size: int) -> torch.Tensor:
     """Grey image ``(H, W)`` → ``(3, size, size)`` float32 area-averaged thumbnail (the priors' ``preprocess``)."""
     image = np.asarray(image, dtype=np.float32)
     if image.ndim != 2:
@@ -55,13 +65,16 @@ def thumbnail(image: np.ndarray, size: int = DEFAULT_INPUT_SIZE) -> torch.Tensor
 class _Prior(Adapter):
     """Shared plumbing of the prior baselines: thumbnail preprocessing, input checks, metadata."""
 
-    def __init__(self, grid: Sequence[int] = (14, 14), input_size: int = DEFAULT_INPUT_SIZE,
+    def __init__(self, grid: Sequence[int] | None = None, input_size: int | None = None,
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
+        config = dict(config or {})  # explicit arguments are config entries (default: the YAML's)
+        if grid is not None:
+            if len(grid) != 2 or min(grid) < 1:
+                raise ValueError(f"{type(self).__name__}: grid must be two positive ints, got {grid!r}")
+            config["grid"] = [int(grid[0]), int(grid[1])]
+        if input_size is not None:
+            config["input_size"] = int(input_size)
         super().__init__(config, device)
-        if len(grid) != 2 or min(grid) < 1:
-            raise ValueError(f"{type(self).__name__}: grid must be two positive ints, got {grid!r}")
-        self.grid = (int(grid[0]), int(grid[1]))
-        self.input_size = int(input_size)
         self.weights_label = "none"
 
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
@@ -92,7 +105,7 @@ class CenterPrior(_Prior):
 
     config_name = "center_prior"
 
-    def __init__(self, sigma: float = 0.25, grid: Sequence[int] = (14, 14), input_size: int = DEFAULT_INPUT_SIZE,
+    def __init__(self, sigma: float = 0.25, grid: Sequence[int] | None = None, input_size: int | None = None,
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
         super().__init__(grid, input_size, config, device)
         if not sigma > 0:
@@ -121,7 +134,7 @@ def _checked_findings(dataset: Any, findings: Sequence[str] | None) -> list[str]
     return chosen
 
 
-def fit_anatomical_prior(dataset: Any, grid: tuple[int, int] = (14, 14),
+def fit_anatomical_prior(dataset: Any, grid: tuple[int, int] | None = None,
                          findings: Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """Mean radiologist region per prompt name over the positive cases of ``dataset`` (no image is read).
 
@@ -129,8 +142,9 @@ def fit_anatomical_prior(dataset: Any, grid: tuple[int, int] = (14, 14),
     ----------
     dataset : xbench.datasets.base.BaseDataset
         The fit split; it must be disjoint from the split the prior is evaluated on.
-    grid : (int, int), default=(14, 14)
-        Grid of the maps; each case contributes ``sample.mask(finding, grid)`` (bool).
+    grid : (int, int), optional
+        Grid of the maps (default: the ``grid`` of ``anatomical_prior.yaml``); each case contributes
+        ``sample.mask(finding, grid)`` (bool).
     findings : list of str, optional
         Dataset findings to fit (default: all). Keys of the result are their prompt names
         (``dataset.prompts[finding]``); findings sharing a prompt name are pooled.
@@ -147,6 +161,7 @@ def fit_anatomical_prior(dataset: Any, grid: tuple[int, int] = (14, 14),
     the count. A prompt with no contributing case gets no map (the adapter then refuses it).
     """
     chosen = _checked_findings(dataset, findings)
+    grid = tuple(grid if grid is not None else model_config(AnatomicalPrior.config_name)["grid"])
     labels = dataset.labels()
     columns = [dataset.findings.index(f) for f in chosen]
     sums: dict[str, np.ndarray] = {}
@@ -198,7 +213,7 @@ class AnatomicalPrior(_Prior):
     config_name = "anatomical_prior"
 
     def __init__(self, maps: Mapping[str, np.ndarray], rates: Mapping[str, float],
-                 input_size: int = DEFAULT_INPUT_SIZE, config: Mapping[str, Any] | None = None,
+                 input_size: int | None = None, config: Mapping[str, Any] | None = None,
                  device: str | torch.device = "cpu"):
         if not maps:
             raise ValueError("AnatomicalPrior: no fitted map (the fit split has no positive case with a region)")
@@ -213,8 +228,8 @@ class AnatomicalPrior(_Prior):
         self.rates = {p: float(rates[p]) for p in maps}
 
     @classmethod
-    def fit(cls, dataset: Any, grid: tuple[int, int] = (14, 14), findings: Sequence[str] | None = None,
-            input_size: int = DEFAULT_INPUT_SIZE) -> AnatomicalPrior:
+    def fit(cls, dataset: Any, grid: tuple[int, int] | None = None, findings: Sequence[str] | None = None,
+            input_size: int | None = None) -> AnatomicalPrior:
         """Fit maps (:func:`fit_anatomical_prior`) and rates (:func:`positive_rates`) on ``dataset``."""
         return cls(fit_anatomical_prior(dataset, grid, findings), positive_rates(dataset, findings), input_size)
 
@@ -223,7 +238,7 @@ class AnatomicalPrior(_Prior):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         prompts = sorted(self.maps)
-        path = folder / PRIOR_FILE
+        path = folder / prior_file()
         np.savez(path, prompts=np.array(prompts, dtype=str),
                  maps=np.stack([self.maps[p].numpy() for p in prompts]),
                  positive_rate=np.array([self.rates[p] for p in prompts], dtype=np.float64))
@@ -233,7 +248,7 @@ class AnatomicalPrior(_Prior):
     def load(cls, folder: str | Path, config: Mapping[str, Any] | None = None,
              device: str | torch.device = "cpu") -> AnatomicalPrior:
         """Read ``folder/anatomical_prior.npz`` written by :meth:`save` (no pickle)."""
-        path = require_file(Path(folder), PRIOR_FILE, "anatomical prior maps (fit_anatomical_prior, then save)", None)
+        path = require_file(Path(folder), prior_file(), "anatomical prior maps (fit_anatomical_prior, then save)", None)
         return cls.read(path, config, device)
 
     @classmethod
@@ -248,7 +263,7 @@ class AnatomicalPrior(_Prior):
         if maps.ndim != 3 or len(maps) != len(prompts) or rates.shape != (len(prompts),):
             raise FormatError(path, f"inconsistent shapes: prompts {len(prompts)}, maps {maps.shape}, "
                                     f"positive_rate {rates.shape}")
-        input_size = dict(config or {}).get("input_size", DEFAULT_INPUT_SIZE)
+        input_size = dict(config or {}).get("input_size")
         return cls(dict(zip(prompts, maps)), dict(zip(prompts, rates.tolist())), input_size, config, device)
 
     @classmethod
@@ -286,7 +301,7 @@ class RandomPrior(_Prior):
 
     config_name = "random_prior"
 
-    def __init__(self, seed: int = 0, grid: Sequence[int] = (14, 14), input_size: int = DEFAULT_INPUT_SIZE,
+    def __init__(self, seed: int = 0, grid: Sequence[int] | None = None, input_size: int | None = None,
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
         super().__init__(grid, input_size, config, device)
         if int(seed) < 0:

@@ -77,9 +77,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import XBenchWarning
+from ..errors import FormatError, XBenchWarning
+from ..registry import model_config
 from ._common import check_inputs, seeded_build
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict
+from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
 
 VOCAB: tuple[str, ...] = (
     "[pad]", "[unk]", "a", "an", "the", "chest", "x-ray", "radiograph", "image", "showing", "shows", "with",
@@ -90,9 +91,22 @@ VOCAB: tuple[str, ...] = (
 MAX_TOKENS = 12
 POSITIVE_TEMPLATES: tuple[str, ...] = ("{}", "chest x-ray showing {}", "there is {}", "evidence of {}")
 NEGATIVE_TEMPLATES: tuple[str, ...] = ("no {}", "chest x-ray without {}", "there is no {}", "no evidence of {}")
-INPUT_SIZE = 128  # the architecture's input and grid (the YAMLs state the same)
-GRID = (16, 16)
-WEIGHTS_FILE = "model.safetensors"  # the name train_reference writes (the YAMLs' weights.checkpoint.path)
+NAMES = ("ref_patchsim", "ref_xattn")  # their YAMLs hold every fact (input size, grid, weights file)
+
+
+def yaml_fact(key: str) -> Any:
+    """Fact ``key`` of the reference models' YAMLs (:data:`NAMES`), which must agree: the phantom is preprocessed
+    once for both (``input_size``) and :mod:`xbench.train_reference` writes one file name (``weights``)."""
+    values = {name: model_config(name)[key] for name in NAMES}
+    if len({repr(v) for v in values.values()}) != 1:
+        raise FormatError(model_config(NAMES[0])["config_path"], f"the reference models' YAMLs disagree: {values}",
+                          field=key)
+    return values[NAMES[0]]
+
+
+def weights_file() -> str:
+    """The checkpoint file name of the YAMLs' ``weights.checkpoint.path`` (what train_reference writes)."""
+    return str(yaml_fact("weights")["checkpoint"]["path"])
 
 
 # -- text side ---------------------------------------------------------------------------------
@@ -135,6 +149,8 @@ def _conv(cin: int, cout: int, stride: int = 1, dilation: int = 1) -> nn.Sequent
 class ImageEncoder(nn.Module):
     """Pixels ``(B, 3, 128, 128)`` → patch tokens ``(B, dim, 16, 16)`` (stride 8)."""
 
+    stride = 8  # patchify 4, then one stride-2 layer
+
     def __init__(self, dim: int = 96, width: int = 64):
         super().__init__()
         stem = nn.Sequential(nn.Conv2d(3, 32, 4, 4, bias=False), nn.BatchNorm2d(32), nn.ReLU(inplace=True))
@@ -145,8 +161,10 @@ class ImageEncoder(nn.Module):
         return self.proj(self.body(pixels))
 
 
-def preprocess(image: np.ndarray, size: int = INPUT_SIZE) -> torch.Tensor:
-    """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(3, 128, 128)`` float32 (see the module docstring)."""
+def preprocess(image: np.ndarray, size: int | None = None) -> torch.Tensor:
+    """XBench image (float32 ``(H, W)`` in [0, 1]) → ``(3, S, S)`` float32 (see the module docstring); ``S = size``,
+    default the YAMLs' ``input_size``."""
+    size = int(size or yaml_fact("input_size"))
     x = torch.as_tensor(np.asarray(image, dtype=np.float32))
     if x.ndim != 2:
         raise ValueError(f"expected a grey image of shape (H, W), got shape {tuple(x.shape)}")
@@ -217,11 +235,12 @@ class _DecoderLayer(nn.Module):
 class XAttnModel(nn.Module):
     """``ref_xattn``: text queries cross-attend to patch tokens; 2-way head per query."""
 
-    def __init__(self, dim: int = 64, layers: int = 2):
+    def __init__(self, dim: int = 64, layers: int = 2, grid: Sequence[int] | None = None):
         super().__init__()
+        h, w = grid if grid is not None else model_config("ref_xattn")["grid"]
         self.image = ImageEncoder(dim)
         self.text = TextEncoder(dim)
-        self.positions = nn.Parameter(torch.zeros(GRID[0] * GRID[1], dim))
+        self.positions = nn.Parameter(torch.zeros(int(h) * int(w), dim))
         self.norm_memory = nn.LayerNorm(dim)
         self.query = nn.Linear(dim, dim)
         self.decoder = nn.ModuleList([_DecoderLayer(dim) for _ in range(layers)])
@@ -262,15 +281,22 @@ class _ReferenceAdapter(Adapter):
     def __init__(self, model: nn.Module, config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
         super().__init__(config, device)
         self.model = model.to(self.device).eval()
+        side = self.input_size // ImageEncoder.stride
+        self.check_fact("grid", (side, side), f"input_size {self.input_size} over the image encoder's stride")
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None = None,
+    def build_architecture(cls, config: Mapping[str, Any] | None) -> nn.Module:
+        """The network for ``config`` (its YAML facts filled in)."""
+        return cls.architecture()
+
+    @classmethod
+    def from_checkpoint(cls, state: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None = None,
                         device: str | torch.device = "cpu", where: str = "reference checkpoint") -> _ReferenceAdapter:
         """Build the adapter from a loaded state dict (the path a committed or user file takes).
 
         Raises :class:`~xbench.errors.CheckpointError` listing missing / unexpected / mis-shaped keys.
         """
-        model = cls.architecture()
+        model = cls.build_architecture(with_yaml_facts(cls.config_name, config))
         load_state_strict(model, state, where)
         adapter = cls(model, config, device)
         adapter.weights_label = "xbench-reference"
@@ -281,13 +307,14 @@ class _ReferenceAdapter(Adapter):
               ) -> _ReferenceAdapter:
         """``files["checkpoint"]`` (the committed ``bundled_weights`` folder unless ``weights=DIR``)."""
         path = files["checkpoint"]
-        return cls.from_state_dict(load_checkpoint(path), config, device, where=str(path))
+        return cls.from_checkpoint(load_checkpoint(path), config, device, where=str(path))
 
     @classmethod
     def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device
                 ) -> _ReferenceAdapter:
         """Seeded random weights (``params.seed``), without touching the caller's RNG."""
-        return cls(seeded_build(int(config["params"].get("seed", 0)), cls.architecture), config, device)
+        return cls(seeded_build(int(config["params"].get("seed", 0)), lambda: cls.build_architecture(config)), config,
+                   device)
 
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         return preprocess(image, self.input_size)
@@ -314,6 +341,11 @@ class XAttnAdapter(_ReferenceAdapter):
 
     config_name = "ref_xattn"
     architecture = XAttnModel
+
+    @classmethod
+    def build_architecture(cls, config: Mapping[str, Any] | None) -> nn.Module:
+        """:class:`XAttnModel` with position embeddings for the config's ``grid``."""
+        return XAttnModel(grid=(config or {}).get("grid"))
 
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:

@@ -36,13 +36,9 @@ DATASET_LEVEL = "(mean over classes)"  # == xbench.metrics.DATASET_LEVEL (kept i
 COLUMNS = ("table", "model", "dataset", "finding", "paper_class", "metric", "value", "printed", "mark", "source_line",
            "flag")
 
-#: Registry name → the paper's display name, in the paper's row order.
-MODELS = {"clip": "CLIP", "biomedclip": "BiomedCLIP", "medklip": "MedKLIP", "kad": "KAD", "mavl": "MAVL",
-          "carzero": "CARZero", "devide": "DeViDe"}
-#: Pretraining groups of Fig. 3 (paper §4.0.2).
-GROUPS = {"clip": "direct contrastive", "biomedclip": "direct contrastive", "medklip": "structured alignment",
-          "mavl": "structured alignment", "kad": "cross-attention", "devide": "cross-attention",
-          "carzero": "cross-attention"}
+# ``MODELS`` (registry name → the paper's display name, in the paper's row order) and ``GROUPS`` (registry name →
+# pretraining group of Fig. 3, paper §4.0.2) are read from the ``paper:`` section of the model YAMLs
+# (``paper: {name, group, row}``), the one place model facts are written; see :func:`paper_models`.
 #: Registry name → Table 1 column group, in the paper's column order.
 DATASETS = {"covid_rural": "COVID-19", "rsna_pneumonia": "RSNA Pneumonia", "siim_acr": "SIIM Pneumothorax",
             "chestx_det10": "CheXDet-10", "chexlocalize": "CheXlocalize", "vindr_cxr": "VinDr-CXR",
@@ -76,7 +72,52 @@ TOLERANCE = 0.01
 
 __all__ = ["COLUMNS", "MODELS", "GROUPS", "DATASETS", "CLASS_TABLES", "TABLE_CLASSES", "SINGLE_CLASS", "TOLERANCE",
            "load_reference", "flag_inconsistencies", "mean_checks", "implied_denominator", "fits", "denominator_table",
-           "expected_positive_pairs", "synthetic_results", "paper_name"]
+           "expected_positive_pairs", "synthetic_results", "paper_name", "paper_models"]
+
+
+@lru_cache(maxsize=1)
+def paper_models() -> tuple[dict[str, str], dict[str, str]]:
+    """``(MODELS, GROUPS)`` from the ``paper:`` sections of the registered model YAMLs, ordered by ``row``.
+
+    A section lacking ``name``, ``group`` or an integer ``row``, or two models on one row, raise
+    :class:`~xbench.errors.FormatError` naming the YAML.
+
+    Examples
+    --------
+    >>> models, groups = paper_models()
+    >>> list(models.items())[:2], groups["carzero"]
+    ([('clip', 'CLIP'), ('biomedclip', 'BiomedCLIP')], 'cross-attention')
+    """
+    from ..errors import FormatError
+    from ..registry import list_models, model_config
+
+    rows: dict[int, tuple[str, str, str]] = {}
+    for model in list_models():
+        config = model_config(model)
+        section = config.get("paper")
+        if section is None:
+            continue
+        where = config["config_path"]
+        if not isinstance(section, dict):
+            raise FormatError(where, "expected a mapping {name, group, row}", field="paper")
+        for key, kind in (("name", str), ("group", str), ("row", int)):
+            if not isinstance(section.get(key), kind) or isinstance(section.get(key), bool):
+                raise FormatError(where, f"expected {kind.__name__}, got {section.get(key)!r}", field=f"paper.{key}")
+        row = section["row"]
+        if row in rows:
+            raise FormatError(where, f"row {row} is also model {rows[row][0]!r}'s", field="paper.row")
+        rows[row] = (model, section["name"], section["group"])
+    ordered = [rows[r] for r in sorted(rows)]
+    return {m: name for m, name, _ in ordered}, {m: group for m, _, group in ordered}
+
+
+def __getattr__(name: str) -> dict[str, str]:
+    """``MODELS`` and ``GROUPS``, read from the model YAMLs on first use (:func:`paper_models`)."""
+    if name == "MODELS":
+        return dict(paper_models()[0])
+    if name == "GROUPS":
+        return dict(paper_models()[1])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @lru_cache(maxsize=1)
@@ -241,7 +282,7 @@ def denominator_table(ref: pd.DataFrame, observed: pd.DataFrame | None = None, *
     return pd.DataFrame(rows)
 
 
-def synthetic_results(models: Sequence[str] = tuple(MODELS), datasets: Sequence[str] = tuple(DATASETS), *,
+def synthetic_results(models: Sequence[str] | None = None, datasets: Sequence[str] = tuple(DATASETS), *,
                       seed: int = 0, fallback_n: int = 50) -> pd.DataFrame:
     """A tidy result table (as ``metrics.csv``) for every model × dataset × class of the manifests, with ``n`` the
     manifests' expected positive pairs (``fallback_n`` where a manifest has none), pointing ``k/n`` drawn with
@@ -251,6 +292,7 @@ def synthetic_results(models: Sequence[str] = tuple(MODELS), datasets: Sequence[
     """
     from ..registry import dataset_manifest
 
+    models = list(paper_models()[0]) if models is None else models
     rng = np.random.default_rng(seed)
     rows = []
     for d in datasets:
@@ -283,4 +325,4 @@ def synthetic_results(models: Sequence[str] = tuple(MODELS), datasets: Sequence[
 
 def paper_name(model: str) -> str:
     """The paper's display name of a registry model name (unknown names unchanged)."""
-    return MODELS.get(model, model)
+    return paper_models()[0].get(model, model)
