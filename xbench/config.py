@@ -32,7 +32,9 @@ non-empty path. Dataset keys other than ``name, root, split`` are the loader's k
 an unknown one is an error with "did you mean"; a model's ``params`` must be keys of its YAML's
 ``params:`` section (the declared parameter set). A model entry may say ``optional: true``: when
 its weights are absent it is left out of the run (one log line, a note in ``models.csv``) instead
-of failing it. A model that would run random-init (no weights, ``random_init`` in its params) is
+of failing it. ``explainer: gradcam`` (one of :data:`xbench.explain.EXPLAINERS`) replaces the model's own maps by
+a post-hoc explainer's; the entry is stored and reported as ``<name>+<explainer>`` (``kad+gradcam``), beside a
+plain ``{name: kad}`` entry if there is one. A model that would run random-init (no weights, ``random_init`` in its params) is
 refused unless the run sets ``allow_random_init: true`` or the entry sets ``params: {random_init: true}``.
 
 Relative ``output_dir`` and dataset ``root`` paths are resolved against the
@@ -57,7 +59,7 @@ RUN_KEYS = ("output_dir", "datasets", "models", "grid", "fixed_threshold", "poin
             "precision", "device", "chunk_size", "on_missing_image", "bootstrap", "allow_random_init",
             "decode_once", "cache_dir", "map_dtype", "channels_last")
 DATASET_KEYS = ("name", "root", "split")
-MODEL_KEYS = ("name", "weights", "params", "fit_split", "optional")
+MODEL_KEYS = ("name", "weights", "params", "fit_split", "optional", "explainer")
 _DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
 
 
@@ -81,6 +83,13 @@ class ModelSpec:
     params: dict[str, Any] = field(default_factory=dict)
     fit_split: str | None = None
     optional: bool = False
+    explainer: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The name the run stores and reports this entry under: ``name``, or ``name+explainer`` when a post-hoc
+        explainer (:mod:`xbench.explain`) makes the maps (``kad+gradcam``)."""
+        return f"{self.name}+{self.explainer}" if self.explainer else self.name
 
 
 def _did_you_mean(word: str, known: list[str]) -> str:
@@ -210,8 +219,15 @@ def _model_spec(where: str, item: Any, index: int) -> ModelSpec:
     if fit_split is not None:
         _check_type(where, f"{key}.fit_split", fit_split, "str")
     optional = _check_type(where, f"{key}.optional", item.get("optional", False), "bool")
+    explainer = item.get("explainer")
+    if explainer is not None:
+        from .explain.methods import EXPLAINERS
+
+        _check_type(where, f"{key}.explainer", explainer, "str")
+        if explainer not in EXPLAINERS:
+            raise _unknown(where, "explainer", [explainer], sorted(EXPLAINERS), f"{key}.explainer")
     return ModelSpec(name=name, weights=None if weights is None else str(weights), params=dict(params),
-                     fit_split=fit_split, optional=optional)
+                     fit_split=fit_split, optional=optional, explainer=explainer)
 
 
 @dataclass

@@ -252,11 +252,11 @@ def model_weights(spec: ModelSpec) -> tuple[Path | None, list[str], list[str]]:
 def check_model(cfg: RunConfig, spec: ModelSpec) -> ModelCheck:
     mc = model_config(spec.name)
     if spec.fit_split is not None:
-        return ModelCheck(spec.name, "fitted", None)
+        return ModelCheck(spec.label, "fitted", None)
     if not (mc.get("weights") or {}):
-        return ModelCheck(spec.name, "none-needed", None)
+        return ModelCheck(spec.label, "none-needed", None)
     folder, _, missing = model_weights(spec)
-    out = ModelCheck(spec.name, "weights", None if folder is None else str(folder), missing)
+    out = ModelCheck(spec.label, "weights", None if folder is None else str(folder), missing)
     if spec.weights is not None and not Path(spec.weights).exists():
         out.problems.append(f"weights folder {spec.weights} does not exist")
         out.status = "missing"
@@ -306,11 +306,11 @@ def runnable_models(cfg: RunConfig, left_out: dict[str, str] | None = None, *,
                     announce: bool = True) -> tuple[list[ModelSpec], dict[str, str]]:
     """The models of ``cfg`` a run uses, and the optional ones left out (name → why; logged when ``announce``)."""
     if left_out is None:
-        left_out = {m.name: f"optional model left out: weight files absent ({', '.join(model_weights(m)[2])})"
+        left_out = {m.label: f"optional model left out: weight files absent ({', '.join(model_weights(m)[2])})"
                     for m in cfg.models if m.optional and check_model(cfg, m).status == "left-out"}
     for name, why in left_out.items() if announce else ():
         log.warning("%s: %s", name, why)
-    return [m for m in cfg.models if m.name not in left_out], left_out
+    return [m for m in cfg.models if m.label not in left_out], left_out
 
 
 def summary(report: PreflightReport) -> dict[str, Any]:

@@ -77,6 +77,11 @@ def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None 
     ``fit.json`` of what it was fitted on (:func:`xbench.fingerprint.fit_key`); it is refitted when that
     differs (other dataset options, root content, params) or with ``overwrite``.
     """
+    if spec.explainer is not None:  # the model built as below, its maps made by a post-hoc explainer
+        from .explain import explained
+
+        plain = ModelSpec(spec.name, spec.weights, spec.params, spec.fit_split, spec.optional)
+        return explained(open_model(plain, device, dspec, output_dir, overwrite=overwrite), spec.explainer)
     if spec.fit_split is None:
         return create_model(spec.name, weights=spec.weights, device=device, **spec.params)
     if dspec is None or output_dir is None:
@@ -154,7 +159,8 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
         "n_cases": len(dataset),
         "findings": dataset.findings,
         "prompts": [dataset.prompts[f] for f in dataset.findings],
-        "model": mspec.name,
+        "model": mspec.label,
+        "explainer": mspec.explainer,
         "weights": mspec.weights,
         "fit_split": mspec.fit_split,
         "params": mspec.params,
@@ -184,15 +190,15 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     dataset = dataset if dataset is not None else open_dataset(dspec)
     adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
     store = ResultStore(cfg.output_dir)
-    store.prepare(dspec.name, mspec.name, _meta(cfg, dspec, mspec, dataset, adapter), overwrite=overwrite)
+    store.prepare(dspec.name, mspec.label, _meta(cfg, dspec, mspec, dataset, adapter), overwrite=overwrite)
 
     n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
     index, count = shard
     mine = [k for k in range(n_chunks) if (k + chunk_offset) % count == index]
-    todo = _rows_to_infer(store, dspec.name, mspec.name, dataset, mine, cfg.chunk_size)
-    counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.name, "chunks_total": n_chunks,
+    todo = _rows_to_infer(store, dspec.name, mspec.label, dataset, mine, cfg.chunk_size)
+    counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.label, "chunks_total": n_chunks,
                               "chunks_done_before": len(mine) - len(todo), "chunks_written": 0, "cases_inferred": 0,
-                              "cases_retried": sum(len(r) for k, r in todo.items() if store.has_chunk(dspec.name, mspec.name, k)),
+                              "cases_retried": sum(len(r) for k, r in todo.items() if store.has_chunk(dspec.name, mspec.label, k)),
                               "cases_skipped": 0, "skip_reasons": {}}
     if not todo:
         return counts
@@ -218,7 +224,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
         torch.cuda.reset_peak_memory_stats(device)
     pending: dict[int, dict[str, list]] = {}
     reasons: Counter[str] = Counter()
-    bar = progress_bar(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img",
+    bar = progress_bar(total=sum(len(b) for b in batches), desc=f"{mspec.label} × {dspec.name}", unit="img",
                        disable=not progress)
     started = time.perf_counter()
     for items, pixels in stream:  # items: (row, case_id, skip reason, (H, W), window)
@@ -253,9 +259,9 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                 "sizes": np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
                 "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
             }
-            if store.has_chunk(dspec.name, mspec.name, chunk):  # a retry of formerly skipped cases: join the chunk
-                arrays = _join_chunk(store.load_chunk(store.chunk_path(dspec.name, mspec.name, chunk)), arrays, dataset)
-            store.write_chunk(dspec.name, mspec.name, chunk, skipped=acc["skipped"], **arrays)
+            if store.has_chunk(dspec.name, mspec.label, chunk):  # a retry of formerly skipped cases: join the chunk
+                arrays = _join_chunk(store.load_chunk(store.chunk_path(dspec.name, mspec.label, chunk)), arrays, dataset)
+            store.write_chunk(dspec.name, mspec.label, chunk, skipped=acc["skipped"], **arrays)
             counts["chunks_written"] += 1
             counts["cases_inferred"] += len(acc["ids"])
             counts["cases_skipped"] += len(acc["skipped"])
@@ -268,7 +274,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
         counts["gpu_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
     counts["skip_reasons"] = dict(reasons)
     if counts["cases_skipped"]:
-        warnings.warn(f"{mspec.name} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
+        warnings.warn(f"{mspec.label} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
                       f"be read ({dict(reasons)}); they are left out of every metric and stay missing in the store: "
                       "a later run infers them once the files are present", XBenchWarning, stacklevel=2)
     return counts

@@ -1,0 +1,122 @@
+"""Explainers as map sources (xbench.explain): shapes, library cross-checks, every adapter, config entries."""
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from xbench.config import RunConfig
+from xbench.errors import FormatError, XBenchError, XBenchWarning
+from xbench.explain import EXPLAINERS, explained, gradients_through_adapters
+from xbench.explain.base import forward_logits
+from xbench.models import create_model
+
+PROMPTS = ["cardiomegaly", "pleural effusion"]
+
+
+def _pixels(adapter, n: int = 2, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    return torch.stack([adapter.preprocess(rng.random((160, 160), dtype=np.float32)) for _ in range(n)])
+
+
+@pytest.fixture(scope="module")
+def ref_xattn():
+    return create_model("ref_xattn")
+
+
+@pytest.mark.parametrize("method", ["gradcam", "gradcampp", "gradxinput", "ig"])
+def test_explainers_on_reference_model(ref_xattn, method):
+    wrapped = explained(ref_xattn, method, **({"n_steps": 4} if method == "ig" else {}))
+    px = _pixels(ref_xattn)
+    pred = wrapped.predict(px, PROMPTS)
+    assert wrapped.name == f"ref_xattn+{method}" and wrapped.map_source == f"explainer:{method}"
+    assert tuple(pred.maps.shape) == (2, 2, *wrapped.grid)
+    assert wrapped.grid == ((16, 16) if method.startswith("gradcam") else (32, 32))
+    torch.testing.assert_close(pred.scores, ref_xattn.predict(px, PROMPTS).scores)  # the model's own scores
+    assert torch.isfinite(pred.maps).all() and pred.maps.abs().sum() > 0
+    assert not torch.equal(pred.maps[:, 0], pred.maps[:, 1])  # each class its own backward pass
+
+
+def test_gradcam_matches_pytorch_grad_cam(ref_xattn):
+    """Shared-forward Grad-CAM / Grad-CAM++ equal pytorch-grad-cam's own call (one class at a time), after its
+    resize to the input and per-image min-max."""
+    from pytorch_grad_cam import GradCAM, GradCAMPlusPlus
+    from pytorch_grad_cam.utils.image import scale_cam_image
+    from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = ref_xattn.model  # pytorch-grad-cam reads the device from the parameters
+
+        def forward(self, x):
+            return forward_logits(ref_xattn, x, PROMPTS)[1]
+
+    px = _pixels(ref_xattn)
+    for method, cls in (("gradcam", GradCAM), ("gradcampp", GradCAMPlusPlus)):
+        ours = explained(ref_xattn, method).predict(px, PROMPTS).maps.numpy()
+        for c in range(len(PROMPTS)):
+            with gradients_through_adapters(), cls(Logits(), [ref_xattn.model.image]) as cam:
+                theirs = cam(px.clone(), targets=[ClassifierOutputTarget(c)] * len(px))
+            expected = scale_cam_image(scale_cam_image(ours[:, c], (128, 128)))  # its __call__ normalises twice
+            np.testing.assert_allclose(expected, theirs, atol=2e-4)
+
+
+def test_gradient_x_input_matches_captum(ref_xattn):
+    from captum.attr import InputXGradient
+
+    px = _pixels(ref_xattn)
+    ours = explained(ref_xattn, "gradxinput", pool=1).predict(px, PROMPTS).maps
+    with gradients_through_adapters():
+        ixg = InputXGradient(lambda x: forward_logits(ref_xattn, x, PROMPTS)[1])
+        theirs = torch.stack([ixg.attribute(px.clone(), target=c).sum(1) for c in range(2)], 1)
+    torch.testing.assert_close(ours, theirs.detach(), rtol=1e-4, atol=1e-6)
+
+
+def test_prior_has_zero_gradient_maps_and_no_layer():
+    prior = create_model("center_prior")
+    px = _pixels(prior)
+    assert explained(prior, "gradxinput").predict(px, PROMPTS).maps.abs().sum() == 0  # score ignores the pixels
+    assert explained(prior, "ig").predict(px, PROMPTS).maps.abs().sum() == 0
+    with pytest.raises(XBenchError, match="explain_layer.*center_prior.*prior baseline has no image encoder"):
+        explained(prior, "gradcam").predict(px, PROMPTS)
+    with pytest.raises(XBenchError, match="explain_attention"):
+        explained(create_model("ref_patchsim"), "attngrad").predict(px, PROMPTS)
+
+
+def test_no_grad_is_restored_after_an_explanation(ref_xattn):
+    explained(ref_xattn, "gradxinput").predict(_pixels(ref_xattn, 1), PROMPTS)
+    with torch.no_grad():
+        assert not torch.is_grad_enabled()
+
+
+def test_every_image_model_gets_gradcam_at_its_grid(tmp_path):
+    """Each registered VLM (seeded random weights) gives non-zero Grad-CAM maps at its native grid; the ViTs
+    also gradient-weighted attention (CLIP, BiomedCLIP, DeViDe)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
+    from biomedclip_folder import write_folder
+
+    torch.set_num_threads(2)
+    for name in ["kad", "medklip", "mavl", "carzero", "devide", "clip", "biomedclip"]:
+        weights = write_folder(tmp_path / "bmc") if name == "biomedclip" else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", XBenchWarning)
+            adapter = create_model(name, weights=weights, random_init=True)
+        px = _pixels(adapter, 1)
+        for method in ["gradcam"] + (["attngrad"] if name in ("clip", "biomedclip", "devide") else []):
+            maps = explained(adapter, method).predict(px, PROMPTS).maps
+            assert tuple(maps.shape) == (1, 2, *adapter.grid), (name, method)
+            assert torch.isfinite(maps).all() and maps.abs().sum() > 0, (name, method)
+
+
+def test_run_config_explainer_entries(tmp_path):
+    base = {"output_dir": str(tmp_path), "datasets": [{"name": "phantom", "split": "test"}]}
+    cfg = RunConfig.from_dict({**base, "models": ["ref_xattn", {"name": "ref_xattn", "explainer": "gradcam"}]})
+    assert [m.label for m in cfg.models] == ["ref_xattn", "ref_xattn+gradcam"]
+    with pytest.raises(FormatError, match="unknown explainer 'gradcma'.*did you mean 'gradcam'"):
+        RunConfig.from_dict({**base, "models": [{"name": "kad", "explainer": "gradcma"}]})
+    assert set(EXPLAINERS) == {"gradcam", "gradcampp", "gradxinput", "ig", "attngrad"}
