@@ -46,7 +46,11 @@ Expected counts: ``cases`` (rows of the case table), ``positive_cases``
 (cases with at least one label equal to 1), ``negative_cases``, ``regions``
 (regions over all cases and classes: one per box, polygon or encoded-mask
 row), and per class ``positives`` / ``region_counts``.
-Loaders may read extra top-level keys they document (e.g. ``generated``).
+Loaders read the extra top-level keys the schema declares for them (``generated`` and ``generator`` for
+the phantom, ``lung_outline_labels`` for COVID-19 Rural, ``label_aliases`` and ``ignored_classes`` for
+VinDr-CXR); any other key is an error. The schema is :class:`xbench.registry.DatasetManifest`, checked by
+the registry when a manifest is looked up: unknown or missing keys, wrong types, a ``finding`` that is
+not canonical — one :class:`~xbench.errors.FormatError` naming file and field, with "did you mean".
 """
 from __future__ import annotations
 
@@ -60,9 +64,8 @@ import numpy as np
 import pandas as pd
 
 from .atomic import write_frame
-from .errors import FormatError, UnknownNameError
-from .findings import CANONICAL
-from .registry import dataset_manifest
+from .errors import UnknownNameError
+from .registry import check_manifest, dataset_manifest
 
 if TYPE_CHECKING:
     from .datasets.base import BaseDataset
@@ -70,50 +73,17 @@ if TYPE_CHECKING:
 __all__ = ["validate", "class_lookup", "file_entries", "sha256", "counts", "case_table", "image_files", "check", "build",
            "CheckReport", "FileStatus"]
 
-REQUIRED_KEYS = ("class", "title", "homepage", "citation", "license", "files", "default_split", "splits", "classes")
-CLASS_KEYS = ("name", "finding", "prompt", "display", "localized")
 COUNT_KEYS = ("cases", "positive_cases", "negative_cases", "regions")
 
 
 def validate(manifest: Mapping[str, Any]) -> None:
-    """Raise :class:`~xbench.errors.FormatError` (naming the manifest file and field) unless it follows the schema."""
+    """Raise :class:`~xbench.errors.FormatError` (naming the manifest file and field) unless it follows the schema.
+
+    The schema is :class:`xbench.registry.DatasetManifest` (:mod:`xbench.schema`): the registry checks every
+    manifest with it when the name is looked up, so this is for a manifest edited in memory.
+    """
     where = manifest.get("config_path", manifest.get("name", "<manifest>"))
-    if manifest.get("generated"):
-        required: tuple[str, ...] = ("class", "title", "default_split", "splits", "classes")
-    else:
-        required = REQUIRED_KEYS
-    for key in required:
-        if key not in manifest:
-            raise FormatError(where, "missing required key", field=key)
-    for key, entry in (manifest.get("files") or {}).items():
-        if not isinstance(entry, Mapping) or "path" not in entry:
-            raise FormatError(where, "a file entry must be a mapping with 'path'", field=f"files.{key}")
-        digest = entry.get("sha256")
-        if digest is not None and (len(str(digest)) != 64 or any(ch not in "0123456789abcdef" for ch in str(digest))):
-            raise FormatError(where, f"sha256 must be 64 lower-case hex digits or null, got {digest!r}", field=f"files.{key}.sha256")
-    splits = manifest["splits"]
-    if not isinstance(splits, Mapping) or not splits:
-        raise FormatError(where, "must be a non-empty mapping of split name → {description, expected}", field="splits")
-    if manifest["default_split"] not in splits:
-        raise FormatError(where, f"{manifest['default_split']!r} is not one of the splits {sorted(splits)}", field="default_split")
-    for split, spec in splits.items():
-        unknown = set(((spec or {}).get("expected") or {})) - set(COUNT_KEYS) - {"positives", "region_counts"}
-        if unknown:
-            raise FormatError(where, f"unknown expected-count keys {sorted(unknown)}", field=f"splits.{split}.expected")
-    classes = manifest["classes"]
-    if not isinstance(classes, list) or not classes:
-        raise FormatError(where, "must be a non-empty list", field="classes")
-    names = set()
-    for index, cls in enumerate(classes):
-        for key in CLASS_KEYS:
-            if not isinstance(cls, Mapping) or key not in cls:
-                raise FormatError(where, "missing required key", field=f"classes[{index}].{key}")
-        if cls["finding"] not in CANONICAL:
-            raise FormatError(where, f"{cls['finding']!r} is not a canonical finding id (xbench.findings.CANONICAL)",
-                              field=f"classes[{index}].finding")
-        if cls["name"] in names:
-            raise FormatError(where, f"duplicate class name {cls['name']!r}", field=f"classes[{index}].name")
-        names.add(cls["name"])
+    check_manifest(dict(manifest), where)
 
 
 def class_lookup(manifest: Mapping[str, Any]) -> dict[str, str]:
