@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from .datasets.base import BaseDataset
 
 __all__ = ["validate", "class_lookup", "file_entries", "sha256", "counts", "case_table", "image_files", "check", "build",
-           "CheckReport", "FileStatus"]
+           "CheckReport", "FileStatus", "file_status"]
 
 COUNT_KEYS = ("cases", "positive_cases", "negative_cases", "regions")
 
@@ -192,7 +192,7 @@ class CheckReport:
     """What :func:`check` found: files, whether the loader opened, counts and mismatches."""
 
     name: str
-    root: Path
+    root: Path | None
     split: str
     files: list[FileStatus] = field(default_factory=list)
     opened: bool = False
@@ -203,6 +203,7 @@ class CheckReport:
     skipped: dict[str, int] = field(default_factory=dict)
     images_present: int = 0
     images_missing: list[str] = field(default_factory=list)
+    dataset: BaseDataset | None = field(default=None, repr=False)  # the opened loader
 
     @property
     def ok(self) -> bool:
@@ -252,26 +253,47 @@ def _compare(found: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]
     return out
 
 
-def check(name: str, root: str | Path | None, split: str | None = None, *, hashes: bool = True) -> CheckReport:
-    """Check a user's local copy of dataset ``name`` against its manifest.
+def file_status(manifest: Mapping[str, Any], base: Path, split: str, *, hashes: bool = True) -> list[FileStatus]:
+    """Each ``files`` entry ``split`` needs, as found under ``base`` (SHA-256 compared where the manifest gives
+    one and ``hashes``; folders never)."""
+    out = []
+    for key, entry in file_entries(manifest, split).items():
+        path = base / entry["path"]
+        status = FileStatus(key=key, path=path, exists=path.exists(), source=entry.get("source"),
+                            sha256_expected=entry.get("sha256"))
+        if status.exists and hashes and status.sha256_expected and path.is_file():
+            status.sha256_actual = sha256(path)
+        out.append(status)
+    return out
+
+
+def check(name: str, root: str | Path | None, split: str | None = None, *, hashes: bool = True,
+          options: Mapping[str, Any] | None = None, measure: bool = True) -> CheckReport:
+    """Check a user's local copy of dataset ``name`` against its manifest: the one dataset checker, behind
+    ``xbench manifest check`` and the dataset part of ``xbench check`` (:mod:`xbench.preflight`).
 
     Parameters
     ----------
     name : str
         Registered dataset name.
     root : path or None
-        The user's folder (None: ``$XBENCH_DATA/<name>``).
+        The user's folder (None: ``$XBENCH_DATA/<name>``, see :func:`xbench.datasets.data_root`).
     split : str, optional
         Split to check (default: the manifest's ``default_split``).
     hashes : bool, default=True
         Compare SHA-256 of files whose manifest entry gives one (folders never).
+    options : mapping, optional
+        Keyword options of the loader (a run config's dataset options); default ``{on_error: skip}``
+        (malformed records counted in :attr:`CheckReport.skipped`).
+    measure : bool, default=True
+        Measure the counts and compare them with the manifest's ``expected`` (reads every annotation).
 
     Returns
     -------
     CheckReport
         Files present / missing with their publisher, hash comparison, whether
-        the loader opened (the error text if not), measured counts and the
-        differences from the manifest's ``expected`` counts. Nothing is printed;
+        the loader opened (the error text if not), image files present, measured counts and
+        the differences from the manifest's ``expected`` counts. Nothing is printed;
         use :meth:`CheckReport.format`.
     """
     from .datasets import data_root, load_dataset
@@ -280,25 +302,26 @@ def check(name: str, root: str | Path | None, split: str | None = None, *, hashe
     split = split or manifest.get("default_split", "test")
     if split not in (manifest.get("splits") or {}):
         raise UnknownNameError(f"split of dataset {name!r}", split, manifest.get("splits") or {})
-    base = Path(root) if root is not None or manifest.get("generated") else data_root(name, root)
+    generated = bool(manifest.get("generated"))  # its files are written by the loader, into the folder it picks
+    base = data_root(name, root, manifest)
     report = CheckReport(name=name, root=base, split=split)
-    for key, entry in file_entries(manifest, split).items():
-        path = base / entry["path"]
-        status = FileStatus(key=key, path=path, exists=path.exists(), source=entry.get("source"), sha256_expected=entry.get("sha256"))
-        if status.exists and hashes and status.sha256_expected and path.is_file():
-            status.sha256_actual = sha256(path)
-        report.files.append(status)
+    if not generated:
+        report.files = file_status(manifest, base, split, hashes=hashes)
     report.expected = dict(((manifest["splits"][split] or {}).get("expected") or {}))
     try:
-        ds = load_dataset(name, root=root, split=split, on_error="skip")
+        ds = load_dataset(name, root=root, split=split, **(dict(options) if options is not None else {"on_error": "skip"}))
     except Exception as exc:  # reported, not raised: the report is the point
         report.error = f"{type(exc).__name__}: {exc}"
         return report
-    report.opened = True
+    report.opened, report.dataset = True, ds
+    if generated and ds.root is not None:
+        report.root = Path(ds.root)
+        report.files = file_status(manifest, report.root, split, hashes=hashes)
     report.skipped = dict(ds.skipped)
-    report.counts = counts(ds)
     report.images_present, report.images_missing = image_files(ds)
-    report.mismatches = _compare(report.counts, report.expected)
+    if measure:
+        report.counts = counts(ds)
+        report.mismatches = _compare(report.counts, report.expected)
     return report
 
 
