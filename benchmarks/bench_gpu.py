@@ -149,7 +149,7 @@ def generate(root: Path, *, scale: float = 1.0, size_div: int = 1, workers: int 
     (root / "manifests").mkdir(parents=True, exist_ok=True)
     tasks, classes = [], {}
     for name, spec in datasets.items():
-        classes[name] = [{"name": c["name"], "prompt": c.get("prompt", c["name"].lower())}
+        classes[name] = [{k: c[k] for k in ("name", "finding", "prompt", "display", "localized")}
                          for c in dataset_manifest(name)["classes"]]
         folder = root / name / "images"
         folder.mkdir(parents=True, exist_ok=True)
@@ -172,6 +172,7 @@ def generate(root: Path, *, scale: float = 1.0, size_div: int = 1, workers: int 
             total += r["bytes"]
         (root / name / "cases.csv").write_text("\n".join(lines) + "\n")
         manifest = {"class": "xbench.datasets.standin:CaseTable", "title": f"stand-in of {name}",
+                    "homepage": None, "citation": "XBench benchmarks/bench_gpu.py stand-in", "license": "generated",
                     "files": {"cases": {"path": "cases.csv"}}, "default_split": "test",
                     "splits": {"test": {"expected": {"cases": len(found)}}}, "classes": classes[name]}
         (root / "manifests" / f"standin_{name}.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))

@@ -142,9 +142,9 @@ def test_bad_pointing_ties_message_shows_the_value(tmp_path):
 
 def test_unknown_model_key_is_an_error(tmp_path):
     path = write(tmp_path, {**MINIMAL, "models": [{"name": "clip", "weight": "/w"}]})
-    with pytest.raises(FormatError, match=r"unknown model key\(s\) \['weight'\]") as err:
+    with pytest.raises(FormatError, match=r"unknown model key\(s\) 'weight' \(did you mean 'weights'\?\)") as err:
         RunConfig.from_yaml(path)
-    assert err.value.field == "models" and str(path) in str(err.value)
+    assert err.value.field == "models[0]" and str(path) in str(err.value)
 
 
 @pytest.mark.parametrize("key", ["datasets", "models"])

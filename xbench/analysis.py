@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from .metrics.table import is_grounding_score
+
 
 @dataclass
 class Fit:
@@ -85,7 +87,7 @@ def size_bins(pairs: pd.DataFrame, *, edges: tuple[float, ...] = (0.0, 0.01, 0.0
     labels = [f"{lo:.0%}–{hi:.0%}" for lo, hi in zip(edges[:-1], edges[1:])]
     out = pairs.copy()
     out["size_bin"] = pd.cut(out["area_fraction"], bins=list(edges), labels=labels, include_lowest=True)
-    metrics = [c for c in out.columns if c in ("pointing", "dice@best", "dice@0.5", "iou@0.5")]
+    metrics = [c for c in out.columns if is_grounding_score(c)]
     grouped = out.groupby(["model", "size_bin"], observed=False)
     res = grouped[metrics].mean()
     res["n"] = grouped.size()
@@ -167,7 +169,7 @@ def compare_with_paper(table: pd.DataFrame, reference: pd.DataFrame | None = Non
     from .tables import pair_counts
 
     pairs = pair_counts(table)
-    grounding = out["metric"].isin(["pointing", "dice@best", "iou@best"]).to_numpy()
+    grounding = out["metric"].map(is_grounding_score).to_numpy(dtype=bool)
     from_pairs = np.array([pairs.get(k, np.nan) for k in zip(out["model"], out["dataset"], out["finding"])], float)
     out["n"] = np.where(grounding, from_pairs, got["n"].to_numpy(dtype=float))
     out["diff"] = out["run"] - out["paper"]

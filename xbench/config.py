@@ -42,33 +42,29 @@ current working directory.
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import schema
 from .errors import FormatError, MissingFileError, XBenchError
 from .registry import dataset_manifest, import_target, model_config, read_yaml
+from .schema import check_type, did_you_mean, unknown_keys
 
-#: keys of a run config and of its dataset / model entries
-RUN_KEYS = ("output_dir", "datasets", "models", "grid", "fixed_threshold", "pointing_ties", "batch_size", "num_workers",
-            "precision", "device", "chunk_size", "on_missing_image", "bootstrap", "allow_random_init",
-            "decode_once", "cache_dir", "map_dtype", "channels_last")
-DATASET_KEYS = ("name", "root", "split")
-MODEL_KEYS = ("name", "weights", "params", "fit_split", "optional", "explainer")
 _DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
 
 
 @dataclass
 class DatasetSpec:
     name: str
-    root: str | None = None
+    root: str | None = field(default=None, metadata={"kind": "path"})
     split: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
 
 
 
@@ -76,10 +72,13 @@ class DatasetSpec:
 class ModelSpec:
     """A model of a run. ``fit_split`` (baselines with a ``fit`` method, e.g. the anatomical prior):
     fit on that split of each dataset — it must differ from the evaluation split. ``optional``: left out
-    of the run (with a note) when its weights are absent, instead of failing the run."""
+    of the run (with a note) when its weights are absent, instead of failing the run. ``explainer``:
+    the saliency method used for this model's maps (None: the model's own map)."""
+
+    __schema_what__ = "model key(s)"
 
     name: str
-    weights: str | None = None
+    weights: str | None = field(default=None, metadata={"kind": "path"})
     params: dict[str, Any] = field(default_factory=dict)
     fit_split: str | None = None
     optional: bool = False
@@ -90,32 +89,6 @@ class ModelSpec:
         """The name the run stores and reports this entry under: ``name``, or ``name+explainer`` when a post-hoc
         explainer (:mod:`xbench.explain`) makes the maps (``kad+gradcam``)."""
         return f"{self.name}+{self.explainer}" if self.explainer else self.name
-
-
-def _did_you_mean(word: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(word, known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _unknown(where: str, what: str, keys: list[str], known: list[str], field_name: str) -> FormatError:
-    hints = "; ".join(f"{k!r}{_did_you_mean(k, known)}" for k in keys)
-    return FormatError(where, f"unknown {what} {hints}; known: {', '.join(known) or '(none)'}", field=field_name)
-
-
-def _check_type(where: str, field_name: str, value: Any, kind: str) -> Any:
-    """``value`` if it is of ``kind`` (int | float | bool | str | path), else FormatError naming the field."""
-    ok = {
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
-        "bool": isinstance(value, bool),
-        "str": isinstance(value, str) and value != "",
-        "path": isinstance(value, (str, Path)) and str(value).strip() != "",
-    }[kind]
-    if not ok:
-        expected = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a non-empty string",
-                    "path": "a non-empty path"}[kind]
-        raise FormatError(where, f"must be {expected}, got {value!r} ({type(value).__name__})", field=field_name)
-    return float(value) if kind == "float" else value
 
 
 def dataset_options(name: str) -> dict[str, inspect.Parameter]:
@@ -135,29 +108,15 @@ def _typed_like(where: str, field_name: str, value: Any, default: Any) -> None:
     if kind == "str" and isinstance(value, str):
         return
     if kind is not None:
-        _check_type(where, field_name, value, kind)
+        check_type(where, field_name, value, kind)
 
 
-_SIMPLE = {"int": "int", "float": "float", "bool": "bool", "str": "str", "Path": "path"}
-
-
-def _annotation_allows(where: str, field_name: str, value: Any, annotation: Any) -> bool:
-    """Check ``value`` against a simple annotation such as ``"int | None"``; False when it is not simple."""
-    names = [n.strip() for n in str(annotation).split("|")] if isinstance(annotation, str) else []
-    kinds = [n for n in names if n != "None"]
-    if not names or any(n not in _SIMPLE for n in kinds):
-        return False
-    if value is None and "None" in names:
-        return True
-    for n in kinds:
-        try:
-            _check_type(where, field_name, value, _SIMPLE[n])
-            return True
-        except FormatError:
-            continue
-    if kinds:
-        _check_type(where, field_name, value, _SIMPLE[kinds[0]])  # raises, naming the first expected type
-    return True
+def _loader_hints(name: str) -> dict[str, Any]:
+    """Resolved annotations of a dataset loader's ``__init__`` ({} when they cannot be resolved)."""
+    try:
+        return typing.get_type_hints(import_target(dataset_manifest(name)["class"]).__init__)
+    except Exception:  # annotations naming types the module does not import at run time
+        return {}
 
 
 def _entry(where: str, item: Any, field_name: str) -> dict[str, Any]:
@@ -172,69 +131,67 @@ def _entry(where: str, item: Any, field_name: str) -> dict[str, Any]:
 def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
     key = f"datasets[{index}]"
     item = _entry(where, item, "datasets")
-    name = _check_type(where, f"{key}.name", item["name"], "str")
+    name = check_type(where, f"{key}.name", item["name"], "str")
     dataset_manifest(name)  # unknown name → UnknownNameError with "did you mean"
-    options = {k: v for k, v in item.items() if k not in DATASET_KEYS}
+    keys = schema.fields_of(DatasetSpec)
+    options = {k: v for k, v in item.items() if k not in keys}
     declared = dataset_options(name)
     unknown = sorted(set(options) - set(declared))
     if unknown:
-        raise _unknown(where, f"key(s) of dataset {name!r}:", unknown, [*DATASET_KEYS, *sorted(declared)], key)
+        raise unknown_keys(where, f"key(s) of dataset {name!r}:", unknown, [*keys, *sorted(declared)], key)
+    hints = _loader_hints(name)
     for k, v in options.items():
-        default = declared[k].default
-        if not _annotation_allows(where, f"{key}.{k}", v, declared[k].annotation):
+        try:
+            schema.check_value(where, f"{key}.{k}", v, hints[k])
+        except (KeyError, TypeError):  # no usable annotation: the default's type
+            default = declared[k].default
             _typed_like(where, f"{key}.{k}", v, None if default is inspect.Parameter.empty else default)
-    for k in ("root", "split"):
-        if item.get(k) is not None:
-            _check_type(where, f"{key}.{k}", item[k], "path" if k == "root" else "str")
-    split = item.get("split")
+    spec = schema.load(DatasetSpec, {k: v for k, v in item.items() if k in keys}, where, key)
     splits = dataset_manifest(name).get("splits") or {}
-    if split is not None and split not in splits:
-        raise FormatError(where, f"dataset {name!r} has no split {split!r}{_did_you_mean(split, sorted(splits))}; "
+    if spec.split is not None and spec.split not in splits:
+        raise FormatError(where, f"dataset {name!r} has no split {spec.split!r}{did_you_mean(spec.split, sorted(splits))}; "
                           f"splits: {', '.join(sorted(splits))}", field=f"{key}.split")
-    return DatasetSpec(name=name, root=None if item.get("root") is None else str(item["root"]), split=split,
-                       options=options)
+    spec.root = None if spec.root is None else str(spec.root)
+    spec.options = options
+    return spec
 
 
 def _model_spec(where: str, item: Any, index: int) -> ModelSpec:
     key = f"models[{index}]"
-    item = _entry(where, item, "models")
-    extra = sorted(set(item) - set(MODEL_KEYS))
-    if extra:
-        raise FormatError(where, f"unknown model key(s) {extra}" + "".join(_did_you_mean(k, list(MODEL_KEYS)) for k in extra)
-                          + f"; known: {', '.join(MODEL_KEYS)}", field="models")
-    name = _check_type(where, f"{key}.name", item["name"], "str")
-    declared = model_config(name).get("params") or {}  # unknown name → UnknownNameError with "did you mean"
-    params = item.get("params") or {}
-    if not isinstance(params, dict):
-        raise FormatError(where, f"params must be a mapping, got {params!r}", field=f"{key}.params")
-    unknown = sorted(set(params) - set(declared))
+    spec = schema.load(ModelSpec, _entry(where, item, "models"), where, key)
+    declared = model_config(spec.name).get("params") or {}  # unknown name → UnknownNameError with "did you mean"
+    unknown = sorted(set(spec.params) - set(declared))
     if unknown:
-        raise _unknown(where, f"param(s) of model {name!r}:", unknown, sorted(declared), f"{key}.params")
-    for k, v in params.items():
+        raise unknown_keys(where, f"param(s) of model {spec.name!r}:", unknown, sorted(declared), f"{key}.params")
+    for k, v in spec.params.items():
         _typed_like(where, f"{key}.params.{k}", v, declared[k])
-    weights = item.get("weights")
-    if weights is not None:
-        _check_type(where, f"{key}.weights", weights, "path")
-    fit_split = item.get("fit_split")
-    if fit_split is not None:
-        _check_type(where, f"{key}.fit_split", fit_split, "str")
-    optional = _check_type(where, f"{key}.optional", item.get("optional", False), "bool")
-    explainer = item.get("explainer")
-    if explainer is not None:
+    spec.weights = None if spec.weights is None else str(spec.weights)
+    if spec.explainer is not None:
         from .explain.methods import EXPLAINERS
 
-        _check_type(where, f"{key}.explainer", explainer, "str")
-        if explainer not in EXPLAINERS:
-            raise _unknown(where, "explainer", [explainer], sorted(EXPLAINERS), f"{key}.explainer")
-    return ModelSpec(name=name, weights=None if weights is None else str(weights), params=dict(params),
-                     fit_split=fit_split, optional=optional, explainer=explainer)
+        if spec.explainer not in EXPLAINERS:
+            raise unknown_keys(where, "explainer", [spec.explainer], sorted(EXPLAINERS), f"{key}.explainer")
+    return spec
+
+
+def _entries(parse: Any, what: str, example: str) -> Any:
+    """A schema ``parse`` for the ``datasets`` / ``models`` lists: non-empty, each entry through ``parse``."""
+    def parse_list(where: str, field_name: str, value: Any) -> list[Any]:
+        if not isinstance(value, list) or not value:
+            raise FormatError(where, f"must be a non-empty list of {what} (e.g. [{example}]), got {value!r}",
+                              field=field_name)
+        return [parse(where, item, i) for i, item in enumerate(value)]
+    return parse_list
 
 
 @dataclass
 class RunConfig:
-    output_dir: str
-    datasets: list[DatasetSpec]
-    models: list[ModelSpec]
+    """A run config; its fields are the YAML's keys (``bootstrap_*``: the ``bootstrap:`` mapping), read by
+    :func:`xbench.schema.load` (unknown keys with "did you mean", missing keys, types)."""
+
+    output_dir: str = field(metadata={"kind": "path"})
+    datasets: list[DatasetSpec] = field(metadata={"parse": _entries(_dataset_spec, "datasets", "phantom")})
+    models: list[ModelSpec] = field(metadata={"parse": _entries(_model_spec, "models", "center_prior")})
     grid: tuple[int, int] = (224, 224)
     fixed_threshold: float = 0.5
     pointing_ties: str = "first"
@@ -245,13 +202,13 @@ class RunConfig:
     chunk_size: int = 256
     on_missing_image: str = "raise"
     decode_once: bool = True
-    cache_dir: str | None = None
+    cache_dir: str | None = field(default=None, metadata={"kind": "path"})
     map_dtype: str = "float16"
     channels_last: bool = False
-    bootstrap_replicates: int = 1000
-    bootstrap_seed: int = 0
+    bootstrap_replicates: int = field(default=1000, metadata={"key": "bootstrap.replicates"})
+    bootstrap_seed: int = field(default=0, metadata={"key": "bootstrap.seed"})
     allow_random_init: bool = False
-    source: str | None = None
+    source: str | None = field(default=None, metadata={"internal": True})
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> "RunConfig":
@@ -263,51 +220,10 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str | None = None) -> "RunConfig":
-        where = source or "<config>"
-        for key in ("output_dir", "datasets", "models"):
-            if key not in raw:
-                raise FormatError(where, "missing required key", field=key)
-        unknown = sorted(set(raw) - set(RUN_KEYS))
-        if unknown:
-            raise _unknown(where, "key(s)", unknown, sorted(RUN_KEYS), unknown[0])
-        for key in ("datasets", "models"):
-            if not isinstance(raw[key], list) or not raw[key]:
-                raise FormatError(where, f"must be a non-empty list of {key} (e.g. [{'phantom' if key == 'datasets' else 'center_prior'}]), "
-                                  f"got {raw[key]!r}", field=key)
-        boot = raw.get("bootstrap", {}) or {}
-        if not isinstance(boot, dict) or set(boot) - {"replicates", "seed"}:
-            raise FormatError(where, f"takes {{replicates, seed}}, got {boot!r}", field="bootstrap")
-        grid = raw.get("grid", [224, 224])
-        if not isinstance(grid, (list, tuple)):
-            raise FormatError(where, f"must be [height, width] integers, got {grid!r}", field="grid")
-        for g in grid:
-            _check_type(where, "grid", g, "int")
-
-        def get(key: str, default: Any, kind: str) -> Any:
-            return _check_type(where, key, raw.get(key, default), kind)
-
-        cfg = cls(
-            output_dir=str(get("output_dir", None, "path")),
-            datasets=[_dataset_spec(where, d, i) for i, d in enumerate(raw["datasets"])],
-            models=[_model_spec(where, m, i) for i, m in enumerate(raw["models"])],
-            grid=tuple(grid),
-            fixed_threshold=get("fixed_threshold", 0.5, "float"),
-            pointing_ties=get("pointing_ties", "first", "str"),
-            batch_size=get("batch_size", 32, "int"),
-            num_workers=get("num_workers", 0, "int"),
-            precision=get("precision", "fp32", "str"),
-            device=get("device", "cpu", "str"),
-            chunk_size=get("chunk_size", 256, "int"),
-            on_missing_image=get("on_missing_image", "raise", "str"),
-            bootstrap_replicates=_check_type(where, "bootstrap", boot.get("replicates", 1000), "int"),
-            bootstrap_seed=_check_type(where, "bootstrap", boot.get("seed", 0), "int"),
-            allow_random_init=get("allow_random_init", False, "bool"),
-            decode_once=get("decode_once", True, "bool"),
-            cache_dir=None if raw.get("cache_dir") is None else str(get("cache_dir", None, "path")),
-            map_dtype=get("map_dtype", "float16", "str"),
-            channels_last=get("channels_last", False, "bool"),
-            source=source,
-        )
+        cfg = schema.load(cls, raw, source or "<config>")
+        cfg.output_dir = str(cfg.output_dir)
+        cfg.cache_dir = None if cfg.cache_dir is None else str(cfg.cache_dir)
+        cfg.source = source
         cfg.validate()
         return cfg
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from .metrics.table import display
 from .analysis import MIN_POINTS_TO_FIT, calibration_by_model, fit_line, metric_pairs, model_correlation, size_bins
 from .paper import DATASETS, MODELS, paper_name
 from .atomic import atomic_write
@@ -329,8 +330,7 @@ def difference_heatmap(comparison: pd.DataFrame, *, title: str) -> plt.Figure:
     lim = float(np.nanmax(np.abs(comparison["diff"]))) if comparison["diff"].notna().any() else 1.0
     for ax, t in zip(axes[:, 0], tables):
         sub = comparison[comparison["table"] == t].copy()
-        short = {"pointing": "Point", "dice@best": "Dice", "iou@best": "IoU"}
-        sub["cell"] = (sub["dataset"].map(lambda d: DATASETS.get(d, d)) + " " + sub["metric"].map(short)) if t == 1 \
+        sub["cell"] = (sub["dataset"].map(lambda d: DATASETS.get(d, d)) + " " + sub["metric"].map(display)) if t == 1 \
             else sub["paper_class"]
         grid = sub.pivot_table(index="model", columns="cell", values="diff", aggfunc="first", dropna=False)
         grid = grid.reindex(index=[m for m in MODELS if m in grid.index],

@@ -46,7 +46,11 @@ Expected counts: ``cases`` (rows of the case table), ``positive_cases``
 (cases with at least one label equal to 1), ``negative_cases``, ``regions``
 (regions over all cases and classes: one per box, polygon or encoded-mask
 row), and per class ``positives`` / ``region_counts``.
-Loaders may read extra top-level keys they document (e.g. ``generated``).
+Loaders read the extra top-level keys the schema declares for them (``generated`` and ``generator`` for
+the phantom, ``lung_outline_labels`` for COVID-19 Rural, ``label_aliases`` and ``ignored_classes`` for
+VinDr-CXR); any other key is an error. The schema is :class:`xbench.registry.DatasetManifest`, checked by
+the registry when a manifest is looked up: unknown or missing keys, wrong types, a ``finding`` that is
+not canonical — one :class:`~xbench.errors.FormatError` naming file and field, with "did you mean".
 """
 from __future__ import annotations
 
@@ -60,60 +64,26 @@ import numpy as np
 import pandas as pd
 
 from .atomic import write_frame
-from .errors import FormatError, UnknownNameError
-from .findings import CANONICAL
-from .registry import dataset_manifest
+from .errors import UnknownNameError
+from .registry import check_manifest, dataset_manifest
 
 if TYPE_CHECKING:
     from .datasets.base import BaseDataset
 
 __all__ = ["validate", "class_lookup", "file_entries", "sha256", "counts", "case_table", "image_files", "check", "build",
-           "CheckReport", "FileStatus"]
+           "CheckReport", "FileStatus", "file_status"]
 
-REQUIRED_KEYS = ("class", "title", "homepage", "citation", "license", "files", "default_split", "splits", "classes")
-CLASS_KEYS = ("name", "finding", "prompt", "display", "localized")
 COUNT_KEYS = ("cases", "positive_cases", "negative_cases", "regions")
 
 
 def validate(manifest: Mapping[str, Any]) -> None:
-    """Raise :class:`~xbench.errors.FormatError` (naming the manifest file and field) unless it follows the schema."""
+    """Raise :class:`~xbench.errors.FormatError` (naming the manifest file and field) unless it follows the schema.
+
+    The schema is :class:`xbench.registry.DatasetManifest` (:mod:`xbench.schema`): the registry checks every
+    manifest with it when the name is looked up, so this is for a manifest edited in memory.
+    """
     where = manifest.get("config_path", manifest.get("name", "<manifest>"))
-    if manifest.get("generated"):
-        required: tuple[str, ...] = ("class", "title", "default_split", "splits", "classes")
-    else:
-        required = REQUIRED_KEYS
-    for key in required:
-        if key not in manifest:
-            raise FormatError(where, "missing required key", field=key)
-    for key, entry in (manifest.get("files") or {}).items():
-        if not isinstance(entry, Mapping) or "path" not in entry:
-            raise FormatError(where, "a file entry must be a mapping with 'path'", field=f"files.{key}")
-        digest = entry.get("sha256")
-        if digest is not None and (len(str(digest)) != 64 or any(ch not in "0123456789abcdef" for ch in str(digest))):
-            raise FormatError(where, f"sha256 must be 64 lower-case hex digits or null, got {digest!r}", field=f"files.{key}.sha256")
-    splits = manifest["splits"]
-    if not isinstance(splits, Mapping) or not splits:
-        raise FormatError(where, "must be a non-empty mapping of split name → {description, expected}", field="splits")
-    if manifest["default_split"] not in splits:
-        raise FormatError(where, f"{manifest['default_split']!r} is not one of the splits {sorted(splits)}", field="default_split")
-    for split, spec in splits.items():
-        unknown = set(((spec or {}).get("expected") or {})) - set(COUNT_KEYS) - {"positives", "region_counts"}
-        if unknown:
-            raise FormatError(where, f"unknown expected-count keys {sorted(unknown)}", field=f"splits.{split}.expected")
-    classes = manifest["classes"]
-    if not isinstance(classes, list) or not classes:
-        raise FormatError(where, "must be a non-empty list", field="classes")
-    names = set()
-    for index, cls in enumerate(classes):
-        for key in CLASS_KEYS:
-            if not isinstance(cls, Mapping) or key not in cls:
-                raise FormatError(where, "missing required key", field=f"classes[{index}].{key}")
-        if cls["finding"] not in CANONICAL:
-            raise FormatError(where, f"{cls['finding']!r} is not a canonical finding id (xbench.findings.CANONICAL)",
-                              field=f"classes[{index}].finding")
-        if cls["name"] in names:
-            raise FormatError(where, f"duplicate class name {cls['name']!r}", field=f"classes[{index}].name")
-        names.add(cls["name"])
+    check_manifest(dict(manifest), where)
 
 
 def class_lookup(manifest: Mapping[str, Any]) -> dict[str, str]:
@@ -222,7 +192,7 @@ class CheckReport:
     """What :func:`check` found: files, whether the loader opened, counts and mismatches."""
 
     name: str
-    root: Path
+    root: Path | None
     split: str
     files: list[FileStatus] = field(default_factory=list)
     opened: bool = False
@@ -233,6 +203,7 @@ class CheckReport:
     skipped: dict[str, int] = field(default_factory=dict)
     images_present: int = 0
     images_missing: list[str] = field(default_factory=list)
+    dataset: BaseDataset | None = field(default=None, repr=False)  # the opened loader
 
     @property
     def ok(self) -> bool:
@@ -282,26 +253,47 @@ def _compare(found: Mapping[str, Any], expected: Mapping[str, Any]) -> list[str]
     return out
 
 
-def check(name: str, root: str | Path | None, split: str | None = None, *, hashes: bool = True) -> CheckReport:
-    """Check a user's local copy of dataset ``name`` against its manifest.
+def file_status(manifest: Mapping[str, Any], base: Path, split: str, *, hashes: bool = True) -> list[FileStatus]:
+    """Each ``files`` entry ``split`` needs, as found under ``base`` (SHA-256 compared where the manifest gives
+    one and ``hashes``; folders never)."""
+    out = []
+    for key, entry in file_entries(manifest, split).items():
+        path = base / entry["path"]
+        status = FileStatus(key=key, path=path, exists=path.exists(), source=entry.get("source"),
+                            sha256_expected=entry.get("sha256"))
+        if status.exists and hashes and status.sha256_expected and path.is_file():
+            status.sha256_actual = sha256(path)
+        out.append(status)
+    return out
+
+
+def check(name: str, root: str | Path | None, split: str | None = None, *, hashes: bool = True,
+          options: Mapping[str, Any] | None = None, measure: bool = True) -> CheckReport:
+    """Check a user's local copy of dataset ``name`` against its manifest: the one dataset checker, behind
+    ``xbench manifest check`` and the dataset part of ``xbench check`` (:mod:`xbench.preflight`).
 
     Parameters
     ----------
     name : str
         Registered dataset name.
     root : path or None
-        The user's folder (None: ``$XBENCH_DATA/<name>``).
+        The user's folder (None: ``$XBENCH_DATA/<name>``, see :func:`xbench.datasets.data_root`).
     split : str, optional
         Split to check (default: the manifest's ``default_split``).
     hashes : bool, default=True
         Compare SHA-256 of files whose manifest entry gives one (folders never).
+    options : mapping, optional
+        Keyword options of the loader (a run config's dataset options); default ``{on_error: skip}``
+        (malformed records counted in :attr:`CheckReport.skipped`).
+    measure : bool, default=True
+        Measure the counts and compare them with the manifest's ``expected`` (reads every annotation).
 
     Returns
     -------
     CheckReport
         Files present / missing with their publisher, hash comparison, whether
-        the loader opened (the error text if not), measured counts and the
-        differences from the manifest's ``expected`` counts. Nothing is printed;
+        the loader opened (the error text if not), image files present, measured counts and
+        the differences from the manifest's ``expected`` counts. Nothing is printed;
         use :meth:`CheckReport.format`.
     """
     from .datasets import data_root, load_dataset
@@ -310,25 +302,26 @@ def check(name: str, root: str | Path | None, split: str | None = None, *, hashe
     split = split or manifest.get("default_split", "test")
     if split not in (manifest.get("splits") or {}):
         raise UnknownNameError(f"split of dataset {name!r}", split, manifest.get("splits") or {})
-    base = Path(root) if root is not None or manifest.get("generated") else data_root(name, root)
+    generated = bool(manifest.get("generated"))  # its files are written by the loader, into the folder it picks
+    base = data_root(name, root, manifest)
     report = CheckReport(name=name, root=base, split=split)
-    for key, entry in file_entries(manifest, split).items():
-        path = base / entry["path"]
-        status = FileStatus(key=key, path=path, exists=path.exists(), source=entry.get("source"), sha256_expected=entry.get("sha256"))
-        if status.exists and hashes and status.sha256_expected and path.is_file():
-            status.sha256_actual = sha256(path)
-        report.files.append(status)
+    if not generated:
+        report.files = file_status(manifest, base, split, hashes=hashes)
     report.expected = dict(((manifest["splits"][split] or {}).get("expected") or {}))
     try:
-        ds = load_dataset(name, root=root, split=split, on_error="skip")
+        ds = load_dataset(name, root=root, split=split, **(dict(options) if options is not None else {"on_error": "skip"}))
     except Exception as exc:  # reported, not raised: the report is the point
         report.error = f"{type(exc).__name__}: {exc}"
         return report
-    report.opened = True
+    report.opened, report.dataset = True, ds
+    if generated and ds.root is not None:
+        report.root = Path(ds.root)
+        report.files = file_status(manifest, report.root, split, hashes=hashes)
     report.skipped = dict(ds.skipped)
-    report.counts = counts(ds)
     report.images_present, report.images_missing = image_files(ds)
-    report.mismatches = _compare(report.counts, report.expected)
+    if measure:
+        report.counts = counts(ds)
+        report.mismatches = _compare(report.counts, report.expected)
     return report
 
 

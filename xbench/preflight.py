@@ -141,52 +141,51 @@ def _fit_split_problems(cfg: RunConfig, manifest: dict[str, Any], split: str) ->
 
 def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], split: str, out: DatasetCheck, *,
                  hashes: bool, decode: bool) -> None:
+    """The dataset part of the preflight: :func:`xbench.manifests.check` (the one dataset checker) with the
+    run's loader options, read into ``out``; then the fit splits' files and one decoded image."""
     from . import manifests
-    from .datasets import data_root, load_dataset
+    from .datasets import data_root
 
-    if not manifest.get("generated"):
-        try:
-            base = data_root(spec.name, spec.root)
-        except XBenchError as exc:
-            out.problems.append(str(exc))
-            return
-        out.root = str(base)
-        for key, entry in manifests.file_entries(manifest, split).items():
-            if key == "images":
-                continue  # counted per case below
-            path = base / entry["path"]
-            if not path.exists():
-                out.files.append(f"file {key}: {path}: MISSING")
-                out.problems.append(f"missing {key} file {path}" + (f" (get it from {entry['source']})" if entry.get("source") else ""))
-                continue
-            state = "present"
-            if hashes and entry.get("sha256") and path.is_file():
-                actual = manifests.sha256(path)
-                state = "present, sha256 ok" if actual == entry["sha256"] else "present, sha256 DIFFERS"
-                if actual != entry["sha256"]:
-                    out.problems.append(f"{path}: sha256 {actual[:12]}… differs from the manifest's {entry['sha256'][:12]}… "
-                                        "(another release of the file?)")
-            out.files.append(f"file {key}: {path}: {state}")
-        for m in cfg.models:  # the fit split's own annotation files
-            if m.fit_split is None or m.fit_split == split or m.fit_split not in (manifest.get("splits") or {}):
-                continue
-            for key, entry in manifests.file_entries(manifest, m.fit_split).items():
-                if key != "images" and not (base / entry["path"]).exists():
-                    out.problems.append(f"model {m.name!r} is fitted on split {m.fit_split!r}, whose {key} file "
-                                        f"{base / entry['path']} is missing")
-        if out.problems:
-            return
     try:
-        ds = load_dataset(spec.name, root=spec.root, split=split, **spec.options)
-    except Exception as exc:  # reported, not raised: the report is the point
-        out.problems.append(f"loader failed: {type(exc).__name__}: {exc}")
+        data_root(spec.name, spec.root, manifest)  # no root and no $XBENCH_DATA: that is the problem
+    except XBenchError as exc:
+        out.problems.append(str(exc))
+        return
+    report = manifests.check(spec.name, spec.root, split, hashes=hashes, options=spec.options, measure=False)
+    out.root = "" if report.root is None else str(report.root)
+    for f in report.files:
+        if f.key == "images":
+            continue  # counted per case below
+        if not f.exists:
+            out.files.append(f"file {f.key}: {f.path}: MISSING")
+            out.problems.append(f"missing {f.key} file {f.path}" + (f" (get it from {f.source})" if f.source else ""))
+        elif f.sha256_actual is None:
+            out.files.append(f"file {f.key}: {f.path}: present")
+        elif f.ok:
+            out.files.append(f"file {f.key}: {f.path}: present, sha256 ok")
+        else:
+            out.files.append(f"file {f.key}: {f.path}: present, sha256 DIFFERS")
+            out.problems.append(f"{f.path}: sha256 {f.sha256_actual[:12]}… differs from the manifest's "
+                                f"{(f.sha256_expected or '')[:12]}… (another release of the file?)")
+    for m in () if manifest.get("generated") else cfg.models:  # the fit split's own annotation files
+        if m.fit_split is None or m.fit_split == split or m.fit_split not in (manifest.get("splits") or {}):
+            continue
+        for f in manifests.file_status(manifest, Path(out.root), m.fit_split, hashes=False):
+            if f.key != "images" and not f.exists:
+                out.problems.append(f"model {m.name!r} is fitted on split {m.fit_split!r}, whose {f.key} file "
+                                    f"{f.path} is missing")
+    if out.problems:
+        return
+    ds = report.dataset
+    if ds is None:
+        out.problems.append(f"loader failed: {report.error}")
         return
     out.root = str(ds.root) if ds.root is not None else out.root
     out.cases = len(ds)
     if not len(ds):
         out.problems.append("the dataset has no cases (check root, split and options)")
         return
-    out.images_present, out.images_missing = manifests.image_files(ds)
+    out.images_present, out.images_missing = report.images_present, report.images_missing
     if out.images_missing:
         first = ", ".join(out.images_missing[:5])
         if not out.images_present:

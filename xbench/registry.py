@@ -14,6 +14,11 @@ search path is: folders that installed packages declare under the entry-point gr
 (repeatable). :func:`add_search_dir` does the same from Python, :func:`add_config_path` adds
 one folder of one kind. A later folder overrides an earlier one (and the package) for the
 same name.
+
+Every file is checked at this door against its schema (:mod:`xbench.schema`): a model YAML against
+:class:`ModelYaml`, a dataset manifest against :class:`DatasetManifest` — unknown keys (with "did you
+mean"), missing keys, wrong types and finding ids that are not canonical (:data:`xbench.findings.CANONICAL`)
+are one :class:`~xbench.errors.FormatError` naming file and field, raised when the name is looked up.
 """
 from __future__ import annotations
 
@@ -21,18 +26,161 @@ import importlib
 import importlib.metadata
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
+from . import schema
 from .errors import FormatError, UnknownNameError, XBenchError
+from .findings import CANONICAL
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 MODEL_CONFIG_DIRS: list[Path] = [PACKAGE_DIR / "configs" / "models"]
 _SHIPPED_MANIFESTS = PACKAGE_DIR / "data_manifests"  # inside an installed wheel
 MANIFEST_DIRS: list[Path] = [Path(os.environ.get("XBENCH_MANIFESTS", _SHIPPED_MANIFESTS if _SHIPPED_MANIFESTS.is_dir()
                                                  else PACKAGE_DIR.parent / "data_manifests"))]
+
+
+# -- schemas of the two registered kinds ---------------------------------------------------------------
+@dataclass
+class WeightFile:
+    """A ``weights:`` entry of a model YAML: a file (or folder, trailing ``/``) inside the weights folder."""
+
+    path: str
+    source: str | None = None  # the publisher
+    random: Literal["required"] | None = None  # random init reads this file too (BiomedCLIP's config, tokenizer)
+    alternative_to: str | None = None  # a fallback of that entry (CLIP's three checkpoint formats)
+    note: str | None = None
+
+
+@dataclass
+class ModelYaml:
+    """Schema of ``configs/models/<name>.yaml``: every fact about a model (docs/extending.md)."""
+
+    class_: str  # "module:Class" of the adapter
+    title: str
+    citation: str
+    map_source: Literal["similarity", "cross-attention", "prior"]
+    score_rule: Literal["probability", "logit", "constant", "random"]
+    input_size: int
+    grid: tuple[int, int]
+    code: str | None = None
+    weights: dict[str, WeightFile] = field(default_factory=dict)
+    bundled_weights: str | None = None  # a folder inside the package (the committed reference models)
+    verified: bool = True
+    params: dict[str, Any] = field(default_factory=dict)  # the declared parameter set, with defaults
+    explain_layer: str | None = None  # module path of the layer a gradient explainer hooks (None: the adapter's)
+
+    def _check(self, where: str | Path, prefix: str) -> None:
+        for key, entry in self.weights.items():
+            if entry.alternative_to is not None:
+                schema.check_choice(where, f"weights.{key}.alternative_to", entry.alternative_to,
+                                    [k for k in self.weights if k != key], "weights entry")
+
+
+@dataclass
+class ManifestFile:
+    """A ``files:`` entry of a manifest (``{split}`` in ``path`` / ``source`` is the split name)."""
+
+    path: str
+    source: str | None = None
+    sha256: str | None = None  # hex of the file as published; null: not compared
+    splits: list[str] | None = None  # only these splits need it (default: every split)
+
+    def _check(self, where: str | Path, prefix: str) -> None:
+        digest = self.sha256
+        if digest is not None and (len(digest) != 64 or any(ch not in "0123456789abcdef" for ch in digest)):
+            raise FormatError(where, f"sha256 must be 64 lower-case hex digits or null, got {digest!r}",
+                              field=f"{prefix}.sha256")
+
+
+@dataclass
+class ExpectedCounts:
+    """Counts a split should measure (``xbench manifest check`` compares them); every key optional."""
+
+    cases: int | None = None
+    positive_cases: int | None = None
+    negative_cases: int | None = None
+    regions: int | None = None
+    positives: dict[str, int] = field(default_factory=dict)
+    region_counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class ManifestSplit:
+    description: str | None = None
+    expected: ExpectedCounts | None = None
+    cases: int | None = None  # generated sources: cases to generate
+
+
+@dataclass
+class ManifestClass:
+    """A class of a dataset: its own spelling, canonical finding id, prompt and display name."""
+
+    name: str
+    finding: str = field(metadata={"choices": CANONICAL, "what": "finding id (xbench.findings.CANONICAL)"})
+    prompt: str
+    display: str
+    localized: bool
+    aliases: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DatasetManifest:
+    """Schema of ``data_manifests/<name>.yaml`` (described in :mod:`xbench.manifests`)."""
+
+    class_: str  # "module:Class" of the loader
+    title: str
+    default_split: str
+    splits: dict[str, ManifestSplit]
+    classes: list[ManifestClass]
+    homepage: str | None = None  # the key is required unless generated (null: none)
+    citation: str | None = None  # the key is required unless generated
+    license: str | None = None  # the key is required unless generated
+    files: dict[str, ManifestFile] | None = None  # the key is required unless generated
+    image_size: tuple[int, int] | None = None
+    generated: bool = False  # procedural sources (the phantom) create their own files
+    generator: dict[str, Any] | None = None  # phantom: the generator's default keyword arguments
+    lung_outline_labels: list[str] | None = None  # covid_rural: labels of lung outlines, not findings
+    label_aliases: dict[str, str] | None = None  # vindr_cxr: spellings of its label CSVs → class name
+    ignored_classes: list[str] | None = None  # vindr_cxr: labels that are not kept
+
+    def _check(self, where: str | Path, prefix: str) -> None:
+        if not self.splits:
+            raise FormatError(where, "must be a non-empty mapping of split name → {description, expected}",
+                              field="splits")
+        if self.default_split not in self.splits:
+            raise FormatError(where, f"{self.default_split!r} is not one of the splits {sorted(self.splits)}"
+                              f"{schema.did_you_mean(self.default_split, self.splits)}", field="default_split")
+        if not self.classes:
+            raise FormatError(where, "must be a non-empty list", field="classes")
+        names: set[str] = set()
+        for index, cls in enumerate(self.classes):
+            if cls.name in names:
+                raise FormatError(where, f"duplicate class name {cls.name!r}", field=f"classes[{index}].name")
+            names.add(cls.name)
+        for key, entry in (self.files or {}).items():
+            for i, split in enumerate(entry.splits or []):
+                schema.check_choice(where, f"files.{key}.splits[{i}]", split, self.splits, "split")
+
+
+def check_model_yaml(raw: dict[str, Any], where: str | Path) -> ModelYaml:
+    """The typed :class:`ModelYaml` of a parsed model YAML (``name`` / ``config_path`` keys are ignored)."""
+    return schema.load(ModelYaml, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
+
+
+def check_manifest(raw: dict[str, Any], where: str | Path) -> DatasetManifest:
+    """The typed :class:`DatasetManifest` of a parsed manifest (``name`` / ``config_path`` keys are ignored).
+
+    ``homepage``, ``citation``, ``license`` and ``files`` must be present unless the source is ``generated``.
+    """
+    typed = schema.load(DatasetManifest, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
+    for key in () if typed.generated else ("homepage", "citation", "license", "files"):
+        if key not in raw:
+            raise FormatError(where, "missing required key", field=key)
+    return typed
 
 
 def add_config_path(path: str | Path, kind: str = "models") -> None:
@@ -117,15 +265,16 @@ def list_datasets() -> list[str]:
 
 def model_config(name: str) -> dict[str, Any]:
     """The parsed config of model ``name`` (with ``name`` and ``config_path`` added)."""
-    return _entry(name, MODEL_CONFIG_DIRS, "model")
+    return _entry(name, MODEL_CONFIG_DIRS, "model", check_model_yaml)
 
 
 def dataset_manifest(name: str) -> dict[str, Any]:
     """The parsed manifest of dataset ``name`` (with ``name`` and ``config_path`` added)."""
-    return _entry(name, MANIFEST_DIRS, "dataset")
+    return _entry(name, MANIFEST_DIRS, "dataset", check_manifest)
 
 
-def _entry(name: str, dirs: list[Path], kind: str) -> dict[str, Any]:
+def _entry(name: str, dirs: list[Path], kind: str, check: Any) -> dict[str, Any]:
+    """The parsed file of ``name``, checked against its schema (``check``) at this door."""
     from .names import check_name
 
     check_name(name, kind)
@@ -133,8 +282,7 @@ def _entry(name: str, dirs: list[Path], kind: str) -> dict[str, Any]:
     if name not in files:
         raise UnknownNameError(kind, name, files)
     cfg = read_yaml(files[name])
-    if "class" not in cfg:
-        raise FormatError(files[name], "missing required key", field="class")
+    check(cfg, files[name])
     cfg.setdefault("name", name)
     check_name(cfg["name"], kind, f"{files[name]}, field 'name'")
     cfg["config_path"] = str(files[name])

@@ -37,8 +37,22 @@ __all__ = ["build_report", "SIZE_EDGES"]
 
 #: Lesion-size bins of the browser: GT area as a fraction of the image, right-closed ``(lo, hi]``.
 SIZE_EDGES = (0.0, 0.01, 0.05, 0.15, 1.0)
-_SUMMARY_METRICS = ("pointing", "dice@0.5", "iou@0.5", "dice@best", "iou@best", "best_tau", "auc", "auprc", "f1",
-                    "accuracy")
+
+
+def _summary_metrics(present: set[str]) -> list[str]:
+    """Dataset-level metrics of the summary table in metric-table order; Hamming accuracy and pointing
+    margins (``pointing@Npx``) last, sorted."""
+    from .metrics import HAMMING_ACCURACY, METRIC_TABLE
+    from .metrics.table import metric
+
+    def row(name: str) -> object:
+        try:
+            return metric(name)
+        except KeyError:
+            return None
+
+    first = [n for m in METRIC_TABLE if m.name != HAMMING_ACCURACY for n in sorted(present) if row(n) is m]
+    return first + sorted(n for n in present if n.startswith("pointing@") or n == HAMMING_ACCURACY)
 
 
 def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_cases_per_class: int = 24,
@@ -110,8 +124,7 @@ def _tables_blocks(tidy: pd.DataFrame) -> list[dict]:
     blocks: list[dict] = [{"kind": "intro"}]
     for ds, sub in tidy.groupby("dataset", sort=False):
         level = sub[sub["finding"] == DATASET_LEVEL]
-        metrics = [m for m in _SUMMARY_METRICS if m in set(level["metric"])]
-        metrics += sorted(m for m in set(level["metric"]) if m.startswith("pointing@") or m == "hamming_accuracy")
+        metrics = _summary_metrics(set(level["metric"]))
         rows = []
         for model, msub in level.groupby("model", sort=False):
             by = msub.set_index("metric")

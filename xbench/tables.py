@@ -24,13 +24,13 @@ import numpy as np
 import pandas as pd
 
 from .atomic import atomic_write_text, write_frame
+from .metrics import DICE_BEST, IOU_BEST, POINTING
+from .metrics import table as metric_table
 
-UNRANKED_METRICS = {"best_tau"}
-GROUNDING_METRICS = {"pointing", "dice@best", "iou@best"}
 #: A value is ranked (bold / underline) only when it rests on at least this many positive pairs: below it one pair
 #: moves a pointing value by more than 3.3 points, so a best/second mark would rank noise.
 MIN_PAIRS_TO_RANK = 30
-_TABLE1_METRICS = {"pointing": "Point", "dice@best": "Dice", "iou@best": "IoU"}
+_TABLE1_METRICS = {m: metric_table.display(m) for m in (POINTING, DICE_BEST, IOU_BEST)}  # the paper's Table 1 (Point / Dice / IoU)
 
 
 
@@ -96,10 +96,10 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
     if models_on == "rows":
         eligible = ~table.index.to_series().isin(baselines)
         for col in value_cols:
-            if col[-2] not in UNRANKED_METRICS:
+            if metric_table.is_ranked(col[-2]):
                 ranks[col] = _ranks(table[col], eligible & pd.Series([enough(i, col) for i in table.index], index=table.index))
     else:
-        ranked = [c for c in value_cols if c[-2] not in UNRANKED_METRICS]
+        ranked = [c for c in value_cols if metric_table.is_ranked(c[-2])]
         eligible = pd.Series([c[0] not in baselines for c in ranked], index=pd.MultiIndex.from_tuples(ranked))
         for idx in table.index:
             row = pd.Series([table.at[idx, c] for c in ranked], index=eligible.index, dtype=float)
@@ -222,7 +222,7 @@ def cell_counts(table: pd.DataFrame, tidy: pd.DataFrame, *, dataset: str | None 
     out = pd.DataFrame(np.nan, index=table.index, columns=pd.MultiIndex.from_tuples(value_cols))
     for col in value_cols:
         keys = dict(zip(names, col[:-1]))
-        if keys.get("metric") not in GROUNDING_METRICS and not str(keys.get("metric", "")).startswith(("dice@", "iou@")):
+        if not metric_table.is_grounding_score(str(keys.get("metric", ""))):
             continue
         for idx in table.index:
             k = {"dataset": dataset, "finding": finding, **keys, table.index.name: idx}

@@ -16,10 +16,16 @@ __all__ = ["BaseDataset", "Box", "EncodedMask", "Polygon", "Region", "Sample", "
            "data_root"]
 
 
-def data_root(name: str, root: str | Path | None) -> Path:
-    """``root`` if given, else ``$XBENCH_DATA/<name>``; neither → a clear error."""
+def data_root(name: str, root: str | Path | None, manifest: dict[str, Any] | None = None) -> Path | None:
+    """The one resolution of a dataset's folder: ``root`` if given, else (a generated source, such as the
+    phantom) None — the loader picks its cache folder — else ``$XBENCH_DATA/<name>``; neither → a clear error.
+
+    ``manifest`` defaults to the registered manifest of ``name``.
+    """
     if root is not None:
         return Path(root)
+    if (manifest if manifest is not None else dataset_manifest(name)).get("generated"):
+        return None
     env = os.environ.get("XBENCH_DATA")
     if env:
         return Path(env) / name
@@ -31,9 +37,7 @@ def load_dataset(name: str, root: str | Path | None = None, split: str | None = 
     manifest = dataset_manifest(name)
     cls = import_target(manifest["class"])
     split = split or manifest.get("default_split", "test")
-    if manifest.get("generated"):  # procedural sources create their own files
-        return cls(root, split, manifest=manifest, **kwargs)
-    return cls(data_root(name, root), split, manifest=manifest, **kwargs)
+    return cls(data_root(name, root, manifest), split, manifest=manifest, **kwargs)
 
 
 def open_dataset(spec: DatasetSpec, split: str | None = None) -> BaseDataset:

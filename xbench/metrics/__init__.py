@@ -8,13 +8,13 @@
 * :mod:`~xbench.metrics.stats` — class / dataset / pooled aggregation, paired
   bootstrap CIs and the tidy results table (:func:`score_table`).
 
-:data:`METRICS` lists every metric name of the tidy table with its direction
-(``higher_is_better``; None for ``best_tau``, which is a setting, not a score)
-and a one-line description.
+:data:`METRIC_TABLE` (:mod:`~xbench.metrics.table`) is the one table of metrics: name, kind
+(grounding / recognition), per-pair function, display name, direction (``higher_is_better``; None
+for ``best_tau``, which is a setting, not a score), format and a one-line description. Evaluation,
+tables, report, analysis and figures read their metric names from it; :data:`METRICS` is the same
+rows keyed by tidy-table name.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 from .grounding import (
     DEFAULT_GRID,
@@ -62,30 +62,13 @@ from .stats import (
     iou_at,
     score_table,
 )
+from .table import METRIC_TABLE, Metric
 
 
-class MetricInfo(NamedTuple):
-    """Direction and meaning of a metric of the tidy table."""
-
-    higher_is_better: bool | None
-    description: str
-
-
-#: Metric name → :class:`MetricInfo`. Fixed-τ names follow the threshold (``dice_at(0.3)``
-#: is ``"dice@0.3"``); the rows here are for the default τ = 0.5.
-METRICS: dict[str, MetricInfo] = {
-    POINTING: MetricInfo(True, "Pointing game: the map's maximum (first in row-major order) lies in the region"),
-    dice_at(0.5): MetricInfo(True, "Dice of the normalised map binarised at v ≥ 0.5 with the region"),
-    iou_at(0.5): MetricInfo(True, "IoU of the normalised map binarised at v ≥ 0.5 with the region"),
-    DICE_BEST: MetricInfo(True, "Mean Dice at the single τ in {0, 0.01, …, 1} that maximises it (per class)"),
-    IOU_BEST: MetricInfo(True, "Mean IoU at the τ chosen for dice@best"),
-    BEST_TAU: MetricInfo(None, "The τ chosen for dice@best (a setting, not a score)"),
-    AUC: MetricInfo(True, "Area under the ROC curve"),
-    AUPRC: MetricInfo(True, "Area under the precision–recall curve (average precision)"),
-    F1: MetricInfo(True, "F1 score with score ≥ 0.5 predicted positive"),
-    ACCURACY: MetricInfo(True, "Accuracy with score ≥ 0.5 predicted positive"),
-    HAMMING_ACCURACY: MetricInfo(True, "Fraction of known label-matrix entries predicted correctly"),
-}
+#: Metric name → its row of :data:`~xbench.metrics.table.METRIC_TABLE` (``higher_is_better``, ``description``,
+#: ``display``, ``fmt``, ``kind``) at the default τ = 0.5 (``dice_at(0.3)`` is ``"dice@0.3"``). A view of the
+#: table as it is at import; :func:`xbench.metrics.table.metric` looks a name up in the live table.
+METRICS: dict[str, Metric] = {m.at(0.5): m for m in METRIC_TABLE}
 
 __all__ = [
     # grounding
@@ -132,6 +115,7 @@ __all__ = [
     "bootstrap_ci",
     "score_table",
     # table of metrics
-    "MetricInfo",
+    "Metric",
+    "METRIC_TABLE",
     "METRICS",
 ]

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -682,12 +682,14 @@ class GroundingScores:
     threshold: float
     gt_area: np.ndarray
     n_skipped: int
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # registered per-pair metrics (metrics.table)
 
     def to_frame(self, case_id: Sequence, finding: Sequence | str) -> pd.DataFrame:
         """The per-pair table :func:`xbench.metrics.score_table` reads.
 
-        Columns ``case_id, finding, pointing, dice_fixed, iou_fixed, gt_area,
-        dice_curve, iou_curve`` (the curves are one ``(T,)`` array per row).
+        Columns ``case_id, finding, pointing, dice_fixed, iou_fixed``, one per registered per-pair metric
+        (:data:`xbench.metrics.table.METRIC_TABLE`), ``gt_area, dice_curve, iou_curve`` (the curves are one
+        ``(T,)`` array per row).
         ``finding`` may be one name for all pairs.
         """
         n = len(self.pointing)
@@ -702,6 +704,7 @@ class GroundingScores:
                 "pointing": self.pointing,
                 "dice_fixed": self.dice,
                 "iou_fixed": self.iou,
+                **self.extra,
                 "gt_area": self.gt_area,
                 "dice_curve": list(self.dice_curves),
                 "iou_curve": list(self.iou_curves),
@@ -772,7 +775,27 @@ def grounding_scores(
     return GroundingScores(
         pointing=counts.hit, dice=d, iou=j, dice_curves=dc, iou_curves=jc, thresholds=t,
         threshold=float(threshold), gt_area=counts.gt_area, n_skipped=counts.n_skipped,
+        extra=_registered_pair_metrics(maps, masks_arr, counts.valid & (counts.gt_area > 0), chunk_size),
     )
+
+
+def _registered_pair_metrics(maps, masks: np.ndarray, defined: np.ndarray, chunk_size: int) -> dict[str, np.ndarray]:
+    """Values of the per-pair functions of :data:`~xbench.metrics.table.METRIC_TABLE` (maps upsampled to the
+    grid and min–max normalised, chunk by chunk), NaN for empty masks and non-finite maps."""
+    from .table import pair_column, per_pair_metrics
+
+    functions = [(pair_column(m), m.per_pair) for m in per_pair_metrics() if m.per_pair is not None]
+    if not functions:
+        return {}
+    arr = _sweep.as_numpy(maps, "maps")
+    out = {name: np.full(len(masks), np.nan) for name, _ in functions}
+    for s in range(0, len(masks), chunk_size):
+        rows = np.flatnonzero(defined[s:s + chunk_size]) + s
+        if rows.size:
+            norm = normalize_maps(upsample_maps(arr[rows], tuple(masks.shape[1:])))
+            for name, fn in functions:
+                out[name][rows] = np.asarray(fn(norm, masks[rows]), dtype=np.float64)
+    return out
 
 
 def _as_size(size) -> tuple[int, int]:

@@ -276,20 +276,25 @@ def _case_index(pairs: pd.DataFrame | None, labels: pd.DataFrame | None) -> pd.I
 
 
 class _Grounding:
-    """Pointing, fixed-τ and best-τ rows per class and pooled over all pairs.
+    """Per-pair means (the table's per-pair metrics: pointing, Dice / IoU at the fixed τ, registered ones)
+    and the best-τ rows, per class and pooled over all pairs.
 
     Per-pair values and curves are read once; a replicate is a weighted sum of
     them (one matrix product per class for the curves), with τ re-chosen per row.
     """
 
-    def __init__(self, pairs: pd.DataFrame, cases: pd.Index, order: list, t: np.ndarray, fixed_names: tuple[str, str]):
+    def __init__(self, pairs: pd.DataFrame, cases: pd.Index, order: list, t: np.ndarray, threshold: float):
+        from .table import pair_column, per_pair_metrics
+
         self.t = t
-        self.names = (POINTING, *fixed_names, DICE_BEST, IOU_BEST, BEST_TAU)
+        per_pair = per_pair_metrics()
+        self.k = k = len(per_pair)
+        self.names = (*(m.at(threshold) for m in per_pair), DICE_BEST, IOU_BEST, BEST_TAU)
         present = set(pairs["finding"])
         self.classes = [f for f in order if f in present]
         self.pair_case = cases.get_indexer(pairs["case_id"])
         pair_cls = pd.Index(self.classes).get_indexer(pairs["finding"])
-        x = pairs[["pointing", "dice_fixed", "iou_fixed"]].to_numpy(dtype=np.float64)
+        x = pairs[[pair_column(m) for m in per_pair]].to_numpy(dtype=np.float64)
         dc = np.stack([np.asarray(a, dtype=np.float64) for a in pairs["dice_curve"]])
         ic = np.stack([np.asarray(a, dtype=np.float64) for a in pairs["iou_curve"]])
         if dc.shape[1] != t.size or ic.shape != dc.shape:
@@ -297,14 +302,14 @@ class _Grounding:
         finite = ~np.isnan(x)
         curve_rows = ~np.isnan(dc).all(axis=1)
         nc, rows = len(self.classes), np.arange(len(x))
-        # class means of the three per-pair metrics as (weights @ sums) / (weights @ counts)
-        self.sums = np.zeros((len(x), 3 * nc))
-        self.defined = np.zeros((len(x), 3 * nc))
-        for m in range(3):
+        # class means of the k per-pair metrics as (weights @ sums) / (weights @ counts)
+        self.sums = np.zeros((len(x), k * nc))
+        self.defined = np.zeros((len(x), k * nc))
+        for m in range(k):
             self.sums[rows, m * nc + pair_cls] = np.where(finite[:, m], x[:, m], 0.0)
             self.defined[rows, m * nc + pair_cls] = finite[:, m]
-        self.pooled_sums = [np.where(finite[:, m], x[:, m], 0.0) for m in range(3)]
-        self.pooled_defined = [finite[:, m].astype(float) for m in range(3)]
+        self.pooled_sums = [np.where(finite[:, m], x[:, m], 0.0) for m in range(k)]
+        self.pooled_defined = [finite[:, m].astype(float) for m in range(k)]
         cls_rows = [np.flatnonzero((pair_cls == c) & curve_rows) for c in range(nc)]
         self.cls_case = [self.pair_case[r] for r in cls_rows]
         self.cls_d = [dc[r] for r in cls_rows]
@@ -313,24 +318,24 @@ class _Grounding:
         self.class_rows = _Rows.empty()
         for c, f in enumerate(self.classes):
             sel = pair_cls == c
-            point, n = np.full(6, np.nan), np.zeros(6, int)
-            for m in range(3):
+            point, n = np.full(k + 3, np.nan), np.zeros(k + 3, int)
+            for m in range(k):
                 n[m] = int(finite[sel, m].sum())
                 point[m] = x[sel, m][finite[sel, m]].mean() if n[m] else np.nan
             if cls_rows[c].size:
-                point[3:] = self._best(dc[cls_rows[c]], ic[cls_rows[c]])
-            n[3:] = cls_rows[c].size
+                point[k:] = self._best(dc[cls_rows[c]], ic[cls_rows[c]])
+            n[k:] = cls_rows[c].size
             for m, name in enumerate(self.names):
                 self.class_rows.add(f, name, point[m], n[m])
 
         self.pooled_rows = _Rows.empty()
-        for m in range(3):
+        for m in range(k):
             any_ = finite[:, m].any()
             self.pooled_rows.add(POOLED, self.names[m], float(x[finite[:, m], m].mean()) if any_ else np.nan,
                                  int(finite[:, m].sum()))
         all_rows = np.flatnonzero(curve_rows)
         best = self._best(dc[all_rows], ic[all_rows]) if all_rows.size else (np.nan,) * 3
-        for name, v in zip(self.names[3:], best):
+        for name, v in zip(self.names[k:], best):
             self.pooled_rows.add(POOLED, name, float(v), int(all_rows.size))
 
     def _best(self, d: np.ndarray, j: np.ndarray) -> tuple[float, float, float]:
@@ -340,31 +345,31 @@ class _Grounding:
         return best.dice, best.iou, best.tau
 
     def replicates(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Class columns ``(B, 6·nc)`` in :attr:`class_rows` order and pooled columns ``(B, 6)``."""
-        b, nc, t = len(w), len(self.classes), self.t
+        """Class columns ``(B, (k+3)·nc)`` in :attr:`class_rows` order and pooled columns ``(B, k+3)``."""
+        b, nc, t, k = len(w), len(self.classes), self.t, self.k
         wp = w[:, self.pair_case]
         with np.errstate(invalid="ignore", divide="ignore"):
-            means = (wp @ self.sums) / (wp @ self.defined)  # (B, 3·nc)
-        cols = np.empty((b, nc, 6))
-        cols[:, :, :3] = means.reshape(b, 3, nc).transpose(0, 2, 1)
+            means = (wp @ self.sums) / (wp @ self.defined)  # (B, k·nc)
+        cols = np.empty((b, nc, k + 3))
+        cols[:, :, :k] = means.reshape(b, k, nc).transpose(0, 2, 1)
         ws = [w[:, idx] for idx in self.cls_case]
         nums = [wc @ d for wc, d in zip(ws, self.cls_d)]  # (B, T) weighted Dice sums per class
         dens = [wc.sum(axis=1) for wc in ws]
         for c in range(nc):
             a, best, ok = _choose(nums[c], dens[c], t)
             iou_best = _iou_at([ws[c]], [self.cls_j[c]], a) / np.where(ok, dens[c], 1.0)
-            cols[:, c, 3:] = np.stack([best, iou_best, t[a]], axis=1)
-            cols[~ok, c, 3:] = np.nan
-        pooled = np.empty((b, 6))
+            cols[:, c, k:] = np.stack([best, iou_best, t[a]], axis=1)
+            cols[~ok, c, k:] = np.nan
+        pooled = np.empty((b, k + 3))
         with np.errstate(invalid="ignore", divide="ignore"):
-            for m in range(3):
+            for m in range(k):
                 pooled[:, m] = (wp @ self.pooled_sums[m]) / (wp @ self.pooled_defined[m])
         # the classes partition the pairs, so the pooled sums are sums of class sums
         den = np.sum(dens, axis=0)
         a, best, ok = _choose(np.sum(nums, axis=0), den, t)
-        pooled[:, 3:] = np.stack([best, _iou_at(ws, self.cls_j, a) / np.where(ok, den, 1.0), t[a]], axis=1)
-        pooled[~ok, 3:] = np.nan
-        return cols.reshape(b, nc * 6), pooled
+        pooled[:, k:] = np.stack([best, _iou_at(ws, self.cls_j, a) / np.where(ok, den, 1.0), t[a]], axis=1)
+        pooled[~ok, k:] = np.nan
+        return cols.reshape(b, nc * (k + 3)), pooled
 
 
 class _Recognition:
@@ -542,9 +547,12 @@ def score_table(
     """
     t = as_thresholds(thresholds)
     if pairs is not None:
-        missing = [c for c in PAIR_COLUMNS if c not in pairs.columns]
+        from .table import pair_column, per_pair_metrics
+
+        needed = [*PAIR_COLUMNS, *(c for c in map(pair_column, per_pair_metrics()) if c not in PAIR_COLUMNS)]
+        missing = [c for c in needed if c not in pairs.columns]
         if missing:
-            raise ValueError(f"pairs lacks columns {missing}; it needs {list(PAIR_COLUMNS)}")
+            raise ValueError(f"pairs lacks columns {missing}; it needs {needed}")
         if len(pairs) == 0:
             pairs = None
     if (labels is None) != (scores is None):
@@ -556,8 +564,7 @@ def score_table(
 
     order = _class_order(findings, pairs, labels)
     cases = _case_index(pairs, labels)
-    fixed_names = (dice_at(threshold), iou_at(threshold))
-    grounding = _Grounding(pairs, cases, order, t, fixed_names) if pairs is not None else None
+    grounding = _Grounding(pairs, cases, order, t, threshold) if pairs is not None else None
     recognition = _Recognition(labels, scores, cases, order, prob_threshold) if labels is not None else None
 
     class_rows, level_metrics = _Rows.empty(), []
