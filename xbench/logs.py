@@ -56,6 +56,7 @@ def setup_logging(verbosity: int = 0) -> None:
         warn_log = logging.getLogger("py.warnings")
         warn_log.addHandler(handler)
         warn_log.propagate = False
+        warn_log.setLevel(logging.WARNING)  # not the root's level, which --quiet raises to ERROR
     log.setLevel(level)
     log.propagate = False
     warnings.formatwarning = _short_warning  # type: ignore[assignment]
