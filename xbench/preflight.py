@@ -190,13 +190,14 @@ def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], sp
     out.images_present, out.images_missing = manifests.image_files(ds)
     if out.images_missing:
         source = ((dataset_manifest(spec.name).get("files") or {}).get("images") or {}).get("source")
-        first = ", ".join(out.images_missing[:5]) + (f"; images are published at {source}" if source else "")
+        where = f" (images: {source})" if source else ""
+        first = ", ".join(out.images_missing[:5])
         if not out.images_present:
             out.problems.append(f"none of the {len(ds)} image files is present (first missing: {first}); "
-                                f"images are expected under {out.root}")
+                                f"images are expected under {out.root}{where}")
         elif cfg.on_missing_image == "raise":
             out.problems.append(f"{len(out.images_missing)} of {len(ds)} image files are missing (first: {first}); "
-                                "place them, or set on_missing_image: skip to evaluate the present ones (counted)")
+                                f"place them{where}, or set on_missing_image: skip to evaluate the present ones (counted)")
         else:
             out.notes.append(f"{len(out.images_missing)} of {len(ds)} cases will be skipped (image missing; "
                              f"first: {first}) and inferred by a later run once present")
