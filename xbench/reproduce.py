@@ -62,11 +62,22 @@ class _Relay:
 
 def _kernel_manager_class() -> type:
     """A kernel manager whose kernels use IPC sockets on POSIX (TCP, the default, warns on every start)."""
+    import uuid
+
     from jupyter_client.manager import AsyncKernelManager
-    from traitlets import CaselessStrEnum
+    from jupyter_core.paths import jupyter_runtime_dir
+    from traitlets import CaselessStrEnum, default
 
     class LocalKernelManager(AsyncKernelManager):
         transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc" if os.name == "posix" else "tcp", config=True)
+
+        @default("ip")
+        def _ip_default(self) -> str:
+            if self.transport != "ipc":
+                return super()._ip_default()
+            folder = Path(jupyter_runtime_dir())  # the sockets live here, not in the notebooks' working folder
+            folder.mkdir(parents=True, exist_ok=True)
+            return str(folder / f"xbench-{uuid.uuid4().hex[:12]}-ipc")
 
     return LocalKernelManager
 
