@@ -98,10 +98,13 @@ def test_sharded_runs_then_merge(cli_run, tmp_path, capsys):
 
 @pytest.mark.parametrize("what, expected", [("models", list_models), ("datasets", list_datasets)])
 def test_list(capsys, what, expected):
-    assert main(["list", what]) == 0
+    assert main(["list", what, "--names"]) == 0
     lines = capsys.readouterr().out.split()
     assert lines == expected()
     assert ("center_prior" if what == "models" else "phantom") in lines
+    assert main(["list", what]) == 0  # the table: one row per name, under a header
+    rows = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert rows[0].startswith("NAME ") and [r.split()[0] for r in rows[1:]] == expected()
 
 
 @pytest.mark.parametrize("shard, message", [("1-2", "--shard takes i/n"), ("a/b", "--shard takes i/n"),

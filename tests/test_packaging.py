@@ -39,7 +39,7 @@ def test_wheel_install_lists_datasets_and_carries_notebooks(tmp_path):
     where, n_notebooks, notebooks = info.stdout.split("\n")[:3]
     assert where.startswith(str(target)) and notebooks.startswith(str(target))
     assert int(n_notebooks) == len(list((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")))
-    listed = subprocess.run([sys.executable, "-m", "xbench.cli", "list", "datasets"], env=env, cwd=tmp_path,
+    listed = subprocess.run([sys.executable, "-m", "xbench.cli", "list", "datasets", "--names"], env=env, cwd=tmp_path,
                             capture_output=True, text=True, check=True)
     assert listed.stdout.split() == sorted(p.stem for p in (REPO / "data_manifests").glob("*.yaml"))
     checked = subprocess.run([sys.executable, "-m", "xbench.cli", "manifest", "check", "nih_bbox", "--root",

@@ -1,12 +1,12 @@
 """``xbench`` command line: a thin layer over the library (no logic here).
 
-    xbench check --config CONFIG [--device D] [--no-hash]
-    xbench run --config CONFIG [--shard i/n] [--overwrite] [--no-eval] [--no-check]
+    xbench check --config CONFIG [--device D] [--no-hash] [--deep]
+    xbench run --config CONFIG [--shard i/n] [--overwrite] [--no-eval] [--no-check] [--keep-going]
     xbench merge --config CONFIG --from DIR [DIR ...]
     xbench evaluate --config CONFIG
-    xbench reproduce --config CONFIG [--notebooks DIR] [--timeout S] [--keep-going]
+    xbench reproduce --config CONFIG [--notebooks DIR] [--timeout S] [--keep-going] [-p NAME VALUE ...]
     xbench manifest check|build DATASET --root DIR [--out FILE]
-    xbench list models|datasets
+    xbench list models|datasets [--names]
     xbench score --maps DIR|FILE.npz --dataset NAME [--split S] [--root DIR] [--output-dir DIR] [--name N]
     xbench report --run DIR [--out FILE.html]
     xbench export --run DIR [--tau best|T] [--margin M]
@@ -15,7 +15,8 @@
 Every subcommand takes ``-q/--quiet`` (warnings and errors only, no progress), ``-v/--verbose``
 (debug) and ``--config-path DIR`` (repeatable; a folder with ``models/`` and/or ``datasets/`` of
 the user's own YAML files, added to ``$XBENCH_CONFIG_PATH``). Exit status: 0 success, 1 a check
-found problems, 2 an error (one line, no traceback).
+found problems, 2 an error (one line, no traceback). ``CONFIG`` is a run YAML or the name of a shipped
+one (``phantom``, ``paper``). ``xbench --help`` and usage errors import neither torch nor the library.
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="override the config's output_dir")
     p.add_argument("--device", help="override the config's device (cpu, cuda, auto)")
     p.add_argument("--no-hash", action="store_true", help="do not compute SHA-256 of annotation files")
+    p.add_argument("--deep", action="store_true", help="also decode every present image (in parallel) and list the "
+                                                       "unreadable ones (exit 1 if any)")
 
     p = add("run", help="inference into the results store, then metric tables")
     p.add_argument("--config", required=True)
@@ -63,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="recompute even if the store has results")
     p.add_argument("--no-eval", action="store_true", help="only fill the store")
     p.add_argument("--no-check", action="store_true", help="skip the preflight (`xbench check`) before inference")
+    p.add_argument("--keep-going", action="store_true", help="go on with the other model × dataset pairs after one "
+                                                             "fails; list the failures at the end (exit 2)")
 
     p = add("merge", help="join shards written to other folders, then evaluate")
     p.add_argument("--config", required=True)
@@ -83,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figures-dir", help="also copy tables/figures here (the repository's figures/ for the phantom default)")
     p.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure; list failures at the end")
     p.add_argument("--no-check", action="store_true", help="skip the preflight before the notebooks")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                   help="papermill parameter for every notebook that declares NAME (VALUE read as YAML: 3, 0.5, "
+                        "true, text); repeatable")
 
     p = add("manifest", help="check a local dataset copy against its manifest, or write its case table")
     p.add_argument("action", choices=["check", "build"])
@@ -95,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model")
     p.add_argument("folder")
 
-    p = add("list", help="registered models or datasets")
+    p = add("list", help="registered models or datasets, as a table (weights, publisher, source, licence)")
     p.add_argument("what", choices=["models", "datasets"])
+    p.add_argument("--names", action="store_true", help="names only, one a line")
     _add_beyond_commands(add)
     return parser
 
@@ -176,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .logs import setup_logging
 
     setup_logging(-1 if args.quiet else 1 if args.verbose else 0)
+    _debug_context(args)
     try:
         from .registry import add_search_dir
 
@@ -187,16 +197,72 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def _debug_context(args: argparse.Namespace) -> None:
+    """``-v``: what this invocation works with (version, interpreter, arguments, search paths)."""
+    import logging
+    import os
+
+    log = logging.getLogger("xbench.cli")
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    from . import __version__
+    from .registry import MANIFEST_DIRS, MODEL_CONFIG_DIRS
+
+    log.debug("xbench %s (%s) on Python %s", __version__, __file__, sys.version.split()[0])
+    log.debug("arguments: %s", vars(args))
+    log.debug("model config folders: %s; dataset manifest folders: %s", [str(p) for p in MODEL_CONFIG_DIRS],
+              [str(p) for p in MANIFEST_DIRS])
+    log.debug("environment: %s", {k: v for k, v in os.environ.items() if k.startswith(("XBENCH_", "HF_HUB"))})
+
+
+def _parameters(pairs: list[list[str]]) -> dict[str, object]:
+    """``-p NAME VALUE`` pairs → notebook parameters (values parsed as YAML scalars, like papermill's ``-y``)."""
+    import yaml
+
+    return {name: yaml.safe_load(value) for name, value in pairs}
+
+
+def _list(args: argparse.Namespace) -> int:
+    from .listing import DATASET_COLUMNS, MODEL_COLUMNS, dataset_rows, format_table, model_rows
+    from .registry import list_datasets, list_models
+
+    if args.names:
+        print("\n".join(list_models() if args.what == "models" else list_datasets()))
+    elif args.what == "models":
+        print(format_table(model_rows(), MODEL_COLUMNS))
+        print("\nWeights go in $XBENCH_WEIGHTS/<name>/ (or `weights: DIR` in the run config); XBench never downloads.")
+    else:
+        print(format_table(dataset_rows(), DATASET_COLUMNS))
+        print("\nData go in $XBENCH_DATA/<name>/ (or `root: DIR`); `xbench manifest check NAME --root DIR` lists "
+              "what is missing, with where to get it.")
+    return 0
+
+
+def _deep_check(cfg: object) -> int:
+    """Decode every present image of every dataset of ``cfg``; print the unreadable ones; 1 if any."""
+    from . import manifests
+    from .skips import decode_all
+
+    bad_total = 0
+    for spec in cfg.datasets:  # type: ignore[attr-defined]
+        ds = spec.open()
+        _, missing = manifests.image_files(ds)
+        decoded, bad = decode_all(ds, spec.name, missing=set(missing))
+        bad_total += len(bad)
+        print(f"dataset {spec.name} [{ds.split}]: decoded {decoded} of {decoded + len(bad)} present images, "
+              f"{len(bad)} unreadable")
+        for row in bad:
+            print(f"  UNREADABLE {row['case_id']} {row['file']}: {row['reason']}: {row['message']}")
+    return 1 if bad_total else 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     from .config import RunConfig
 
     if args.command in ("score", "report", "export"):
         return _score_or_report(args)
     if args.command == "list":
-        from .registry import list_datasets, list_models
-
-        print("\n".join(list_models() if args.what == "models" else list_datasets()))
-        return 0
+        return _list(args)
     if args.command == "weights":
         from .models.weights_check import check_weights
 
@@ -217,6 +283,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     overrides = {"output_dir": getattr(args, "output_dir", None), "device": getattr(args, "device", None)}
     cfg = RunConfig.from_yaml(args.config, **overrides)
+    import logging
+
+    logging.getLogger("xbench.cli").debug("run config %s: %s", cfg.source, cfg.to_dict())
     if args.command == "check":
         from .preflight import preflight
 
@@ -224,13 +293,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(report.format())
         if not report.ok:
             print("problems:\n  - " + "\n  - ".join(report.problems), file=sys.stderr)
-        return 0 if report.ok else 1
+        deep = _deep_check(cfg) if args.deep else 0
+        return 0 if report.ok and not deep else 1
     if args.command == "run":
         from .pipeline import run
 
         out = run(cfg, shard=args.shard, overwrite=args.overwrite, progress=not args.quiet, evaluate=not args.no_eval,
-                  check=not args.no_check)
-        print(f"results in {out}")
+                  check=not args.no_check, keep_going=args.keep_going)
+        print(f"results in {out}" + ("" if args.no_eval or args.shard else f" (tables in {out}/tables, paper form "
+                                                                            "in tables/paper)"))
     elif args.command == "merge":
         from .pipeline import merge
 
@@ -238,14 +309,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.command == "evaluate":
         from .evaluate import evaluate_run
 
+        from .score import write_paper_tables
+
         evaluate_run(cfg)
-        print(f"tables in {cfg.output_dir}/tables")
+        write_paper_tables(cfg.output_dir)
+        print(f"tables in {cfg.output_dir}/tables (paper form in tables/paper)")
     elif args.command == "reproduce":
         from .reproduce import reproduce
 
         out = reproduce(args.config, output_dir=cfg.output_dir, device=cfg.device, notebooks=args.notebooks,
                         timeout=args.timeout, kernel=args.kernel, figures_dir=args.figures_dir,
-                        progress=not args.quiet, keep_going=args.keep_going, check=not args.no_check)
+                        progress=not args.quiet, keep_going=args.keep_going, check=not args.no_check,
+                        parameters=_parameters(args.parameter))
         print(f"notebooks, tables and figures in {out}")
     return 0
 

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from . import schema
-from .errors import FormatError, MissingFileError, XBenchError
+from .errors import FormatError, XBenchError
 from .registry import dataset_manifest, import_target, model_config, read_yaml
 from .schema import check_type, did_you_mean, unknown_keys
 
@@ -212,8 +212,9 @@ class RunConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path, **overrides: Any) -> "RunConfig":
-        if not Path(path).is_file():
-            raise MissingFileError(path, "run config")
+        from .run_configs import resolve_run_config
+
+        path = resolve_run_config(path)  # a path, or a shipped config's name (``phantom``, ``paper``)
         raw = read_yaml(path)
         raw.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(raw, source=str(path))

@@ -40,10 +40,11 @@ class MissingFileError(XBenchError, FileNotFoundError):
     officially published; XBench never downloads it.
     """
 
-    def __init__(self, path: str | Path, what: str, source: str | None = None):
+    def __init__(self, path: str | Path, what: str, source: str | None = None, hint: str | None = None):
         self.path = Path(path)
         where = f" It is officially published at {source}." if source else ""
-        self.message = f"Missing {what}: expected {self.path}.{where} XBench never downloads files; place it there."
+        tail = hint or "XBench never downloads files; place it there."
+        self.message = f"Missing {what}: expected {self.path}.{where} {tail}"
         super().__init__(self.message)
 
     def __str__(self) -> str:

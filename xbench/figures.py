@@ -43,12 +43,16 @@ def _model_order(models: Sequence[str]) -> list[str]:
 
 
 def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
-    """Write ``<stem>.png`` and ``<stem>.pdf``; returns the paths."""
+    """Write ``<stem>.png`` and ``<stem>.pdf``; returns the paths.
+
+    Both files are byte-for-byte deterministic: the PDF carries no ``/CreationDate`` (so a re-run leaves a
+    committed figure unchanged) and the PNG no time stamp.
+    """
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
     atomic_write(paths[0], lambda tmp: fig.savefig(tmp, dpi=150, bbox_inches="tight"))
-    atomic_write(paths[1], lambda tmp: fig.savefig(tmp, bbox_inches="tight"))
+    atomic_write(paths[1], lambda tmp: fig.savefig(tmp, bbox_inches="tight", metadata={"CreationDate": None}))
     return paths
 
 

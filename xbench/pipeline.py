@@ -11,21 +11,26 @@ from pathlib import Path
 from .config import RunConfig
 from .evaluate import evaluate_run
 from .runner import infer_run, merge_shards
+from .score import write_paper_tables
 
 __all__ = ["run", "merge"]
 
 
 def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False, progress: bool = True,
-        evaluate: bool = True, check: bool = True) -> Path:
+        evaluate: bool = True, check: bool = True, keep_going: bool = False) -> Path:
     """Infer every (dataset, model) of ``cfg`` into the store, then (unless sharded) compute the metric tables.
 
     With ``check`` (default) :func:`xbench.preflight.preflight` runs first and any problem stops the run before a
     model is built. Returns the output folder. A re-run with the same config only evaluates (and infers cases
     skipped before). Under ``torchrun`` every rank infers its share and rank 0 evaluates after the barrier.
+    ``keep_going``: see :func:`xbench.runner.infer_run`. Besides the tidy tables, the paper-form tables
+    (CSV/Markdown/LaTeX/HTML) are written.
     """
-    out, evaluate_here = infer_run(cfg, shard=shard, overwrite=overwrite, progress=progress, check=check)
+    out, evaluate_here = infer_run(cfg, shard=shard, overwrite=overwrite, progress=progress, check=check,
+                                   keep_going=keep_going)
     if evaluate and evaluate_here:
         evaluate_run(cfg, progress=progress)
+        write_paper_tables(cfg.output_dir)
     return out
 
 
@@ -34,4 +39,5 @@ def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = Tru
     then evaluate."""
     out = merge_shards(cfg, sources)
     evaluate_run(cfg, progress=progress)
+    write_paper_tables(cfg.output_dir)
     return out

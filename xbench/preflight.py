@@ -28,6 +28,7 @@ import torch
 
 from .config import DatasetSpec, ModelSpec, RunConfig
 from .errors import XBenchError
+from .listing import where_to_get
 from .registry import PACKAGE_DIR, dataset_manifest, model_config
 
 __all__ = ["preflight", "PreflightReport", "DatasetCheck", "ModelCheck", "PreflightError", "runnable_models"]
@@ -187,13 +188,15 @@ def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], sp
         return
     out.images_present, out.images_missing = report.images_present, report.images_missing
     if out.images_missing:
+        source = ((dataset_manifest(spec.name).get("files") or {}).get("images") or {}).get("source")
+        where = f" (images: {source})" if source else ""
         first = ", ".join(out.images_missing[:5])
         if not out.images_present:
             out.problems.append(f"none of the {len(ds)} image files is present (first missing: {first}); "
-                                f"images are expected under {out.root}")
+                                f"images are expected under {out.root}{where}")
         elif cfg.on_missing_image == "raise":
             out.problems.append(f"{len(out.images_missing)} of {len(ds)} image files are missing (first: {first}); "
-                                "place them, or set on_missing_image: skip to evaluate the present ones (counted)")
+                                f"place them{where}, or set on_missing_image: skip to evaluate the present ones (counted)")
         else:
             out.notes.append(f"{len(out.images_missing)} of {len(ds)} cases will be skipped (image missing; "
                              f"first: {first}) and inferred by a later run once present")
@@ -271,11 +274,12 @@ def check_model(cfg: RunConfig, spec: ModelSpec) -> ModelCheck:
             out.problems.append(
                 "weight files absent, and the model would run random-init; this config does not allow random-init "
                 f"models (set allow_random_init: true, or params: {{random_init: true}} on the entry, to run it labelled "
-                f"'random-init'); place {', '.join(missing)} in {folder or '$XBENCH_WEIGHTS/' + spec.name}")
+                f"'random-init'); place {', '.join(missing)} in {folder or '$XBENCH_WEIGHTS/' + spec.name}"
+                + where_to_get(spec.name, missing))
     else:
         out.status = "missing"
         out.problems.append(f"weight files absent: {', '.join(missing)} in {folder or '$XBENCH_WEIGHTS/' + spec.name + ' (unset)'}"
-                            " (`xbench list models`; model YAML names the publisher)")
+                            + where_to_get(spec.name, missing))
     return out
 
 

@@ -17,6 +17,7 @@ separate folders are joined with :func:`merge`.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -39,9 +40,12 @@ from .errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from .fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
 from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
-from .logs import progress_bar
+from .logs import advance, progress_bar
+from .skips import first_examples, format_examples, skip_records, write_skips_csv
 from .results import ResultStore
 from .speed import autocast, precision_mode, to_channels_last
+
+logger = logging.getLogger(__name__)
 
 
 class _Inputs(Dataset):
@@ -227,6 +231,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     bar = progress_bar(total=sum(len(b) for b in batches), desc=f"{mspec.label} × {dspec.name}", unit="img",
                        disable=not progress)
     started = time.perf_counter()
+    all_skipped: dict[str, str] = {}
     for items, pixels in stream:  # items: (row, case_id, skip reason, (H, W), window)
         chunk = items[0][0] // cfg.chunk_size
         acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [], "windows": [],
@@ -234,7 +239,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
         ok = [it for it in items if it[2] is None]
         for _, case_id, reason, _, _ in items:
             if reason is not None:
-                acc["skipped"][case_id] = reason
+                acc["skipped"][case_id] = all_skipped[case_id] = reason
                 reasons[reason.split(":")[0]] += 1
         if ok:
             with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if feed is not None else nullcontext()):
@@ -246,8 +251,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
             acc["scores"].append(scores)
             acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
             acc["maps"].append(pred.maps.float().cpu().numpy().astype(map_dtype))
-        bar.update(len(items))
-        bar.set_postfix(img_s=f"{bar.n / max(time.perf_counter() - started, 1e-9):.1f}")
+        advance(bar, len(ok), len(items) - len(ok), started)
         remaining[chunk] -= len(items)
         if remaining[chunk] == 0:  # every planned row of the chunk seen: flush it
             c, h, w = len(prompts), *adapter.grid
@@ -273,10 +277,14 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     if device.type == "cuda":
         counts["gpu_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
     counts["skip_reasons"] = dict(reasons)
+    files = dict(zip(dataset.cases["case_id"].astype(str), dataset.cases["image_path"].astype(str)))
+    counts["skipped_cases"] = skip_records(dspec.name, mspec.name, all_skipped, files)  # run() moves them to a CSV
+    counts["skipped_examples"] = first_examples(counts["skipped_cases"])
     if counts["cases_skipped"]:
         warnings.warn(f"{mspec.label} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
-                      f"be read ({dict(reasons)}); they are left out of every metric and stay missing in the store: "
-                      "a later run infers them once the files are present", XBenchWarning, stacklevel=2)
+                      f"be read: {format_examples(counts['skipped_examples'], reasons)}; they are left out of every "
+                      "metric and stay missing in the store (all listed in skipped_cases.csv): a later run infers them "
+                      "once the files are present", XBenchWarning, stacklevel=2)
     return counts
 
 
@@ -311,9 +319,15 @@ def _join_chunk(old: dict[str, np.ndarray], new: dict[str, Any], dataset: BaseDa
 
 
 def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False,
-              progress: bool = True, check: bool = True) -> tuple[Path, bool]:
+              progress: bool = True, check: bool = True,
+              keep_going: bool = False) -> tuple[Path, bool]:
     """Infer every (dataset, model) of ``cfg`` into the store; the metric tables are computed above this layer
     (:func:`xbench.pipeline.run`).
+
+    ``keep_going``: a pair whose inference fails with an :class:`~xbench.errors.XBenchError` is logged, noted in
+    ``run_log.json`` (``failed``) and the run goes on with the other pairs; the failures are raised together at the
+    end (no tables are computed then: re-run once fixed, the finished pairs are not recomputed). Every skipped
+    case (``on_missing_image: skip``) is listed in ``<output_dir>/skipped_cases.csv``.
 
     With ``check`` (default) :func:`xbench.preflight.preflight` runs first and any problem stops the run before a
     model is built. Optional models without weights are left out (logged; noted in ``run_log.json``).
@@ -337,6 +351,8 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
 
     device = cfg.resolved_device()
     log: list[dict[str, Any]] = []
+    failures: list[str] = []
+    skipped_rows: list[dict[str, str]] = []
     built: dict[int, Adapter] = {}  # models without fit_split are built once and serve every dataset
     offset = 0  # chunks of the datasets before: shards rotate over datasets (balanced ranks)
     for dspec in cfg.datasets:
@@ -360,8 +376,16 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             feed = InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
                              skip_missing=cfg.on_missing_image == "skip")
         for mspec, adapter in zip(models, adapters):
-            entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
-                          progress=progress, feed=feed, chunk_offset=offset)
+            try:
+                entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
+                              progress=progress, feed=feed, chunk_offset=offset)
+            except XBenchError as exc:
+                if not keep_going:
+                    raise
+                logger.error("%s × %s failed: %s", mspec.name, dspec.name, exc)
+                failures.append(f"{mspec.name} × {dspec.name}: {exc}")
+                entry = {"dataset": dspec.name, "model": mspec.name, "failed": str(exc)}
+            skipped_rows += entry.pop("skipped_cases", [])
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
             entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
@@ -374,6 +398,10 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
         del feed, adapters
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
     atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
+    write_skips_csv(out / f"skipped_cases{suffix}.csv", skipped_rows)
+    if failures:
+        raise XBenchError(f"{len(failures)} model × dataset pair(s) failed (the others ran; no tables computed):\n  - "
+                          + "\n  - ".join(failures))
 
     if dist is not None:
         _barrier(shard)

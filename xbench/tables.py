@@ -274,6 +274,22 @@ class PaperTable:
     caption: str
     notes: list[str]
     separator: str | None = None
+    #: columns per printed row in Markdown / LaTeX (the paper's Table 2 spans two rows per model: Mean + 11
+    #: classes, then the other 10); None: one row per model. CSV and HTML keep one row per model.
+    wrap: int | None = None
+
+    def _blocks(self, cells: pd.DataFrame) -> list[tuple[list[str], list[list[str]]]]:
+        """``(heads, rows)`` per printed block of columns: one block, or :attr:`wrap` columns each; a later, shorter
+        block starts under the first class (the paper leaves the cell under Mean empty) and every block is padded to
+        the first one's width."""
+        step = self.wrap or cells.shape[1]
+        heads = [" ".join(str(p) for p in c) if isinstance(c, tuple) else str(c) for c in cells.columns]
+        blocks = []
+        for i in range(0, cells.shape[1], step):
+            lead = 1 if i and cells.shape[1] - i < step else 0
+            fill = lambda items, lead=lead: [""] * lead + list(items) + [""] * (step - lead - len(items))  # noqa: E731
+            blocks.append((fill(heads[i:i + step]), [fill(row.iloc[i:i + step]) for _, row in cells.iterrows()]))
+        return blocks
 
     def ranks(self) -> pd.DataFrame:
         """1 = best, 2 = second best per column among ranked rows whose cell has ≥ :data:`MIN_PAIRS_TO_RANK` pairs."""
@@ -303,12 +319,27 @@ class PaperTable:
 
     def to_markdown(self) -> str:
         cells = self._cells("**{}**", "<u>{}</u>", with_n=True)
+        if self.wrap:
+            return self._wrapped_markdown(cells)
         heads = [" ".join(str(p) for p in c) if isinstance(c, tuple) else str(c) for c in cells.columns]
         lines = [f"**{self.caption}**", "", "| Method | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
         for idx, row in cells.iterrows():
             if idx == self.separator:
                 lines.append("| *other models and baselines* |" + " |" * len(heads))
             lines.append(f"| {idx} | " + " | ".join(row) + " |")
+        return "\n".join(lines + ["", self._legend(), *self.notes]) + "\n"
+
+    def _wrapped_markdown(self, cells: pd.DataFrame) -> str:
+        """Each model over several rows, as the paper prints Table 2; later header rows in italics."""
+        blocks = self._blocks(cells)
+        width = len(blocks[0][0])
+        lines = [f"**{self.caption}**", "", "| Method | " + " | ".join(blocks[0][0]) + " |", "|---" * (width + 1) + "|"]
+        lines += ["| | " + " | ".join(f"*{h}*" if h else "" for h in heads) + " |" for heads, _ in blocks[1:]]
+        for i, idx in enumerate(cells.index):
+            if idx == self.separator:
+                lines.append("| *other models and baselines* |" + " |" * width)
+            for k, (_, rows) in enumerate(blocks):
+                lines.append(f"| {idx if k == 0 else ''} | " + " | ".join(rows[i]) + " |")
         return "\n".join(lines + ["", self._legend(), *self.notes]) + "\n"
 
     def to_latex(self) -> str:
@@ -322,13 +353,23 @@ class PaperTable:
             spans = [(g, sum(1 for c in cells.columns if c[0] == g)) for g in groups]
             lines.append(" & ".join(["Method"] + [rf"\multicolumn{{{k}}}{{c}}{{{esc(g)}}}" for g, k in spans]) + r" \\")
             lines.append(" & ".join([""] + [esc(c[1]) for c in cells.columns]) + r" \\")
+        elif self.wrap:  # the paper's Table 2: each model over several rows
+            blocks = self._blocks(cells)
+            width = len(blocks[0][0])
+            lines[4] = r"\begin{tabular}{l" + "c" * width + "}"
+            for k, (heads, _) in enumerate(blocks):
+                lines.append(" & ".join(["Method" if k == 0 else ""] + [esc(h) for h in heads]) + r" \\")
         else:
             lines.append(" & ".join(["Method"] + [esc(c) for c in cells.columns]) + r" \\")
         lines.append(r"\midrule")
-        for idx, row in cells.iterrows():
+        for i, (idx, row) in enumerate(cells.iterrows()):
             if idx == self.separator:
                 lines.append(r"\midrule")
-            lines.append(" & ".join([esc(idx), *row]) + r" \\")
+            if not self.wrap:
+                lines.append(" & ".join([esc(idx), *row]) + r" \\")
+                continue
+            for k, (_, rows) in enumerate(blocks):
+                lines.append(" & ".join([esc(idx) if k == 0 else "", *rows[i]]) + r" \\")
         lines += [r"\bottomrule", r"\end{tabular}}", r"\par\footnotesize " + esc(" ".join([self._legend(), *self.notes])),
                   r"\end{table}"]
         return "\n".join(lines) + "\n"
@@ -456,8 +497,11 @@ def paper_class_table(tidy: pd.DataFrame, dataset: str, *, metric: str = "pointi
             n.at[m, label] = counts.get((m, dataset, finding), np.nan)
     name = DATASETS.get(dataset, dataset)
     caption = caption or (f"Table {table_no}. " if table_no else "") + f"Per-class {metric} on {name}."
-    return _finish(values, n, rows, separator, baselines, unverified, notes, caption,
-                   _table_notes(tidy, [dataset], log, unverified))
+    table = _finish(values, n, rows, separator, baselines, unverified, notes, caption,
+                    _table_notes(tidy, [dataset], log, unverified))
+    if table_no == 2:  # the paper prints Table 2 with two rows per model: Mean + 11 classes, then the other 10
+        table.wrap = 12
+    return table
 
 
 def _finish(values, n, rows, separator, baselines, unverified, notes, caption, table_notes) -> PaperTable:
