@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from .atomic import atomic_write_text
+from .comparisons import comparisons_html
 from .errors import XBenchError
 from .exports import maps_at_grid, open_run_dataset, run_grid
 
@@ -65,6 +66,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
     cards, note = _cards(run_dir, t["pairs"], t["metrics"], metas, grid, max_cases_per_class, thumb, progress)
     sections = [
         ("Tables", _tables_html(t["metrics"]) + _paper_tables_html(run_dir)),
+        ("Which differences are real", comparisons_html(run_dir)),
         ("Per-case browser", note + _browser_html(cards, t["pairs"], metas)),
         ("Figures", _figures_html(run_dir)),
         ("Models and weights", _models_html(t["models"])),

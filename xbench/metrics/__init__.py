@@ -6,7 +6,9 @@
 * :mod:`~xbench.metrics.recognition` — AUC, AUPRC, F1, accuracy per class,
   Hamming accuracy;
 * :mod:`~xbench.metrics.stats` — class / dataset / pooled aggregation, paired
-  bootstrap CIs and the tidy results table (:func:`score_table`).
+  bootstrap CIs and the tidy results table (:func:`score_table`);
+* :mod:`~xbench.metrics.compare` — paired differences between models, Holm
+  correction and rank intervals from the same bootstrap replicates.
 
 :data:`METRICS` lists every metric name of the tidy table with its direction
 (``higher_is_better``; None for ``best_tau``, which is a setting, not a score)
@@ -59,9 +61,12 @@ from .stats import (
     BootstrapCI,
     bootstrap_ci,
     dice_at,
+    ScoredTable,
     iou_at,
     score_table,
+    scored_table,
 )
+from .compare import compare_models
 
 
 class MetricInfo(NamedTuple):
@@ -131,6 +136,10 @@ __all__ = [
     "BootstrapCI",
     "bootstrap_ci",
     "score_table",
+    "ScoredTable",
+    "scored_table",
+    # paired model comparisons
+    "compare_models",
     # table of metrics
     "MetricInfo",
     "METRICS",
