@@ -91,11 +91,12 @@ def test_rank_intervals_known_answers():
 def phantom(tmp_path_factory, phantom_cache) -> dict:
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("compare-run")
-    cfg = RunConfig.from_dict(tiny_run(out, cases=40, models=["ref_patchsim", "random_prior", "center_prior"],
-                                       bootstrap={"replicates": 200, "seed": 0}))
+    raw = tiny_run(out, cases=40, models=["ref_patchsim", "random_prior", "center_prior"],
+                   bootstrap={"replicates": 200, "seed": 0})
+    cfg = RunConfig.from_dict(raw)
     with pytest.warns(Warning):  # dropped replicates of the 40-case phantom's rarer classes
         run(cfg, progress=False)
-    return {"out": out, "cfg": cfg, "tables": load_tables(out), "compared": load_comparisons(out)}
+    return {"out": out, "cfg": cfg, "raw": raw, "tables": load_tables(out), "compared": load_comparisons(out)}
 
 
 def _row(comp: pd.DataFrame, a: str, b: str, metric: str, finding: str = DATASET_LEVEL) -> pd.Series:
@@ -188,3 +189,25 @@ def test_report_section(phantom, tmp_path):
     page = build_report(phantom["out"], tmp_path / "report.html", max_cases_per_class=1, thumb=32).read_text()
     assert "Which differences are real" in page and text in page
     assert "evaluated before paired comparisons" in comparisons_html(tmp_path)  # a run without comparisons
+
+
+def test_notebook_draws_a_pairwise_matrix_per_dataset(phantom, tmp_path):
+    import nbformat
+    import papermill as pm
+    import yaml
+
+    from xbench.reproduce import notebook_paths
+
+    nb = next(p for p in notebook_paths() if p.name.startswith("12_"))
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(phantom["raw"]))
+    pm.execute_notebook(str(nb), str(tmp_path / nb.name), kernel_name="python3", progress_bar=False, cwd=str(nb.parent),
+                        parameters={"config": str(config), "output_dir": str(phantom["out"]), "device": "cpu"})
+    assert (phantom["out"] / "figures" / "pairwise_phantom.png").stat().st_size > 1000
+    marked = (phantom["out"] / "tables" / "paper_table1_significant.md").read_text()
+    from xbench.tables import SIGNIFICANCE_RULE
+
+    assert SIGNIFICANCE_RULE in marked
+    executed = nbformat.read(tmp_path / nb.name, as_version=4)
+    shown = "".join(str(o.get("data", {}).get("text/plain", "")) for c in executed.cells for o in c.get("outputs", []))
+    assert "ref_patchsim" in shown and "random_prior" in shown

@@ -27,7 +27,7 @@ from .metrics import DATASET_LEVEL, ScoredTable
 from .metrics.compare import ALPHA, COMPARISON_COLUMNS, RANK_COLUMNS, compare_models, compared_metrics
 
 __all__ = ["COMPARISONS_FILE", "RANKS_FILE", "compare_dataset", "write_comparisons", "load_comparisons",
-           "drop_metrics", "pairwise_matrix", "comparisons_html"]
+           "drop_metrics", "pairwise_matrix", "plot_pairwise", "comparisons_html"]
 
 COMPARISONS_FILE = "comparisons.csv"
 RANKS_FILE = "ranks.csv"
@@ -123,6 +123,44 @@ def pairwise_matrix(comparisons: pd.DataFrame, *, dataset: str, metric: str, fin
     for n in names:
         diff.at[n, n] = 0.0
     return diff, p
+
+
+def plot_pairwise(comparisons: pd.DataFrame, *, dataset: str, metrics: Sequence[str] | None = None,
+                  finding: str = DATASET_LEVEL, models: Sequence[str] | None = None, alpha: float = ALPHA) -> Any:
+    """One heatmap per metric of the row model − column model differences on ``dataset``; ``*`` marks
+    ``p_holm < alpha``. Returns the matplotlib Figure.
+
+    ``metrics`` default: those of the comparisons in their order; ``finding`` default: the dataset level.
+    """
+    import matplotlib.pyplot as plt
+
+    sel = comparisons[comparisons["dataset"] == dataset]
+    metrics = list(metrics) if metrics is not None else list(dict.fromkeys(sel["metric"]))
+    if not metrics or sel.empty:
+        raise XBenchError(f"no comparisons for dataset {dataset!r}: it needs at least two evaluated models")
+    cols = min(4, len(metrics))
+    rows = -(-len(metrics) // cols)
+    names = list(models) if models is not None else list(dict.fromkeys([*sel["model_a"], *sel["model_b"]]))
+    size = 0.55 * len(names) + 1.5
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        diff, p = pairwise_matrix(sel, dataset=dataset, metric=metric, finding=finding, models=names)
+        limit = float(np.nanmax(np.abs(diff.to_numpy()))) or 1.0
+        image = ax.imshow(diff.to_numpy(dtype=float), cmap="RdBu", vmin=-limit, vmax=limit)
+        for i in range(len(names)):
+            for j in range(len(names)):
+                d, pv = diff.iat[i, j], p.iat[i, j]
+                if i != j and np.isfinite(d):
+                    ax.text(j, i, f"{d:+.2f}" + ("*" if pv < alpha else ""), ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.set_title(metric, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    fig.suptitle(f"{dataset} ({finding}): row − column, * = Holm-corrected p < {alpha:g}", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 
 def _cell(d: float, lo: float, hi: float) -> str:
