@@ -19,6 +19,11 @@ normalise, pointing, Dice/IoU at τ = 0.5 and over the 101-point grid) and
 paired bootstrap replicates with τ re-chosen in each). Ground-truth
 rasterisation (once per dataset, in the loaders) is not included.
 
+With ``--compare`` it also times the paired model comparisons of each dataset
+(:func:`xbench.metrics.compare_models` on the replicates the tables' CIs used, and writing
+them as CSV, as ``evaluate_run`` does) and prints their cost as a fraction of the evaluation
+time of the same run; ``--json PATH`` writes the timings.
+
 The tables' SHA-256 is printed, so two versions of the code can be checked to give
 identical tables. Models are independent, so ``--models k`` measures ``k`` of them and the
 total for 7 is extrapolated linearly (printed as such).
@@ -28,12 +33,17 @@ Usage::
     python benchmarks/bench_evaluate.py --models 2                 # 2 of 7 models, extrapolated to 7
     python benchmarks/bench_evaluate.py --models 7                 # the full paper scale
     python benchmarks/bench_evaluate.py --datasets nih_bbox --models 1 --replicates 200   # a quick check
+    python benchmarks/bench_evaluate.py --models 7 --compare --json docs/perf/compare.json   # comparisons' cost
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
+import json
 import os
+import platform
+import sys
 import tempfile
 import time
 import warnings
@@ -46,7 +56,7 @@ import torch
 from threadpoolctl import threadpool_info
 
 from xbench.errors import XBenchWarning
-from xbench.metrics import grounding_scores, score_table
+from xbench.metrics import ScoredTable, compare_models, grounding_scores, scored_table
 from xbench.registry import dataset_manifest
 
 GRID, NATIVE, MODELS_IN_PAPER = (224, 224), (14, 14), 7
@@ -130,8 +140,8 @@ def write_predictions(folder: Path, spec: SetSpec, data: dict, model: int) -> Pa
     return path
 
 
-def evaluate_one(path: Path, spec: SetSpec, data: dict, n_boot: int) -> pd.DataFrame:
-    """What evaluate_pair does after the store: grounding of every pair, then score_table."""
+def evaluate_one(path: Path, spec: SetSpec, data: dict, n_boot: int) -> ScoredTable:
+    """What evaluate_pair does after the store: grounding of every pair, then score_table (with its replicates)."""
     with np.load(path) as z:
         maps, probs = z["maps"], z["probs"]
     findings = [f"class{c}" for c in range(spec.classes)]
@@ -141,8 +151,16 @@ def evaluate_one(path: Path, spec: SetSpec, data: dict, n_boot: int) -> pd.DataF
         frames.append(s.to_frame(list(data["case_ids"][rows]), findings[c]))
     labels = pd.DataFrame(data["labels"], index=data["case_ids"], columns=findings)
     scores = pd.DataFrame(probs, index=labels.index, columns=findings)
-    return score_table(pd.concat(frames, ignore_index=True), model="m", dataset=spec.name, labels=labels,
-                       scores=scores, findings=findings, n_boot=n_boot, seed=0)
+    return scored_table(pd.concat(frames, ignore_index=True), model="m", dataset=spec.name, labels=labels,
+                        scores=scores, findings=findings, n_boot=n_boot, seed=0)
+
+
+def compare_set(spec: SetSpec, scored: dict[str, ScoredTable]) -> tuple[int, int]:
+    """What evaluate_run does per dataset after its models: paired comparisons and ranks, written as CSV."""
+    comparisons, ranks = compare_models(scored, dataset=spec.name)
+    for frame in (comparisons, ranks):
+        frame.to_csv(io.StringIO(), index=False)
+    return len(comparisons), len(ranks)
 
 
 def main() -> None:
@@ -151,6 +169,8 @@ def main() -> None:
     parser.add_argument("--replicates", type=int, default=1000, help="bootstrap replicates (default 1000)")
     parser.add_argument("--datasets", nargs="*", help="subset of the seven sets (default all)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's default)")
+    parser.add_argument("--compare", action="store_true", help="also time the paired model comparisons per dataset")
+    parser.add_argument("--json", type=Path, help="write the timings to this JSON file")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -165,21 +185,36 @@ def main() -> None:
     print(f"total: {sum(s.cases for s in specs)} cases, {sum(sum(s.pairs) for s in specs)} pairs per model, "
           f"{args.replicates} replicates, {args.models} of {MODELS_IN_PAPER} models")
 
-    wall = cpu = 0.0
-    rows = 0
+    wall = cpu = cmp_wall = cmp_cpu = 0.0
+    rows = cmp_rows = 0
     digest = hashlib.sha256()
+    per_set = []
     with tempfile.TemporaryDirectory() as tmp:
         for s in specs:
             data = make_set(s, seed=len(s.name))
+            scored, set_wall = {}, 0.0
             for m in range(args.models):
                 path = write_predictions(Path(tmp), s, data, m)
                 w, c = time.perf_counter(), time.process_time()
-                table = evaluate_one(path, s, data, args.replicates)
+                result = evaluate_one(path, s, data, args.replicates)
                 dw, dc = time.perf_counter() - w, time.process_time() - c
-                wall, cpu, rows = wall + dw, cpu + dc, rows + len(table)
+                table = result.table
+                wall, cpu, rows, set_wall = wall + dw, cpu + dc, rows + len(table), set_wall + dw
                 digest.update(table.to_csv(index=False).encode())
                 print(f"  {s.name:16s} model {m}: {dw:7.2f} s wall {dc:7.2f} s CPU ({len(table)} rows)")
                 path.unlink()
+                if args.compare:
+                    scored[f"model{m}"] = result
+            entry = {"dataset": s.name, "cases": s.cases, "classes": s.classes, "evaluate_wall_s": round(set_wall, 3)}
+            if args.compare:
+                w, c = time.perf_counter(), time.process_time()
+                n_comp, n_rank = compare_set(s, scored)
+                dw, dc = time.perf_counter() - w, time.process_time() - c
+                cmp_wall, cmp_cpu, cmp_rows = cmp_wall + dw, cmp_cpu + dc, cmp_rows + n_comp
+                entry.update(compare_wall_s=round(dw, 3), comparison_rows=n_comp, rank_rows=n_rank)
+                print(f"  {s.name:16s} comparisons of {len(scored)} models: {dw:7.2f} s wall {dc:7.2f} s CPU "
+                      f"({n_comp} comparison rows, {n_rank} rank rows)")
+            per_set.append(entry)
     load_end = os.getloadavg()
     scale = MODELS_IN_PAPER / args.models
     print(f"load average (1/5/15 min) at start {load_start[0]:.2f}/{load_start[1]:.2f}/{load_start[2]:.2f}, "
@@ -188,6 +223,26 @@ def main() -> None:
           f"sha256 of the tables {digest.hexdigest()[:16]})")
     if args.models != MODELS_IN_PAPER:
         print(f"extrapolated to {MODELS_IN_PAPER} models (x{scale:.2f}): {wall * scale:.1f} s wall, {cpu * scale:.1f} s CPU")
+    if args.compare:
+        print(f"comparisons: {cmp_wall:.1f} s wall, {cmp_cpu:.1f} s CPU ({cmp_rows} rows) = "
+              f"{100 * cmp_wall / wall:.1f} % of the evaluation's wall time, {100 * cmp_cpu / cpu:.1f} % of its CPU time "
+              f"(measured in this run, {args.models} models)")
+    if args.json:
+        record = {"command": "python benchmarks/bench_evaluate.py " + " ".join(sys.argv[1:]),
+                  "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                              "torch_threads": torch.get_num_threads(), "blas": libs},
+                  "load_average_start": load_start, "load_average_end": load_end,
+                  "models": args.models, "replicates": args.replicates, "cases": sum(s.cases for s in specs),
+                  "evaluate": {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "table_rows": rows,
+                               "tables_sha256": digest.hexdigest()},
+                  "per_dataset": per_set}
+        if args.compare:
+            record["compare"] = {"wall_s": round(cmp_wall, 3), "cpu_s": round(cmp_cpu, 3), "comparison_rows": cmp_rows,
+                                 "wall_fraction_of_evaluate": round(cmp_wall / wall, 4),
+                                 "cpu_fraction_of_evaluate": round(cmp_cpu / cpu, 4)}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,17 @@ Written under ``<output_dir>/tables/``: ``metrics.{csv,parquet}`` (tidy: one row
 per model × dataset × finding × metric), ``pairs.parquet`` (one row per model ×
 positive pair, with GT area and Dice at the class's best τ), ``curves.csv`` (mean
 Dice / IoU per τ per class), ``models.csv`` (model metadata) and
-``evaluation_log.json`` (counts of pairs evaluated and excluded, and why).
+``evaluation_log.json`` (counts of pairs evaluated and excluded, and why), and the paired model
+comparisons ``comparisons.csv`` / ``ranks.csv`` (:mod:`xbench.comparisons`: differences with CIs and
+Holm-corrected p-values, rank intervals, from the same bootstrap replicates as the CIs).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -37,7 +41,7 @@ from .config import RunConfig
 from .datasets import BaseDataset, open_dataset
 from .errors import XBenchError
 from .logs import progress_iter
-from .metrics import BEST_TAU, THRESHOLDS, grounding_scores, score_table
+from .metrics import BEST_TAU, THRESHOLDS, ScoredTable, grounding_scores, scored_table
 from .results import ResultStore, write_table
 from .windows import is_whole_image, place_maps
 
@@ -57,6 +61,8 @@ class PairEvaluation(NamedTuple):
     pairs: pd.DataFrame  # one row per evaluated positive pair (no curves), with dice@best
     curves: pd.DataFrame  # mean Dice / IoU per τ per finding
     counts: dict[str, Any]  # pairs evaluated / excluded and why (evaluation_log.json)
+    scored: ScoredTable | None = None  # tidy + its bootstrap replicates (paired model comparisons)
+    rescore: Callable[..., ScoredTable] | None = None  # scored_table of these inputs; `cases=` restricts / orders
 
 
 def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True) -> dict[str, GroundTruth]:
@@ -161,8 +167,11 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
                           "Place the missing files and run again: only the skipped cases are inferred.")
     labels = pd.DataFrame(dataset.labels()[inferred], index=case_ids[inferred], columns=dataset.findings)
     probs = pd.DataFrame(preds.probs[[position[i] for i in case_ids[inferred]]], index=labels.index, columns=dataset.findings)
-    tidy = score_table(pairs, model=model, dataset=dataset.name, labels=labels, scores=probs, findings=dataset.findings,
-                       threshold=cfg.fixed_threshold, n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+    rescore = functools.partial(scored_table, pairs, model=model, dataset=dataset.name, labels=labels, scores=probs,
+                                findings=dataset.findings, threshold=cfg.fixed_threshold,
+                                n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+    scored = rescore()
+    tidy = scored.table
 
     curves, pair_rows = [], pd.DataFrame()
     if pairs is not None:
@@ -180,7 +189,8 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
         pair_rows["dice@best"] = [d[i] if i >= 0 else np.nan for d, i in zip(pairs["dice_curve"], best_idx)]
         pair_rows.insert(0, "model", model)
         pair_rows.insert(1, "dataset", dataset.name)
-    return PairEvaluation(tidy, pair_rows, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(), counts)
+    return PairEvaluation(tidy, pair_rows, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(), counts,
+                          scored, rescore)
 
 
 def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
@@ -189,18 +199,22 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     store = ResultStore(cfg.output_dir)
     from .preflight import runnable_models
 
-    tidy, pairs, curves, log, models = [], [], [], [], {}
+    from .comparisons import compare_dataset, write_comparisons
+
+    tidy, pairs, curves, log, models, compared = [], [], [], [], {}, []
     run_models, left_out = runnable_models(cfg, announce=False)
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
         gt = ground_truth(dataset, cfg.grid, progress=progress)
+        evaluated = {}
         for mspec in run_models:
-            result = evaluate_pair(cfg, dataset, mspec.label, gt, store)
+            result = evaluated[mspec.label] = evaluate_pair(cfg, dataset, mspec.label, gt, store)
             tidy.append(result.tidy)
             pairs.append(result.pairs)
             curves.append(result.curves)
             log.append(result.counts)
             models.setdefault(mspec.label, store.meta(dspec.name, mspec.label)["model_info"])
+        compared.append(compare_dataset(dataset.name, evaluated, threshold=cfg.fixed_threshold))
     table = pd.concat(tidy, ignore_index=True)
     write_table(table, out / "metrics")
     pair_table = pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs) else pd.DataFrame()
@@ -210,6 +224,7 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
         models[name] = {"model": name, "weights": "absent", "note": why}
     write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
     atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
+    write_comparisons(compared, out)
     return table
 
 

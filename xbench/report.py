@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from .atomic import atomic_write_text
+from .comparisons import comparisons_blocks
 from .errors import XBenchError
 from .exports import maps_at_grid, open_run_dataset, run_grid
 
@@ -79,6 +80,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
     cards, note = _cards(run_dir, t["pairs"], t["metrics"], metas, grid, max_cases_per_class, thumb, progress)
     sections = [
         ("Tables", _tables_blocks(t["metrics"]) + _paper_tables_blocks(run_dir)),
+        ("Which differences are real", comparisons_blocks(run_dir)),
         ("Per-case browser", [{"kind": "p", "text": note}, _browser_block(cards, metas)]),
         ("Figures", _figures_blocks(run_dir)),
         ("Models and weights", [_models_table(t["models"])]),

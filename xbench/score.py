@@ -303,11 +303,13 @@ def evaluate_maps(
             warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
         tidy = evaluate_run(cfg, progress=progress)
     if mapset.probs is None or any(pointing_margins):
+        from .comparisons import drop_metrics
         from .exports import pointing_tolerance_table
         from .results import write_table
 
         if mapset.probs is None:
             tidy = tidy[~tidy["metric"].isin(RECOGNITION_METRICS)]
+            drop_metrics(out, RECOGNITION_METRICS)  # the placeholder probabilities are not compared either
         if any(pointing_margins):
             extra = pointing_tolerance_table(out, list(pointing_margins), grid=cfg.grid, ties=pointing_ties,
                                              n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
@@ -322,9 +324,11 @@ def write_paper_tables(output_dir: str | Path) -> list[Path]:
 
     Calls the paper-form writers of :mod:`xbench.tables` (:func:`~xbench.tables.paper_table1` and
     :func:`~xbench.tables.paper_class_table` for the pointing game and Dice at the best τ of each
-    dataset) — the hook where further paper tables go.
+    dataset) — the hook where further paper tables go. With the run's ``comparisons.csv``, best / second
+    are marked only where the order is significant (:data:`xbench.tables.SIGNIFICANCE_RULE`).
     """
     from . import tables
+    from .comparisons import load_comparisons
     from .evaluate import load_tables
 
     t = load_tables(output_dir)
@@ -333,6 +337,8 @@ def write_paper_tables(output_dir: str | Path) -> list[Path]:
     log = json.loads(log_path.read_text()) if log_path.exists() else None
     baselines, unverified = tables.model_flags(t["models"])
     flags = {"baselines": baselines, "unverified": unverified, "notes": tables.model_notes(t["models"]), "log": log}
+    compared = load_comparisons(output_dir)  # marks only significant orders when the run has comparisons
+    flags["comparisons"] = compared[0] if compared is not None else None
     written = tables.paper_table1(tidy, **flags).write(folder / "table1_grounding")
     for ds in tidy["dataset"].unique():
         for metric in ("pointing", "dice@best"):

@@ -31,6 +31,11 @@ from .metrics import table as metric_table
 #: moves a pointing value by more than 3.3 points, so a best/second mark would rank noise.
 MIN_PAIRS_TO_RANK = 30
 _TABLE1_METRICS = {m: metric_table.display(m) for m in (POINTING, DICE_BEST, IOU_BEST)}  # the paper's Table 1 (Point / Dice / IoU)
+#: The marking rule of paper-form tables given the run's comparisons (stated in their legend).
+SIGNIFICANCE_RULE = ("Marks only where the order is significant (paired bootstrap over shared images, Holm-corrected "
+                     "p < 0.05 within each column's model pairs; tables/comparisons.csv): bold if the best is "
+                     "significantly above every other ranked model, underlined if the second is significantly below the "
+                     "best and above every ranked model under it.")
 
 
 
@@ -56,6 +61,14 @@ def wide(tidy: pd.DataFrame, *, rows: str, columns: Sequence[str], metrics: Sequ
     order = sorted(range(table.shape[1]), key=lambda i: (*table.columns[i][:-2], list(metrics).index(metric_level[i]),
                                                        ["value", "ci_low", "ci_high"].index(table.columns[i][-1])))
     return table.iloc[:, order]
+
+
+def _column_ranks(values: pd.DataFrame, n: pd.DataFrame, ranked: pd.Series) -> pd.DataFrame:
+    """:func:`_ranks` of every column (values rounded as shown), among ``ranked`` rows with ≥ MIN_PAIRS_TO_RANK pairs."""
+    out = pd.DataFrame(0, index=values.index, columns=values.columns)
+    for col in values.columns:
+        out[col] = _ranks(values[col].round(2), ranked & (n[col].fillna(0) >= MIN_PAIRS_TO_RANK))
+    return out
 
 
 def _ranks(values: pd.Series, eligible: pd.Series) -> pd.Series:
@@ -274,6 +287,7 @@ class PaperTable:
     caption: str
     notes: list[str]
     separator: str | None = None
+    confirmed: pd.DataFrame | None = None  # bool per cell: its best / second mark is backed by significance
     #: columns per printed row in Markdown / LaTeX (the paper's Table 2 spans two rows per model: Mean + 11
     #: classes, then the other 10); None: one row per model. CSV and HTML keep one row per model.
     wrap: int | None = None
@@ -292,12 +306,10 @@ class PaperTable:
         return blocks
 
     def ranks(self) -> pd.DataFrame:
-        """1 = best, 2 = second best per column among ranked rows whose cell has ≥ :data:`MIN_PAIRS_TO_RANK` pairs."""
-        out = pd.DataFrame(0, index=self.values.index, columns=self.values.columns)
-        for col in self.values.columns:
-            eligible = self.ranked & (self.n[col].fillna(0) >= MIN_PAIRS_TO_RANK)
-            out[col] = _ranks(self.values[col].round(2), eligible)
-        return out
+        """1 = best, 2 = second best per column among ranked rows whose cell has ≥ :data:`MIN_PAIRS_TO_RANK` pairs;
+        with :attr:`confirmed` (tables given ``comparisons``), only the marks whose order is significant."""
+        out = _column_ranks(self.values, self.n, self.ranked)
+        return out.where(self.confirmed, 0) if self.confirmed is not None else out
 
     def _cells(self, bold: str, underline: str, with_n: bool) -> pd.DataFrame:
         ranks = self.ranks()
@@ -314,8 +326,9 @@ class PaperTable:
         return cells
 
     def _legend(self) -> str:
-        return (f"Percent, 2 decimals; (n) = positive pairs behind the value. Bold: best, underlined: second best among "
+        text = (f"Percent, 2 decimals; (n) = positive pairs behind the value. Bold: best, underlined: second best among "
                 f"the paper's models and other non-baseline models, ranked only where n ≥ {MIN_PAIRS_TO_RANK}.")
+        return text if self.confirmed is None else f"{text} {SIGNIFICANCE_RULE}"
 
     def to_markdown(self) -> str:
         cells = self._cells("**{}**", "<u>{}</u>", with_n=True)
@@ -444,11 +457,12 @@ def _table_notes(tidy: pd.DataFrame, datasets: Sequence[str], log: Sequence[Mapp
 def paper_table1(tidy: pd.DataFrame, *, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
                  notes: Mapping[str, str] | None = None, log: Sequence[Mapping] | None = None,
                  caption: str = "Table 1. Grounding metrics across datasets (mean Pointing Game, best-τ Dice/IoU).",
-                 ) -> PaperTable:
+                 comparisons: pd.DataFrame | None = None) -> PaperTable:
     """Table 1 in the paper's form: rows = models (the paper's seven in its order, then the others set apart),
     column groups = datasets (the paper's seven in its order, then the run's others), each Point / Dice / IoU at the
     best τ (dataset value = unweighted mean over classes), percent. ``log``: the run's ``evaluation_log.json``
-    records, for the skipped-case note."""
+    records, for the skipped-case note. ``comparisons``: the run's ``comparisons.csv``; given, best / second are
+    marked only where the order is significant (:data:`SIGNIFICANCE_RULE`)."""
     from .metrics import DATASET_LEVEL
     from .paper import DATASETS
 
@@ -461,6 +475,8 @@ def paper_table1(tidy: pd.DataFrame, *, baselines: Sequence[str] = (), unverifie
     cols = pd.MultiIndex.from_tuples([(DATASETS.get(d, d), _TABLE1_METRICS[m]) for d in datasets for m in _TABLE1_METRICS])
     values = pd.DataFrame(np.nan, index=rows, columns=cols)
     n = pd.DataFrame(np.nan, index=rows, columns=cols)
+    keys = {(DATASETS.get(d, d), label): (d, DATASET_LEVEL, metric) for d in datasets
+            for metric, label in _TABLE1_METRICS.items()}
     for m in rows:
         for d in datasets:
             for metric, label in _TABLE1_METRICS.items():
@@ -468,14 +484,16 @@ def paper_table1(tidy: pd.DataFrame, *, baselines: Sequence[str] = (), unverifie
                 values.at[m, col] = 100 * val.get((m, d, metric), np.nan)
                 n.at[m, col] = counts.get((m, d, DATASET_LEVEL), np.nan)
     return _finish(values, n, rows, separator, baselines, unverified, notes, caption,
-                   _table_notes(tidy, datasets, log, unverified))
+                   _table_notes(tidy, datasets, log, unverified), comparisons, keys)
 
 
 def paper_class_table(tidy: pd.DataFrame, dataset: str, *, metric: str = "pointing", baselines: Sequence[str] = (),
                       unverified: Sequence[str] = (), notes: Mapping[str, str] | None = None,
-                      log: Sequence[Mapping] | None = None, caption: str | None = None) -> PaperTable:
+                      log: Sequence[Mapping] | None = None, caption: str | None = None,
+                      comparisons: pd.DataFrame | None = None) -> PaperTable:
     """Tables 2–5 in the paper's form: rows = models, columns = Mean then the classes in the paper's order with its
-    abbreviations (datasets outside the paper: the run's class order and names), percent."""
+    abbreviations (datasets outside the paper: the run's class order and names), percent. ``comparisons``: as
+    :func:`paper_table1`."""
     from .metrics import DATASET_LEVEL
     from .paper import CLASS_TABLES, DATASETS, TABLE_CLASSES
 
@@ -497,16 +515,48 @@ def paper_class_table(tidy: pd.DataFrame, dataset: str, *, metric: str = "pointi
             n.at[m, label] = counts.get((m, dataset, finding), np.nan)
     name = DATASETS.get(dataset, dataset)
     caption = caption or (f"Table {table_no}. " if table_no else "") + f"Per-class {metric} on {name}."
+    keys = {label: (dataset, finding, metric) for label, finding in [("Mean", DATASET_LEVEL), *classes.items()]}
     table = _finish(values, n, rows, separator, baselines, unverified, notes, caption,
-                    _table_notes(tidy, [dataset], log, unverified))
+                    _table_notes(tidy, [dataset], log, unverified), comparisons, keys)
     if table_no == 2:  # the paper prints Table 2 with two rows per model: Mean + 11 classes, then the other 10
         table.wrap = 12
     return table
 
 
-def _finish(values, n, rows, separator, baselines, unverified, notes, caption, table_notes) -> PaperTable:
+def _confirmed(values: pd.DataFrame, n: pd.DataFrame, ranked: pd.Series, keys: Mapping, comparisons: pd.DataFrame,
+               ) -> pd.DataFrame:
+    """Per cell (rows = model names): does its best / second mark hold up (:data:`SIGNIFICANCE_RULE`)?"""
+    sig = {}  # (dataset, finding, metric, a, b) → a is significantly above b
+    for r in comparisons[comparisons["significant"].astype(bool)].itertuples():
+        sig[(str(r.dataset), str(r.finding), r.metric, r.model_a, r.model_b)] = r.difference > 0
+        sig[(str(r.dataset), str(r.finding), r.metric, r.model_b, r.model_a)] = r.difference < 0
+    ranks = _column_ranks(values, n, ranked)
+    out = pd.DataFrame(False, index=values.index, columns=values.columns)
+    for col in values.columns:
+        key = tuple(map(str, keys[col]))
+
+        def above(a: str, b: str, key: tuple = key) -> bool:
+            return sig.get((*key, a, b), False)
+
+        order = ranks[col]
+        best, second = list(order.index[order == 1]), list(order.index[order == 2])
+        eligible = ranked & (n[col].fillna(0) >= MIN_PAIRS_TO_RANK) & np.isfinite(values[col].astype(float))
+        others = list(values.index[eligible])
+        if len(best) == 1:
+            out.at[best[0], col] = all(above(best[0], o) for o in others if o != best[0])
+        if len(best) == 1 and len(second) == 1:
+            below = [o for o in others if o not in (best[0], second[0])]
+            out.at[second[0], col] = above(best[0], second[0]) and all(above(second[0], o) for o in below)
+    return out
+
+
+def _finish(values, n, rows, separator, baselines, unverified, notes, caption, table_notes, comparisons=None,
+            keys=None) -> PaperTable:
     notes = dict(notes or {})
+    ranked = pd.Series([m not in baselines for m in rows], index=rows)
+    confirmed = _confirmed(values, n, ranked, keys, comparisons) if comparisons is not None else None
     labels = {m: _display(m, baselines, unverified, notes) for m in rows}
-    values.index = n.index = [labels[m] for m in rows]
-    ranked = pd.Series([m not in baselines for m in rows], index=values.index)
-    return PaperTable(values, n, ranked, caption, table_notes, labels[separator] if separator else None)
+    values.index = n.index = ranked.index = [labels[m] for m in rows]
+    if confirmed is not None:
+        confirmed.index = values.index
+    return PaperTable(values, n, ranked, caption, table_notes, labels[separator] if separator else None, confirmed)

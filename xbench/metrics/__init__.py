@@ -6,7 +6,9 @@
 * :mod:`~xbench.metrics.recognition` — AUC, AUPRC, F1, accuracy per class,
   Hamming accuracy;
 * :mod:`~xbench.metrics.stats` — class / dataset / pooled aggregation, paired
-  bootstrap CIs and the tidy results table (:func:`score_table`).
+  bootstrap CIs and the tidy results table (:func:`score_table`);
+* :mod:`~xbench.metrics.compare` — paired differences between models, Holm
+  correction and rank intervals from the same bootstrap replicates.
 
 :data:`METRIC_TABLE` (:mod:`~xbench.metrics.table`) is the one table of metrics: name, kind
 (grounding / recognition), per-pair function, display name, direction (``higher_is_better``; None
@@ -59,9 +61,12 @@ from .stats import (
     BootstrapCI,
     bootstrap_ci,
     dice_at,
+    ScoredTable,
     iou_at,
     score_table,
+    scored_table,
 )
+from .compare import compare_models
 from .table import METRIC_TABLE, Metric
 
 
@@ -114,6 +119,10 @@ __all__ = [
     "BootstrapCI",
     "bootstrap_ci",
     "score_table",
+    "ScoredTable",
+    "scored_table",
+    # paired model comparisons
+    "compare_models",
     # table of metrics
     "Metric",
     "METRIC_TABLE",

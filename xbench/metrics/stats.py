@@ -21,6 +21,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -49,6 +50,8 @@ __all__ = [
     "BootstrapCI",
     "bootstrap_ci",
     "score_table",
+    "ScoredTable",
+    "scored_table",
 ]
 
 #: ``finding`` of rows that average the per-class values of a dataset (unweighted).
@@ -95,6 +98,9 @@ class BootstrapCI:
     n_dropped : numpy.ndarray of shape (K,), int
         Replicates whose statistic was NaN (undefined) and were left out.
     n_boot : int
+    replicates : numpy.ndarray of shape (n_boot, K), optional
+        The replicates themselves (NaN = undefined), for paired comparisons
+        (:mod:`xbench.metrics.compare`); None when ``n_boot == 0``.
     """
 
     value: np.ndarray
@@ -102,6 +108,7 @@ class BootstrapCI:
     high: np.ndarray
     n_dropped: np.ndarray
     n_boot: int
+    replicates: np.ndarray | None = None
 
 
 def _rng(seed) -> np.random.Generator:
@@ -191,7 +198,7 @@ def bootstrap_ci(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns → NaN bounds
         low, high = np.nanpercentile(reps, [q, 100 - q], axis=0)
-    return BootstrapCI(value, low, high, n_dropped, n_boot)
+    return BootstrapCI(value, low, high, n_dropped, n_boot, reps)
 
 
 def _nanmean_rows(x: np.ndarray) -> np.ndarray:
@@ -442,7 +449,7 @@ class _DatasetLevel:
         return [_nanmean_rows(cls[:, self.members[m]]) if self.members[m] else nan for m in self.metrics]
 
 
-def _warn_dropped(rows: _Rows, ci: BootstrapCI, model: str, dataset: str, n_boot: int) -> None:
+def _warn_dropped(rows: _Rows, ci: BootstrapCI, model: str, dataset: str, n_boot: int, stacklevel: int) -> None:
     """One warning listing the metrics (with a defined point value) that lost replicates."""
     dropped = [
         f"{metric}/{finding!r}: {int(d)}"
@@ -454,7 +461,7 @@ def _warn_dropped(rows: _Rows, ci: BootstrapCI, model: str, dataset: str, n_boot
             f"score_table({model!r}, {dataset!r}): undefined bootstrap replicates dropped (of {n_boot}): "
             + ", ".join(dropped),
             XBenchWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
 
 
@@ -545,6 +552,50 @@ def score_table(
     >>> t.loc[t.finding == "Nodule", ["metric", "value"]].head(3).to_dict("list")
     {'metric': ['pointing', 'dice@0.5', 'iou@0.5'], 'value': [1.0, 1.0, 1.0]}
     """
+    return _scored_table(pairs, model=model, dataset=dataset, labels=labels, scores=scores, findings=findings,
+                         threshold=threshold, thresholds=thresholds, prob_threshold=prob_threshold, n_boot=n_boot,
+                         level=level, seed=seed, cases=None, stacklevel=4).table
+
+
+class ScoredTable(NamedTuple):
+    """:func:`scored_table`'s result: the tidy table and the bootstrap replicates behind its CIs."""
+
+    table: pd.DataFrame  # score_table's output (TIDY_COLUMNS)
+    replicates: np.ndarray | None  # (n_boot, len(table)): replicate b of row k; None when n_boot == 0
+    cases: pd.Index  # the resampled units (case ids), in the order the replicates' weights index them
+
+
+def scored_table(
+    pairs: pd.DataFrame | None,
+    *,
+    model: str,
+    dataset: str,
+    labels: pd.DataFrame | None = None,
+    scores: pd.DataFrame | None = None,
+    findings: Sequence[str] | None = None,
+    threshold: float = 0.5,
+    thresholds=THRESHOLDS,
+    prob_threshold: float = 0.5,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int | np.random.Generator | None = 0,
+    cases: Sequence | None = None,
+) -> ScoredTable:
+    """:func:`score_table` that also returns its bootstrap replicates (for paired model comparisons).
+
+    ``cases``, when given, fixes the resampled units and their order (pairs and label rows of other
+    cases are left out): two calls with the same ``cases``, ``n_boot`` and integer ``seed`` draw the
+    same resamples, so their replicates are paired (:mod:`xbench.metrics.compare`). By default the
+    units are the case ids of ``pairs`` then of ``labels``, in order of appearance.
+    """
+    return _scored_table(pairs, model=model, dataset=dataset, labels=labels, scores=scores, findings=findings,
+                         threshold=threshold, thresholds=thresholds, prob_threshold=prob_threshold, n_boot=n_boot,
+                         level=level, seed=seed, cases=cases, stacklevel=4)
+
+
+def _scored_table(pairs, *, model, dataset, labels, scores, findings, threshold, thresholds, prob_threshold, n_boot,
+                  level, seed, cases, stacklevel: int) -> ScoredTable:
+    """The body of :func:`score_table` / :func:`scored_table`; ``stacklevel`` points warnings at their caller."""
     t = as_thresholds(thresholds)
     if pairs is not None:
         from .table import pair_column, per_pair_metrics
@@ -562,8 +613,17 @@ def score_table(
             raise ValueError("labels must have one row per case (its index holds duplicate case ids)")
         scores = scores.reindex(index=labels.index, columns=labels.columns)
 
+    if cases is not None:
+        cases = pd.Index(cases)
+        if not cases.is_unique or len(cases) == 0:
+            raise ValueError("cases must be a non-empty sequence of distinct case ids")
+        if pairs is not None:
+            pairs = pairs[pairs["case_id"].isin(cases)]
+            pairs = pairs if len(pairs) else None
+        if labels is not None:
+            labels, scores = labels[labels.index.isin(cases)], scores[scores.index.isin(cases)]
     order = _class_order(findings, pairs, labels)
-    cases = _case_index(pairs, labels)
+    cases = _case_index(pairs, labels) if cases is None else cases
     grounding = _Grounding(pairs, cases, order, t, threshold) if pairs is not None else None
     recognition = _Recognition(labels, scores, cases, order, prob_threshold) if labels is not None else None
 
@@ -599,8 +659,8 @@ def score_table(
 
     ci = bootstrap_ci(statistic, len(cases), point=np.array(rows.values, dtype=np.float64), n_boot=n_boot,
                       level=level, seed=seed)
-    _warn_dropped(rows, ci, model, dataset, n_boot)
-    return pd.DataFrame(
+    _warn_dropped(rows, ci, model, dataset, n_boot, stacklevel)
+    table = pd.DataFrame(
         {
             "model": model,
             "dataset": dataset,
@@ -613,3 +673,4 @@ def score_table(
         },
         columns=list(TIDY_COLUMNS),
     )
+    return ScoredTable(table, ci.replicates, cases)

@@ -1,0 +1,216 @@
+"""Paired model comparisons (xbench.metrics.compare, xbench.comparisons): known answers.
+
+* null data: two / three models with the same per-case distribution — the Holm-corrected test rejects at
+  ≤ 5 % + 2 points (family-wise) and the difference CIs cover the true difference 93–97 % of the time, also
+  for a known non-zero difference;
+* a model against an exact copy of itself is never significant;
+* on the phantom, a reference model beats the random prior significantly, and the run writes
+  comparisons.csv / ranks.csv, the paper tables' marks and the report section.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import tiny_run
+from xbench.comparisons import compare_dataset, comparisons_blocks, load_comparisons, pairwise_matrix
+from xbench.config import RunConfig
+from xbench.errors import XBenchError
+from xbench.evaluate import load_tables
+from xbench.metrics import DATASET_LEVEL, ScoredTable, bootstrap_ci, compare_models
+from xbench.metrics.compare import COMPARISON_COLUMNS, RANK_COLUMNS, bootstrap_p_value, holm, rank_intervals
+from xbench.runner import run
+
+N_CASES, N_BOOT, SIMS_PER_BLOCK, BLOCKS = 150, 1000, 50, 10  # 500 simulations, each block its own resamples
+
+
+def _simulate(rng: np.random.Generator, shift: float, models: int, block: int) -> dict[str, ScoredTable]:
+    """``SIMS_PER_BLOCK`` simulated datasets as the 'findings' of one table per model: per case a difficulty
+    u ~ Beta(2, 2) shared by the models, a model's per-case score u + N(0, 0.25²) (model 1 shifted by −shift),
+    the statistic the mean over cases; replicates from the library's bootstrap (one resample per replicate,
+    shared by every model and simulation of the block)."""
+    u = rng.beta(2, 2, size=(N_CASES, 1, SIMS_PER_BLOCK))
+    x = u + rng.normal(0, 0.25, size=(N_CASES, models, SIMS_PER_BLOCK))
+    x[:, 1] -= shift
+    flat = x.reshape(N_CASES, -1)
+    ci = bootstrap_ci(lambda w: (w @ flat) / w.sum(axis=1, keepdims=True), N_CASES, n_boot=N_BOOT, seed=block)
+    reps = ci.replicates.reshape(N_BOOT, models, SIMS_PER_BLOCK)
+    findings = [f"sim{block}-{s}" for s in range(SIMS_PER_BLOCK)]
+    cases = pd.RangeIndex(N_CASES)
+    return {f"m{m}": ScoredTable(pd.DataFrame({"finding": findings, "metric": "pointing", "value": ci.value.reshape(
+        models, SIMS_PER_BLOCK)[m]}), reps[:, m], cases) for m in range(models)}
+
+
+def _null_study(shift: float, models: int) -> pd.DataFrame:
+    rng = np.random.default_rng(2026)
+    return pd.concat([compare_models(_simulate(rng, shift, models, b), dataset="sim", metrics=["pointing"])[0]
+                      for b in range(BLOCKS)], ignore_index=True)
+
+
+def test_null_data_corrected_test_keeps_its_level_and_cis_cover():
+    comp = _null_study(shift=0.0, models=3)
+    assert len(comp) == 3 * SIMS_PER_BLOCK * BLOCKS and (comp["family_size"] == 3).all()
+    family_wise = comp.groupby("finding")["significant"].any().mean()  # any of the 3 pairs rejected (Holm)
+    assert family_wise <= 0.07, family_wise
+    coverage = ((comp["ci_low"] <= 0) & (0 <= comp["ci_high"])).mean()  # true difference 0
+    assert 0.93 <= coverage <= 0.97, coverage
+    assert 0.02 <= family_wise  # the test is not trivially conservative either (≈ 5 % expected)
+
+
+def test_known_difference_is_covered_and_found():
+    comp = _null_study(shift=0.1, models=2)  # model 0 − model 1 = +0.1 exactly
+    pair = comp[(comp["model_a"] == "m0") & (comp["model_b"] == "m1")]
+    coverage = ((pair["ci_low"] <= 0.1) & (0.1 <= pair["ci_high"])).mean()
+    assert 0.93 <= coverage <= 0.97, coverage
+    # power: the paired difference has sd 0.25·√2 per case, so z = 0.1 / (0.354 / √150) ≈ 3.5 → ≈ 93 % rejections
+    assert 0.85 <= pair["significant"].mean() <= 0.99, pair["significant"].mean()
+
+
+def test_holm_and_p_value_known_answers():
+    assert holm(np.array([0.01, 0.04, 0.03, np.nan])).round(3).tolist()[:3] == [0.03, 0.06, 0.06]
+    assert np.isnan(holm(np.array([0.01, np.nan]))[1])
+    assert holm(np.array([[0.5, 0.001], [0.02, 0.02]]), axis=1).tolist() == [[0.5, 0.002], [0.04, 0.04]]
+    d = np.r_[np.full(30, -0.1), np.full(70, 0.2)]
+    assert bootstrap_p_value(d) == pytest.approx(2 * 31 / 101)
+    assert np.isnan(bootstrap_p_value(np.full(5, np.nan)))
+
+
+def test_rank_intervals_known_answers():
+    point = np.array([0.9, 0.5, 0.5])
+    reps = np.array([[0.9, 0.9, 0.9, np.nan], [0.5, 0.6, 0.4, 0.5], [0.4, 0.5, 0.6, 0.5]])
+    r = rank_intervals(point, reps)
+    assert r["rank"].tolist() == [1, 2, 2]  # ties share the smaller rank
+    assert r["n_dropped"] == 1  # the replicate where model 0 is undefined
+    assert r["rank_low"].tolist() == [1, 2, 2] and r["rank_high"].tolist() == [1, 3, 3]
+    assert r["p_first"].tolist() == [1.0, 0.0, 0.0]
+
+
+@pytest.fixture(scope="module")
+def phantom(tmp_path_factory, phantom_cache) -> dict:
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("compare-run")
+    raw = tiny_run(out, cases=40, models=["ref_patchsim", "random_prior", "center_prior"],
+                   bootstrap={"replicates": 200, "seed": 0})
+    cfg = RunConfig.from_dict(raw)
+    with pytest.warns(Warning):  # dropped replicates of the 40-case phantom's rarer classes
+        run(cfg, progress=False)
+    return {"out": out, "cfg": cfg, "raw": raw, "tables": load_tables(out), "compared": load_comparisons(out)}
+
+
+def _row(comp: pd.DataFrame, a: str, b: str, metric: str, finding: str = DATASET_LEVEL) -> pd.Series:
+    sel = comp[(comp["model_a"] == a) & (comp["model_b"] == b) & (comp["metric"] == metric)
+               & (comp["finding"] == finding)]
+    assert len(sel) == 1
+    return sel.iloc[0]
+
+
+def test_phantom_reference_model_beats_random_prior(phantom):
+    comp, ranks = phantom["compared"]
+    assert list(comp.columns) == list(COMPARISON_COLUMNS) and list(ranks.columns) == list(RANK_COLUMNS)
+    for metric in ("pointing", "dice@best", "iou@best"):
+        row = _row(comp, "ref_patchsim", "random_prior", metric)
+        assert row["significant"] and row["difference"] > 0 and row["ci_low"] > 0, row.to_dict()
+        assert row["n_cases"] == 40 and row["n_boot"] == 200 and row["family_size"] == 3
+        # the difference is that of the metric table's values
+        tidy = phantom["tables"]["metrics"].set_index(["model", "finding", "metric"])["value"]
+        assert row["difference"] == pytest.approx(tidy[("ref_patchsim", DATASET_LEVEL, metric)]
+                                                  - tidy[("random_prior", DATASET_LEVEL, metric)])
+        best = ranks[(ranks["model"] == "ref_patchsim") & (ranks["metric"] == metric)
+                     & (ranks["finding"] == DATASET_LEVEL)].iloc[0]
+        assert (best["rank"], best["rank_low"], best["rank_high"], best["p_first"]) == (1, 1, 1, 1.0)
+    # Holm: every adjusted p is at least the raw p, and the family is the three pairs of the cell
+    assert (comp["p_holm"] >= comp["p_value"] - 1e-12).all()
+    assert set(comp.groupby(["finding", "metric"]).size()) == {3}
+    diff, p = pairwise_matrix(comp, dataset="phantom", metric="pointing")
+    assert diff.loc["random_prior", "ref_patchsim"] == -diff.loc["ref_patchsim", "random_prior"] < 0
+
+
+def _evaluated(phantom, model: str):
+    """A stored model evaluated again by evaluate_pair (its scored table, replicates and rescore)."""
+    from xbench.evaluate import evaluate_pair, ground_truth
+    from xbench.results import ResultStore
+
+    cfg = phantom["cfg"]
+    dataset = cfg.datasets[0].open()
+    gt = ground_truth(dataset, cfg.grid, progress=False)
+    with pytest.warns(Warning):
+        return evaluate_pair(cfg, dataset, model, gt, ResultStore(cfg.output_dir))
+
+
+def test_copy_of_a_model_is_never_significant(phantom):
+    result = _evaluated(phantom, "ref_patchsim")
+    comp, ranks = compare_models({"a": result.scored, "a_copy": result.scored}, dataset="phantom")
+    assert len(comp) > 50
+    assert (comp["difference"] == 0).all() and not comp["significant"].any()
+    assert (comp["p_value"].dropna() == 1).all() and (comp["p_holm"].dropna() == 1).all()
+    assert ((comp["ci_low"] == 0) & (comp["ci_high"] == 0) | comp["ci_low"].isna()).all()
+    assert (ranks.dropna(subset=["rank"])["rank"] == 1).all()  # tied: both first
+
+
+@pytest.mark.filterwarnings("ignore::xbench.errors.XBenchWarning")  # dropped replicates of the small phantom
+def test_models_on_different_cases_are_compared_on_the_shared_ones(phantom):
+    a, b = _evaluated(phantom, "ref_patchsim"), _evaluated(phantom, "random_prior")
+    keep = a.scored.cases[5:]  # model b "skipped" its first five cases at inference
+    b = b._replace(scored=b.rescore(cases=keep))
+    with pytest.raises(XBenchError, match="same cases"):
+        compare_models({"a": a.scored, "b": b.scored}, dataset="phantom")
+    comp, _ = compare_dataset("phantom", {"a": a, "b": b})
+    assert (comp["n_cases"] == 35).all()
+    row = _row(comp, "a", "b", "pointing")
+    redone = {n: e.rescore(cases=keep) for n, e in (("a", a), ("b", b))}
+    assert row["value_a"] == pytest.approx(redone["a"].table.set_index(["finding", "metric"]).loc[
+        (DATASET_LEVEL, "pointing"), "value"])
+
+
+def test_paper_tables_mark_only_significant_orders(phantom):
+    from xbench import tables
+
+    tidy, comp = phantom["tables"]["metrics"], phantom["compared"][0]
+    plain = tables.paper_table1(tidy)
+    marked = tables.paper_table1(tidy, comparisons=comp)
+    assert marked.confirmed is not None and tables.SIGNIFICANCE_RULE in marked.to_markdown()
+    # a mark survives only where the plain table had it; ref_patchsim is significantly best on pointing (n ≥ 30)
+    assert ((marked.ranks() == 0) | (marked.ranks() == plain.ranks())).all().all()
+    col = ("phantom", "Point")
+    if plain.n.at["ref_patchsim", col] >= tables.MIN_PAIRS_TO_RANK:
+        assert marked.ranks().at["ref_patchsim", col] == 1
+    # with no significant difference nothing is marked
+    none = comp.assign(significant=False)
+    assert (tables.paper_class_table(tidy, "phantom", comparisons=none).ranks() == 0).all().all()
+
+
+def test_report_section(phantom, tmp_path):
+    from xbench.report import build_report
+
+    blocks = comparisons_blocks(phantom["out"])
+    titles = [b["text"] for b in blocks if b["kind"] == "h3"]
+    pairs = [cells[0]["text"] for b in blocks if b.get("table_kind") == "differences" for _, cells in b["rows"]]
+    assert "ref_patchsim − random_prior" in pairs and any("rank [95 % interval]" in s for s in titles)
+    page = build_report(phantom["out"], tmp_path / "report.html", max_cases_per_class=1, thumb=32).read_text()
+    assert "Which differences are real" in page and "ref_patchsim − random_prior" in page
+    assert all(s in page for s in titles)
+    assert "evaluated before paired comparisons" in comparisons_blocks(tmp_path)[0]["text"]  # a run without them
+
+
+def test_notebook_draws_a_pairwise_matrix_per_dataset(phantom, tmp_path):
+    import nbformat
+    import papermill as pm
+    import yaml
+
+    from xbench.reproduce import notebook_paths
+
+    nb = next(p for p in notebook_paths() if p.name.startswith("12_"))
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(phantom["raw"]))
+    pm.execute_notebook(str(nb), str(tmp_path / nb.name), kernel_name="python3", progress_bar=False, cwd=str(nb.parent),
+                        parameters={"config": str(config), "output_dir": str(phantom["out"]), "device": "cpu"})
+    assert (phantom["out"] / "figures" / "pairwise_phantom.png").stat().st_size > 1000
+    marked = (phantom["out"] / "tables" / "paper_table1_significant.md").read_text()
+    from xbench.tables import SIGNIFICANCE_RULE
+
+    assert SIGNIFICANCE_RULE in marked
+    executed = nbformat.read(tmp_path / nb.name, as_version=4)
+    shown = "".join(str(o.get("data", {}).get("text/plain", "")) for c in executed.cells for o in c.get("outputs", []))
+    assert "ref_patchsim" in shown and "random_prior" in shown

@@ -1,0 +1,352 @@
+"""Which differences are real: paired model comparisons and rank confidence from bootstrap replicates.
+
+Conventions (README "Model comparisons"; ``docs/notes/compare.md``):
+
+* **Paired resampling.** Every model of a dataset is bootstrapped on the *same* resamples of the
+  cases (images) shared by all of them: replicate ``b`` of model A and replicate ``b`` of model B
+  weight the same images (:func:`~xbench.metrics.stats.scored_table` with one ``cases`` order,
+  ``n_boot`` and seed). A difference's replicate is the difference of the two models' replicates,
+  so image-to-image variation common to both models cancels (cheXlocalize, Saporta et al. 2022,
+  compares saliency methods with radiologists the same way). τ of ``dice@best`` / ``iou@best`` is
+  re-chosen per model and replicate, as for the CIs of the metric table.
+* **Difference and CI.** ``difference = value_a − value_b`` on the original data; the 95 % CI is
+  the percentile interval of the replicate differences (as :func:`~xbench.metrics.bootstrap_ci`).
+* **p-value.** Two-sided bootstrap p-value by inverting the percentile interval:
+  ``p = min(1, 2·min((1 + #{d* ≤ 0}) / (B + 1), (1 + #{d* ≥ 0}) / (B + 1)))`` over the ``B``
+  defined replicate differences ``d*`` (Davison & Hinkley 1997, §4.4; the ``+1`` keeps p > 0).
+  ``p < α`` exactly when 0 lies outside the central ``1 − α`` percentile interval (up to the
+  ``+1`` terms), so the CI and the test never disagree. Identical models give ``d* ≡ 0``, so p = 1.
+* **Correction.** Holm–Bonferroni over one **family = the model pairs of one (dataset, finding,
+  metric)** (a column of a table: "which orderings of this column are real"); metrics, classes and
+  datasets are separate families (they answer separate questions). ``significant`` is
+  ``p_holm < α`` (α = 0.05).
+* **Rank confidence.** In every replicate the models are ranked per (dataset, finding, metric)
+  (1 = best, ties share the smaller rank; higher is better for every compared metric); a replicate
+  where any model's value is undefined is left out. ``rank_low`` / ``rank_high`` are the 2.5 and
+  97.5 % quantiles of a model's ranks (``inverted_cdf``: always ranks that occurred).
+
+The bootstrap replicates are those the metric table's CIs already used, so comparisons add no
+resampling (benchmarks/bench_evaluate.py ``--compare`` measures their cost). ``scipy.stats.bootstrap``
+and ``permutation_test`` do not fit: they resample one statistic of raw data, whereas here each
+replicate re-chooses τ per class and averages classes, and the replicates exist already. Holm is
+written out (6 lines) because scipy has no Holm correction (``false_discovery_control`` is
+Benjamini–Hochberg) and statsmodels would be a dependency for one function.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.stats import rankdata
+
+from ..errors import XBenchError
+from .stats import AUC, AUPRC, DICE_BEST, IOU_BEST, POINTING, ScoredTable, dice_at, iou_at
+
+__all__ = [
+    "ALPHA",
+    "COMPARISON_COLUMNS",
+    "RANK_COLUMNS",
+    "compared_metrics",
+    "bootstrap_p_value",
+    "holm",
+    "paired_differences",
+    "rank_intervals",
+    "compare_models",
+]
+
+#: Significance level of ``significant`` (after the Holm correction).
+ALPHA = 0.05
+#: Columns of :func:`compare_models`' comparisons table, in order.
+COMPARISON_COLUMNS = ("dataset", "finding", "metric", "model_a", "model_b", "value_a", "value_b", "difference",
+                      "ci_low", "ci_high", "p_value", "p_holm", "significant", "family_size", "n_cases", "n_boot",
+                      "n_dropped")
+#: Columns of :func:`compare_models`' ranks table, in order.
+RANK_COLUMNS = ("dataset", "finding", "metric", "model", "value", "rank", "rank_low", "rank_high", "mean_rank",
+                "p_first", "n_models", "n_boot", "n_dropped")
+
+
+def compared_metrics(threshold: float = 0.5) -> tuple[str, ...]:
+    """Metrics compared between models: pointing, Dice / IoU at ``threshold`` and at the best τ, AUC, AUPRC.
+
+    Examples
+    --------
+    >>> compared_metrics(0.5)
+    ('pointing', 'dice@0.5', 'iou@0.5', 'dice@best', 'iou@best', 'auc', 'auprc')
+    """
+    return (POINTING, dice_at(threshold), iou_at(threshold), DICE_BEST, IOU_BEST, AUC, AUPRC)
+
+
+def bootstrap_p_value(diffs: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Two-sided p-value of "no difference" from replicate differences, by inverting the percentile interval.
+
+    Parameters
+    ----------
+    diffs : numpy.ndarray
+        Replicate differences along ``axis``; NaN (undefined replicate) is left out.
+    axis : int, default=0
+
+    Returns
+    -------
+    numpy.ndarray
+        ``min(1, 2·min((1 + #{d ≤ 0}) / (B + 1), (1 + #{d ≥ 0}) / (B + 1)))`` with ``B`` the defined
+        replicates; NaN where none is defined.
+
+    Examples
+    --------
+    >>> float(bootstrap_p_value(np.zeros(999))[()])  # identical models
+    1.0
+    >>> float(bootstrap_p_value(np.full(999, 0.1))[()])  # every replicate favours A: the smallest p of 999
+    0.002
+    """
+    d = np.asarray(diffs, dtype=np.float64)
+    defined = ~np.isnan(d)
+    b = defined.sum(axis=axis)
+    below = (defined & (d <= 0)).sum(axis=axis)
+    above = (defined & (d >= 0)).sum(axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = np.minimum(1.0, 2 * np.minimum(below + 1, above + 1) / (b + 1))
+    return np.where(b > 0, p, np.nan)
+
+
+def holm(p_values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Holm–Bonferroni adjusted p-values of each family along ``axis`` (NaN entries are not in the family).
+
+    Parameters
+    ----------
+    p_values : numpy.ndarray
+        Raw p-values; the family is the slice along ``axis``.
+    axis : int, default=-1
+
+    Returns
+    -------
+    numpy.ndarray
+        ``p_(i) ← max_{j ≤ i} min(1, (m − j + 1) · p_(j))`` over the ``m`` defined p-values sorted
+        ascending; rejecting ``adjusted < α`` controls the family-wise error rate at α.
+
+    Examples
+    --------
+    >>> holm(np.array([0.01, 0.04, 0.03])).round(2).tolist()
+    [0.03, 0.06, 0.06]
+    """
+    p = np.moveaxis(np.asarray(p_values, dtype=np.float64), axis, -1)
+    m = (~np.isnan(p)).sum(axis=-1, keepdims=True)
+    order = np.argsort(np.where(np.isnan(p), np.inf, p), axis=-1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, axis=-1)
+    factor = m - np.arange(p.shape[-1])  # m, m − 1, …; NaN entries sort last
+    adjusted = np.fmax.accumulate(np.minimum(1.0, factor * sorted_p), axis=-1)
+    out = np.empty_like(p)
+    np.put_along_axis(out, order, np.where(np.isnan(sorted_p), np.nan, adjusted), axis=-1)
+    return np.moveaxis(out, -1, axis)
+
+
+def paired_differences(point_a: np.ndarray, point_b: np.ndarray, reps_a: np.ndarray, reps_b: np.ndarray, *,
+                       level: float = 0.95) -> dict[str, np.ndarray]:
+    """Difference A − B with percentile CI and bootstrap p-value, from paired replicates (vectorised).
+
+    Parameters
+    ----------
+    point_a, point_b : numpy.ndarray of shape (...,)
+        Values on the original data (any trailing shape ``S``).
+    reps_a, reps_b : numpy.ndarray of shape (B, ...)
+        Replicates of the same resamples (row ``b`` of both weights the same cases).
+    level : float, default=0.95
+
+    Returns
+    -------
+    dict of numpy.ndarray of shape S
+        ``difference``, ``ci_low``, ``ci_high``, ``p_value`` and ``n_dropped`` (replicates where
+        either value is undefined).
+
+    Examples
+    --------
+    >>> r = paired_differences(np.array([0.6]), np.array([0.6]), np.full((50, 1), 0.6), np.full((50, 1), 0.6))
+    >>> [float(r[k][0]) for k in ("difference", "ci_low", "ci_high", "p_value")]
+    [0.0, 0.0, 0.0, 1.0]
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1); got {level}")
+    ra, rb = np.asarray(reps_a, dtype=np.float64), np.asarray(reps_b, dtype=np.float64)
+    if ra.shape != rb.shape:
+        raise ValueError(f"replicates of A and B must have the same shape (same resamples); got {ra.shape}, {rb.shape}")
+    d = ra - rb
+    q = 100 * (1 - level) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices → NaN bounds
+        low, high = np.nanpercentile(d, [q, 100 - q], axis=0) if len(d) else (np.full(d.shape[1:], np.nan),) * 2
+    return {"difference": np.asarray(point_a, dtype=np.float64) - np.asarray(point_b, dtype=np.float64),
+            "ci_low": low, "ci_high": high, "p_value": bootstrap_p_value(d, axis=0),
+            "n_dropped": np.isnan(d).sum(axis=0)}
+
+
+def rank_intervals(point: np.ndarray, reps: np.ndarray, *, level: float = 0.95) -> dict[str, np.ndarray]:
+    """Ranks of ``M`` models (1 = highest value) on the data and their distribution over replicates.
+
+    Parameters
+    ----------
+    point : numpy.ndarray of shape (M, ...)
+        Values on the original data.
+    reps : numpy.ndarray of shape (M, B, ...)
+        Paired replicates of the same models.
+    level : float, default=0.95
+
+    Returns
+    -------
+    dict of numpy.ndarray
+        ``rank`` (M, ...) on the data (NaN where a model's value is undefined; ties share the smaller
+        rank, ``scipy.stats.rankdata(method="min")``), ``rank_low`` / ``rank_high`` (the
+        ``(1 ± level)/2`` quantiles of the replicate ranks, ``inverted_cdf``), ``mean_rank``,
+        ``p_first`` (share of replicates ranking the model first) and ``n_dropped`` (...) —
+        replicates left out because some model's value is undefined in them.
+
+    Examples
+    --------
+    >>> r = rank_intervals(np.array([0.9, 0.1]), np.array([[0.9, 0.8], [0.1, 0.2]]))
+    >>> r["rank"].tolist(), r["rank_low"].tolist(), r["rank_high"].tolist()
+    ([1.0, 2.0], [1.0, 2.0], [1.0, 2.0])
+    """
+    point, reps = np.asarray(point, dtype=np.float64), np.asarray(reps, dtype=np.float64)
+    if reps.shape[1] == 0:  # no bootstrap: ranks on the data only
+        reps = np.full((point.shape[0], 1, *point.shape[1:]), np.nan)
+    with np.errstate(invalid="ignore"):
+        rank = rankdata(-point, axis=0, method="min", nan_policy="omit")
+    rank = np.where(np.isnan(point), np.nan, rank)
+    r = rankdata(-reps, axis=0, method="min", nan_policy="propagate")  # a replicate with any NaN → all NaN
+    r = np.where(np.isnan(reps).any(axis=0, keepdims=True), np.nan, r)
+    n_dropped = np.isnan(r[0]).sum(axis=0) if len(r) else np.zeros(point.shape[1:], int)
+    q = (1 - level) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        low, high = np.nanquantile(r, [q, 1 - q], axis=1, method="inverted_cdf")
+        mean = np.nanmean(r, axis=1)
+        first = np.nanmean(np.where(np.isnan(r), np.nan, r == 1), axis=1)
+    return {"rank": rank, "rank_low": low, "rank_high": high, "mean_rank": mean, "p_first": first,
+            "n_dropped": n_dropped}
+
+
+def _aligned(results: Mapping[str, ScoredTable], metrics: Sequence[str]) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Rows (finding, metric) compared, values (M, K) and replicates (M, B, K) of every model in those rows."""
+    names = list(results)
+    first = results[names[0]]
+    for name in names[1:]:
+        other = results[name]
+        if not other.cases.equals(first.cases):
+            raise XBenchError(f"models {names[0]!r} and {name!r} were not resampled on the same cases: paired "
+                              "comparisons need one resample of the cases shared by all models (pass the same `cases`)")
+        if (other.replicates is None) != (first.replicates is None) or (
+                other.replicates is not None and len(other.replicates) != len(first.replicates)):
+            raise XBenchError(f"models {names[0]!r} and {name!r} have different numbers of bootstrap replicates")
+    keys = first.table.loc[first.table["metric"].isin(metrics), ["finding", "metric"]]
+    keys = keys[[all(((r.finding, r.metric) in _index(results[n])) for n in names) for r in keys.itertuples()]]
+    keys = keys.reset_index(drop=True)
+    values, reps = [], []
+    for name in names:
+        where = _index(results[name])
+        idx = np.array([where[(f, m)] for f, m in zip(keys["finding"], keys["metric"])], dtype=int)
+        values.append(results[name].table["value"].to_numpy(dtype=np.float64)[idx])
+        r = results[name].replicates
+        reps.append(np.empty((0, len(idx))) if r is None else r[:, idx])
+    return keys, np.stack(values), np.stack(reps)
+
+
+def _index(result: ScoredTable) -> dict[tuple, int]:
+    t = result.table
+    return {(f, m): i for i, (f, m) in enumerate(zip(t["finding"], t["metric"]))}
+
+
+def compare_models(results: Mapping[str, ScoredTable], *, dataset: str, metrics: Sequence[str] | None = None,
+                   level: float = 0.95, alpha: float = ALPHA) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Paired differences between every pair of models and rank intervals, for one dataset.
+
+    Parameters
+    ----------
+    results : mapping of model name → :class:`~xbench.metrics.stats.ScoredTable`
+        Each model's :func:`~xbench.metrics.stats.scored_table` on the **same** ``cases`` with the
+        same ``n_boot`` and seed (checked: the case order must be equal), in the order wanted for
+        ``model_a`` / ``model_b`` (A is the earlier model).
+    dataset : str
+        Copied into the ``dataset`` column.
+    metrics : sequence of str, optional
+        Metric names compared (default :func:`compared_metrics` at τ = 0.5); every finding row
+        (classes, :data:`~xbench.metrics.DATASET_LEVEL`, :data:`~xbench.metrics.POOLED`) that all
+        models have is compared.
+    level : float, default=0.95
+    alpha : float, default=ALPHA
+        ``significant = p_holm < alpha``.
+
+    Returns
+    -------
+    comparisons : pandas.DataFrame
+        Columns :data:`COMPARISON_COLUMNS`, one row per (finding, metric, model pair). ``n_cases``
+        is the number of resampled (shared) cases; ``family_size`` the number of defined p-values
+        Holm corrected together (the pairs of that finding and metric).
+    ranks : pandas.DataFrame
+        Columns :data:`RANK_COLUMNS`, one row per (finding, metric, model).
+
+    Examples
+    --------
+    >>> from xbench.metrics import scored_table
+    >>> labels = pd.DataFrame({"A": [1, 0, 1, 0, 1, 0, 1, 0]}, index=list("abcdefgh"))
+    >>> good, bad = labels * 0.8 + 0.1, pd.DataFrame({"A": np.linspace(0, 1, 8)}, index=labels.index)
+    >>> res = {m: scored_table(None, model=m, dataset="d", labels=labels, scores=s, n_boot=200, cases=labels.index)
+    ...        for m, s in [("good", good), ("bad", bad)]}
+    >>> comp, ranks = compare_models(res, dataset="d", metrics=["auc"])
+    >>> row = comp.iloc[0]
+    >>> row["model_a"], row["model_b"], round(float(row["difference"]), 3), bool(row["ci_low"] <= 0.625 <= row["ci_high"])
+    ('good', 'bad', 0.625, True)
+    >>> ranks.loc[ranks.finding == "A", ["model", "rank"]].to_dict("list")
+    {'model': ['good', 'bad'], 'rank': [1.0, 2.0]}
+    """
+    names = list(results)
+    metrics = list(compared_metrics() if metrics is None else metrics)
+    if not names:
+        raise ValueError("compare_models needs at least one model")
+    keys, values, reps = _aligned(results, metrics)
+    m, k = values.shape
+    n_cases, n_boot = len(results[names[0]].cases), reps.shape[1]
+    ia, ib = np.triu_indices(m, 1)
+    diff = paired_differences(values[ia], values[ib], reps[ia].transpose(1, 0, 2), reps[ib].transpose(1, 0, 2),
+                              level=level)
+    p_holm = holm(diff["p_value"], axis=0)  # family: the pairs of one (finding, metric)
+    family = (~np.isnan(diff["p_value"])).sum(axis=0)
+    pair = np.repeat(np.arange(len(ia)), k)
+    col = np.tile(np.arange(k), len(ia))
+    comparisons = pd.DataFrame({
+        "dataset": dataset,
+        "finding": keys["finding"].to_numpy()[col] if k else [],
+        "metric": keys["metric"].to_numpy()[col] if k else [],
+        "model_a": np.array(names, dtype=object)[ia[pair]],
+        "model_b": np.array(names, dtype=object)[ib[pair]],
+        "value_a": values[ia[pair], col],
+        "value_b": values[ib[pair], col],
+        "difference": diff["difference"].ravel(),
+        "ci_low": diff["ci_low"].ravel(),
+        "ci_high": diff["ci_high"].ravel(),
+        "p_value": diff["p_value"].ravel(),
+        "p_holm": p_holm.ravel(),
+        "significant": p_holm.ravel() < alpha,
+        "family_size": family[col],
+        "n_cases": n_cases,
+        "n_boot": n_boot,
+        "n_dropped": diff["n_dropped"].ravel(),
+    }, columns=list(COMPARISON_COLUMNS))
+    r = rank_intervals(values, reps, level=level)
+    model = np.repeat(np.arange(m), k)
+    col = np.tile(np.arange(k), m)
+    ranks = pd.DataFrame({
+        "dataset": dataset,
+        "finding": keys["finding"].to_numpy()[col] if k else [],
+        "metric": keys["metric"].to_numpy()[col] if k else [],
+        "model": np.array(names, dtype=object)[model],
+        "value": values.ravel(),
+        "rank": r["rank"].ravel(),
+        "rank_low": r["rank_low"].ravel(),
+        "rank_high": r["rank_high"].ravel(),
+        "mean_rank": r["mean_rank"].ravel(),
+        "p_first": r["p_first"].ravel(),
+        "n_models": (~np.isnan(values)).sum(axis=0)[col],
+        "n_boot": n_boot,
+        "n_dropped": np.broadcast_to(r["n_dropped"], (m, k)).ravel(),
+    }, columns=list(RANK_COLUMNS))
+    return comparisons, ranks
