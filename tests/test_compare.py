@@ -21,7 +21,7 @@ from xbench.errors import XBenchError
 from xbench.evaluate import load_tables
 from xbench.metrics import DATASET_LEVEL, ScoredTable, bootstrap_ci, compare_models
 from xbench.metrics.compare import COMPARISON_COLUMNS, RANK_COLUMNS, bootstrap_p_value, holm, rank_intervals
-from xbench.runner import run
+from xbench.pipeline import run
 
 N_CASES, N_BOOT, SIMS_PER_BLOCK, BLOCKS = 150, 1000, 50, 10  # 500 simulations, each block its own resamples
 

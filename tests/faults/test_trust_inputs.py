@@ -19,7 +19,7 @@ from xbench.config import RunConfig
 from xbench.errors import FormatError, XBenchError, XBenchWarning
 from xbench.evaluate import evaluate_run
 from xbench.results import ResultStore
-from xbench.runner import merge, run
+from xbench.pipeline import merge, run
 
 
 def quiet(fn, *args, **kwargs):

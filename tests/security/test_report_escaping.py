@@ -17,7 +17,7 @@ from test_report import chromium
 from xbench.config import RunConfig
 from xbench.errors import XBenchWarning
 from xbench.report import build_report
-from xbench.runner import run
+from xbench.pipeline import run
 from xbench.tables import PaperTable
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
