@@ -56,6 +56,15 @@ class WeightFile:
 
 
 @dataclass
+class PaperEntry:
+    """The ``paper:`` section of a model YAML: how arXiv 2510.19599 prints the model (read by :mod:`xbench.paper`)."""
+
+    name: str  # display name in the paper's tables
+    group: str  # pretraining group of Fig. 3 (paper §4.0.2)
+    row: int  # row of the model in Tables 1-5
+
+
+@dataclass
 class ModelYaml:
     """Schema of ``configs/models/<name>.yaml``: every fact about a model (docs/extending.md)."""
 
@@ -72,6 +81,8 @@ class ModelYaml:
     verified: bool = True
     params: dict[str, Any] = field(default_factory=dict)  # the declared parameter set, with defaults
     explain_layer: str | None = None  # module path of the layer a gradient explainer hooks (None: the adapter's)
+    explain_attention: str | None = None  # module path of the attention blocks (attention explainers)
+    paper: PaperEntry | None = None  # models of the paper only
 
     def _check(self, where: str | Path, prefix: str) -> None:
         for key, entry in self.weights.items():
