@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import tiny_run
+from xbench.datasets import open_dataset
 from xbench.comparisons import compare_dataset, comparisons_blocks, load_comparisons, pairwise_matrix
 from xbench.config import RunConfig
 from xbench.errors import XBenchError
@@ -133,7 +134,7 @@ def _evaluated(phantom, model: str):
     from xbench.results import ResultStore
 
     cfg = phantom["cfg"]
-    dataset = cfg.datasets[0].open()
+    dataset = open_dataset(cfg.datasets[0])
     gt = ground_truth(dataset, cfg.grid, progress=False)
     with pytest.warns(Warning):
         return evaluate_pair(cfg, dataset, model, gt, ResultStore(cfg.output_dir))

@@ -154,6 +154,7 @@ def test_check_deep_decodes_every_image_and_lists_unreadable(damaged_dataset, ca
 
 
 def test_run_keep_going_runs_the_other_pairs_and_lists_failures(damaged_dataset, monkeypatch, capsys):
+    import xbench.pipeline as pipeline
     import xbench.runner as runner
 
     real = runner.infer
@@ -171,7 +172,7 @@ def test_run_keep_going_runs_the_other_pairs_and_lists_failures(damaged_dataset,
     log = {e["model"]: e for e in json.loads((d["out"] / "run_log.json").read_text())}
     assert log["center_prior"]["failed"] == "boom in center_prior" and log["random_prior"]["chunks_written"] == 3
     with pytest.raises(XBenchError, match="boom"):  # without --keep-going the first failure stops the run
-        runner.run(RunConfig.from_yaml(d["config"]), progress=False, check=False)
+        pipeline.run(RunConfig.from_yaml(d["config"]), progress=False, check=False)
 
 
 # -- 1, 6, 10, 12: reproduce writes under its output folder, relays progress, takes -p; quiet kernels ---------------
@@ -250,7 +251,7 @@ def test_verbose_adds_debug_detail(capsys):
 
 # -- 13: [dev] installs what the tests import --------------------------------------------------------------------------
 def test_dev_extra_holds_opencv_and_no_test_skips_for_it():
-    dev = re.search(r"^dev = \[(.*)\]$", (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    dev = re.search(r"^dev = \[(.*?)\]", (REPO / "pyproject.toml").read_text(), re.M | re.S).group(1)
     assert '"opencv-python-headless' in dev  # tests/models/test_input_handling.py imports cv2 without a skip
     source = "\n".join(p.read_text() for p in (REPO / "tests").rglob("*.py") if p.name != "test_newcomer.py")
     assert 'importorskip("cv2")' not in source and "import cv2" in source

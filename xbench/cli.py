@@ -241,11 +241,12 @@ def _list(args: argparse.Namespace) -> int:
 def _deep_check(cfg: object) -> int:
     """Decode every present image of every dataset of ``cfg``; print the unreadable ones; 1 if any."""
     from . import manifests
+    from .datasets import open_dataset
     from .skips import decode_all
 
     bad_total = 0
     for spec in cfg.datasets:  # type: ignore[attr-defined]
-        ds = spec.open()
+        ds = open_dataset(spec)
         _, missing = manifests.image_files(ds)
         decoded, bad = decode_all(ds, spec.name, missing=set(missing))
         bad_total += len(bad)
