@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy.stats import norm
 
 from conftest import tiny_run
 from xbench.comparisons import compare_dataset, comparisons_html, load_comparisons, pairwise_matrix
@@ -73,8 +74,10 @@ def test_holm_and_p_value_known_answers():
     assert np.isnan(holm(np.array([0.01, np.nan]))[1])
     assert holm(np.array([[0.5, 0.001], [0.02, 0.02]]), axis=1).tolist() == [[0.5, 0.002], [0.04, 0.04]]
     d = np.r_[np.full(30, -0.1), np.full(70, 0.2)]
-    assert bootstrap_p_value(d) == pytest.approx(2 * 31 / 101)
-    assert np.isnan(bootstrap_p_value(np.full(5, np.nan)))
+    assert bootstrap_p_value(d, 0.1, method="percentile") == pytest.approx(2 * 31 / 101)
+    assert bootstrap_p_value(d, 0.1) == pytest.approx(2 * norm.sf(0.1 / d.std(ddof=1)))
+    assert np.isnan(bootstrap_p_value(np.full(5, np.nan), 0.0))
+    assert bootstrap_p_value(np.full(5, 0.3), 0.3) == 0  # a difference without any spread
 
 
 def test_rank_intervals_known_answers():
@@ -211,3 +214,32 @@ def test_notebook_draws_a_pairwise_matrix_per_dataset(phantom, tmp_path):
     executed = nbformat.read(tmp_path / nb.name, as_version=4)
     shown = "".join(str(o.get("data", {}).get("text/plain", "")) for c in executed.cells for o in c.get("outputs", []))
     assert "ref_patchsim" in shown and "random_prior" in shown
+
+
+def test_score_compares_user_maps_with_a_runs_models(phantom, tmp_path):
+    """`xbench score --compare-with RUN`: the maps of random_prior scored as user maps are an exact copy of that
+    model (never significant, difference 0) and, like it, significantly below the reference model."""
+    import warnings
+
+    import xbench
+    from xbench.errors import XBenchWarning
+
+    files = sorted((phantom["out"] / "store" / "phantom" / "random_prior").glob("chunk-*.npz"))
+    parts = [dict(np.load(f)) for f in files]
+    st = {k: np.concatenate([p[k] for p in parts]) for k in ("case_ids", "probs", "maps")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        xbench.evaluate_maps(st["maps"][5:], case_ids=st["case_ids"][5:].tolist(), probs=st["probs"][5:],
+                             dataset="phantom", dataset_options={"cases": 40}, grid=(64, 64), bootstrap=200, seed=0,
+                             output_dir=tmp_path / "scored", compare_with=phantom["out"])
+    comp, ranks = load_comparisons(tmp_path / "scored")
+    assert set(ranks["model"]) == {"user_maps", "ref_patchsim", "random_prior", "center_prior"}
+    assert (comp["n_cases"] == 35).all()  # paired on the cases all four cover (the maps leave out five)
+    copy = comp[(comp["model_a"] == "user_maps") & (comp["model_b"] == "random_prior")]
+    assert len(copy) and (copy["difference"] == 0).all() and not copy["significant"].any()
+    row = _row(comp, "user_maps", "ref_patchsim", "pointing")
+    assert row["significant"] and row["difference"] < 0
+    with pytest.raises(XBenchError, match="no stored model"):
+        xbench.evaluate_maps(st["maps"], case_ids=st["case_ids"].tolist(), dataset="phantom",
+                             dataset_options={"cases": 40}, grid=(64, 64), bootstrap=0, output_dir=tmp_path / "x",
+                             compare_with=tmp_path / "nothing")
