@@ -243,3 +243,14 @@ def test_score_compares_user_maps_with_a_runs_models(phantom, tmp_path):
         xbench.evaluate_maps(st["maps"], case_ids=st["case_ids"].tolist(), dataset="phantom",
                              dataset_options={"cases": 40}, grid=(64, 64), bootstrap=0, output_dir=tmp_path / "x",
                              compare_with=tmp_path / "nothing")
+
+
+def test_cli_score_passes_compare_with_and_best_tau_is_refused():
+    from xbench.cli import build_parser
+
+    args = build_parser().parse_args(["score", "--maps", "m.npz", "--dataset", "phantom", "--compare-with", "runs/a"])
+    assert args.compare_with == "runs/a"
+    one = ScoredTable(pd.DataFrame({"finding": ["A"], "metric": ["best_tau"], "value": [0.3]}), np.zeros((3, 1)),
+                      pd.RangeIndex(4))
+    with pytest.raises(ValueError, match="setting, not a score"):
+        compare_models({"a": one, "b": one}, dataset="d", metrics=["best_tau"])

@@ -1,6 +1,6 @@
 """Which differences are real: paired model comparisons and rank confidence from bootstrap replicates.
 
-Conventions (README "Model comparisons"; ``docs/notes/compare.md``):
+Conventions (README "Which differences are real"; ``docs/notes/compare.md``):
 
 * **Paired resampling.** Every model of a dataset is bootstrapped on the *same* resamples of the
   cases (images) shared by all of them: replicate ``b`` of model A and replicate ``b`` of model B
@@ -44,7 +44,7 @@ import pandas as pd
 from scipy.stats import norm, rankdata
 
 from ..errors import XBenchError
-from .stats import AUC, AUPRC, DICE_BEST, IOU_BEST, POINTING, ScoredTable, dice_at, iou_at
+from .stats import AUC, AUPRC, BEST_TAU, DICE_BEST, IOU_BEST, POINTING, ScoredTable, dice_at, iou_at
 
 __all__ = [
     "ALPHA",
@@ -325,6 +325,8 @@ def compare_models(results: Mapping[str, ScoredTable], *, dataset: str, metrics:
     metrics = list(compared_metrics() if metrics is None else metrics)
     if not names:
         raise ValueError("compare_models needs at least one model")
+    if BEST_TAU in metrics:
+        raise ValueError(f"{BEST_TAU!r} is a setting, not a score (no direction): it is not compared or ranked")
     keys, values, reps = _aligned(results, metrics)
     m, k = values.shape
     n_cases, n_boot = len(results[names[0]].cases), reps.shape[1]
