@@ -192,6 +192,8 @@ def test_report_section(phantom, tmp_path):
     page = build_report(phantom["out"], tmp_path / "report.html", max_cases_per_class=1, thumb=32).read_text()
     assert "Which differences are real" in page and text in page
     assert "evaluated before paired comparisons" in comparisons_html(tmp_path)  # a run without comparisons
+    with pytest.raises(XBenchError, match="xbench evaluate"):
+        load_comparisons(tmp_path, required=True)
 
 
 def test_notebook_draws_a_pairwise_matrix_per_dataset(phantom, tmp_path):
