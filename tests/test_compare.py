@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy.stats import norm
 
 from conftest import tiny_run
 from xbench.datasets import open_dataset
@@ -24,7 +25,7 @@ from xbench.metrics import DATASET_LEVEL, ScoredTable, bootstrap_ci, compare_mod
 from xbench.metrics.compare import COMPARISON_COLUMNS, RANK_COLUMNS, bootstrap_p_value, holm, rank_intervals
 from xbench.pipeline import run
 
-N_CASES, N_BOOT, SIMS_PER_BLOCK, BLOCKS = 150, 1000, 50, 10  # 500 simulations, each block its own resamples
+N_CASES, N_BOOT, SIMS_PER_BLOCK = 150, 1000, 50  # each block of 50 simulations has its own resamples
 
 
 def _simulate(rng: np.random.Generator, shift: float, models: int, block: int) -> dict[str, ScoredTable]:
@@ -44,15 +45,15 @@ def _simulate(rng: np.random.Generator, shift: float, models: int, block: int) -
         models, SIMS_PER_BLOCK)[m]}), reps[:, m], cases) for m in range(models)}
 
 
-def _null_study(shift: float, models: int) -> pd.DataFrame:
+def _null_study(shift: float, models: int, blocks: int) -> pd.DataFrame:
     rng = np.random.default_rng(2026)
     return pd.concat([compare_models(_simulate(rng, shift, models, b), dataset="sim", metrics=["pointing"])[0]
-                      for b in range(BLOCKS)], ignore_index=True)
+                      for b in range(blocks)], ignore_index=True)
 
 
 def test_null_data_corrected_test_keeps_its_level_and_cis_cover():
-    comp = _null_study(shift=0.0, models=3)
-    assert len(comp) == 3 * SIMS_PER_BLOCK * BLOCKS and (comp["family_size"] == 3).all()
+    comp = _null_study(shift=0.0, models=3, blocks=20)  # 1,000 simulations: the rate's standard error ≈ 0.7 points
+    assert len(comp) == 3 * SIMS_PER_BLOCK * 20 and (comp["family_size"] == 3).all()
     family_wise = comp.groupby("finding")["significant"].any().mean()  # any of the 3 pairs rejected (Holm)
     assert family_wise <= 0.07, family_wise
     coverage = ((comp["ci_low"] <= 0) & (0 <= comp["ci_high"])).mean()  # true difference 0
@@ -61,7 +62,7 @@ def test_null_data_corrected_test_keeps_its_level_and_cis_cover():
 
 
 def test_known_difference_is_covered_and_found():
-    comp = _null_study(shift=0.1, models=2)  # model 0 − model 1 = +0.1 exactly
+    comp = _null_study(shift=0.1, models=2, blocks=10)  # model 0 − model 1 = +0.1 exactly
     pair = comp[(comp["model_a"] == "m0") & (comp["model_b"] == "m1")]
     coverage = ((pair["ci_low"] <= 0.1) & (0.1 <= pair["ci_high"])).mean()
     assert 0.93 <= coverage <= 0.97, coverage
@@ -74,8 +75,10 @@ def test_holm_and_p_value_known_answers():
     assert np.isnan(holm(np.array([0.01, np.nan]))[1])
     assert holm(np.array([[0.5, 0.001], [0.02, 0.02]]), axis=1).tolist() == [[0.5, 0.002], [0.04, 0.04]]
     d = np.r_[np.full(30, -0.1), np.full(70, 0.2)]
-    assert bootstrap_p_value(d) == pytest.approx(2 * 31 / 101)
-    assert np.isnan(bootstrap_p_value(np.full(5, np.nan)))
+    assert bootstrap_p_value(d, 0.1, method="percentile") == pytest.approx(2 * 31 / 101)
+    assert bootstrap_p_value(d, 0.1) == pytest.approx(2 * norm.sf(0.1 / d.std(ddof=1)))
+    assert np.isnan(bootstrap_p_value(np.full(5, np.nan), 0.0))
+    assert bootstrap_p_value(np.full(5, 0.3), 0.3) == 0  # a difference without any spread
 
 
 def test_rank_intervals_known_answers():
@@ -193,6 +196,8 @@ def test_report_section(phantom, tmp_path):
     assert "Which differences are real" in page and "ref_patchsim − random_prior" in page
     assert all(s in page for s in titles)
     assert "evaluated before paired comparisons" in comparisons_blocks(tmp_path)[0]["text"]  # a run without them
+    with pytest.raises(XBenchError, match="xbench evaluate"):
+        load_comparisons(tmp_path, required=True)
 
 
 def test_notebook_draws_a_pairwise_matrix_per_dataset(phantom, tmp_path):
@@ -215,3 +220,43 @@ def test_notebook_draws_a_pairwise_matrix_per_dataset(phantom, tmp_path):
     executed = nbformat.read(tmp_path / nb.name, as_version=4)
     shown = "".join(str(o.get("data", {}).get("text/plain", "")) for c in executed.cells for o in c.get("outputs", []))
     assert "ref_patchsim" in shown and "random_prior" in shown
+
+
+def test_score_compares_user_maps_with_a_runs_models(phantom, tmp_path):
+    """`xbench score --compare-with RUN`: the maps of random_prior scored as user maps are an exact copy of that
+    model (never significant, difference 0) and, like it, significantly below the reference model."""
+    import warnings
+
+    import xbench
+    from xbench.errors import XBenchWarning
+
+    files = sorted((phantom["out"] / "store" / "phantom" / "random_prior").glob("chunk-*.npz"))
+    parts = [dict(np.load(f)) for f in files]
+    st = {k: np.concatenate([p[k] for p in parts]) for k in ("case_ids", "probs", "maps")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        xbench.evaluate_maps(st["maps"][5:], case_ids=st["case_ids"][5:].tolist(), probs=st["probs"][5:],
+                             dataset="phantom", dataset_options={"cases": 40}, grid=(64, 64), bootstrap=200, seed=0,
+                             output_dir=tmp_path / "scored", compare_with=phantom["out"])
+    comp, ranks = load_comparisons(tmp_path / "scored")
+    assert set(ranks["model"]) == {"user_maps", "ref_patchsim", "random_prior", "center_prior"}
+    assert (comp["n_cases"] == 35).all()  # paired on the cases all four cover (the maps leave out five)
+    copy = comp[(comp["model_a"] == "user_maps") & (comp["model_b"] == "random_prior")]
+    assert len(copy) and (copy["difference"] == 0).all() and not copy["significant"].any()
+    row = _row(comp, "user_maps", "ref_patchsim", "pointing")
+    assert row["significant"] and row["difference"] < 0
+    with pytest.raises(XBenchError, match="no stored model"):
+        xbench.evaluate_maps(st["maps"], case_ids=st["case_ids"].tolist(), dataset="phantom",
+                             dataset_options={"cases": 40}, grid=(64, 64), bootstrap=0, output_dir=tmp_path / "x",
+                             compare_with=tmp_path / "nothing")
+
+
+def test_cli_score_passes_compare_with_and_best_tau_is_refused():
+    from xbench.cli import build_parser
+
+    args = build_parser().parse_args(["score", "--maps", "m.npz", "--dataset", "phantom", "--compare-with", "runs/a"])
+    assert args.compare_with == "runs/a"
+    one = ScoredTable(pd.DataFrame({"finding": ["A"], "metric": ["best_tau"], "value": [0.3]}), np.zeros((3, 1)),
+                      pd.RangeIndex(4))
+    with pytest.raises(ValueError, match="setting, not a score"):
+        compare_models({"a": one, "b": one}, dataset="d", metrics=["best_tau"])

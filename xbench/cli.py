@@ -128,6 +128,8 @@ def _add_beyond_commands(add: "Callable[..., argparse.ArgumentParser]") -> None:
                                                                        "margins (grid pixels): metric pointing@Npx")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="dataset option (e.g. cases=22 for the phantom); repeatable")
+    p.add_argument("--compare-with", metavar="RUN_DIR", help="a run folder with this dataset in its store: compare the "
+                                                             "maps with its models (tables/comparisons.csv)")
 
     p = add("report", help="one self-contained HTML report of an evaluated run (from the store alone)")
     p.add_argument("--run", required=True, help="the run's output folder")
@@ -170,7 +172,8 @@ def _score_or_report(args: argparse.Namespace) -> int:
     tables = evaluate_maps(maps, dataset=args.dataset, split=args.split, root=args.root,
                            classes=None if args.chexlocalize else args.classes, name=args.name,
                            output_dir=args.output_dir, grid=tuple(args.grid), bootstrap=args.bootstrap,
-                           dataset_options=options, pointing_margins=args.margin, progress=not args.quiet)
+                           dataset_options=options, pointing_margins=args.margin, progress=not args.quiet,
+                           compare_with=args.compare_with)
     from .metrics import DATASET_LEVEL
 
     level = tables["metrics"][tables["metrics"]["finding"] == DATASET_LEVEL]

@@ -88,10 +88,14 @@ def drop_metrics(output_dir: str | Path, metrics: Sequence[str]) -> None:
             write_frame(frame[~frame["metric"].isin(list(metrics))].reset_index(drop=True), folder / name)
 
 
-def load_comparisons(output_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    """``(comparisons, ranks)`` of an evaluated run, or None when it was evaluated before comparisons existed."""
+def load_comparisons(output_dir: str | Path, *, required: bool = False) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """``(comparisons, ranks)`` of an evaluated run, or None when it was evaluated before comparisons existed
+    (``required=True``: an XBenchError saying how to make them)."""
     folder = Path(output_dir) / "tables"
     if not (folder / COMPARISONS_FILE).exists() or not (folder / RANKS_FILE).exists():
+        if required:
+            raise XBenchError(f"{folder} has no {COMPARISONS_FILE} / {RANKS_FILE}: the run was evaluated before paired "
+                              "comparisons existed; run `xbench evaluate --config <its config>` again (no inference)")
         return None
     return pd.read_csv(folder / COMPARISONS_FILE), pd.read_csv(folder / RANKS_FILE)
 

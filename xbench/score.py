@@ -243,6 +243,7 @@ def evaluate_maps(
     dataset_options: dict[str, Any] | None = None,
     pointing_margins: Sequence[int] = (),
     progress: bool = False,
+    compare_with: str | Path | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Score saliency maps on ``dataset``; returns the run tables (``metrics``, ``pairs``, ``curves``, ``models``).
 
@@ -265,6 +266,12 @@ def evaluate_maps(
     pointing_margins : sequence of int, default=()
         Also score the tolerance pointing game at these margins (grid pixels): metric rows
         ``pointing@{m}px`` (:func:`xbench.exports.pointing_tolerance_table`).
+    compare_with : path, optional
+        A run folder whose results store holds this dataset (same split and classes): its stored
+        models are copied into this output's store and evaluated with the maps under the same
+        settings, so ``tables/comparisons.csv`` compares the maps with every model of that run,
+        paired on the cases all of them cover (:mod:`xbench.comparisons`). Default: the maps alone
+        (``comparisons.csv`` then has no rows; ``ranks.csv`` has the maps' rows).
 
     Returns
     -------
@@ -291,13 +298,19 @@ def evaluate_maps(
     if (out / "tables").exists():
         shutil.rmtree(out / "tables")
 
+    others = _run_models(compare_with, data, name) if compare_with is not None else {}
+    if others:  # the copied stores were written in the run's chunks
+        chunk_size = next(iter(others.values()))["chunk_size"]
     cfg = RunConfig(output_dir=str(out), datasets=[DatasetSpec(name=dataset, root=None if root is None else str(root),
                                                                split=data.split, options=dict(dataset_options or {}))],
-                    models=[ModelSpec(name=name)], grid=tuple(int(g) for g in grid), fixed_threshold=float(fixed_threshold),
+                    models=[ModelSpec(name=name), *(ModelSpec(name=m) for m in others)],
+                    grid=tuple(int(g) for g in grid), fixed_threshold=float(fixed_threshold),
                     pointing_ties=pointing_ties, chunk_size=int(chunk_size), bootstrap_replicates=int(bootstrap),
                     bootstrap_seed=int(seed))
     cfg.validate()
     _write_store(cfg, data, mapset, index, name)
+    for model in others:
+        shutil.copytree(ResultStore(compare_with).root / data.name / model, ResultStore(out).root / data.name / model)
     with warnings.catch_warnings():
         if mapset.probs is None:  # constant placeholder probabilities: recognition rows are dropped below
             warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
@@ -317,6 +330,25 @@ def evaluate_maps(
         write_table(tidy.reset_index(drop=True), out / "tables" / "metrics")
     write_paper_tables(out)
     return load_tables(out)
+
+
+def _run_models(run_dir: str | Path, data: Any, name: str) -> dict[str, dict]:
+    """Model → store meta of the run ``run_dir`` for ``data``'s dataset, checked to be comparable with the maps."""
+    folder = ResultStore(run_dir).root / data.name
+    metas = {p.parent.name: json.loads(p.read_text()) for p in sorted(folder.glob("*/meta.json"))}
+    if not metas:
+        raise XBenchError(f"compare_with={str(run_dir)!r}: no stored model for dataset {data.name!r} (looked in {folder})")
+    if name in metas:
+        raise XBenchError(f"compare_with: the run has a model named {name!r}; give the maps another name")
+    for model, meta in metas.items():
+        if meta.get("split") != data.split or meta.get("findings") != data.findings or meta.get("n_cases") != len(data):
+            raise XBenchError(f"compare_with: {folder / model} holds split {meta.get('split')!r} with "
+                              f"{meta.get('n_cases')} cases and classes {meta.get('findings')}; the maps are scored on "
+                              f"split {data.split!r} with {len(data)} cases and classes {data.findings}")
+    sizes = {meta.get("chunk_size") for meta in metas.values()}
+    if len(sizes) != 1:
+        raise XBenchError(f"compare_with: the stores under {folder} use different chunk sizes {sorted(sizes)}")
+    return metas
 
 
 def write_paper_tables(output_dir: str | Path) -> list[Path]:

@@ -12,6 +12,8 @@ LaTeX (a full ``table`` environment with caption) + styled HTML.
 
 Ranking rule (both forms): baseline models (priors) are listed but never ranked; a cell resting on
 fewer than :data:`MIN_PAIRS_TO_RANK` positive pairs is not ranked; rows of unverified models carry a dagger.
+Given the run's paired comparisons (``comparisons=``, :mod:`xbench.comparisons`), the paper form marks best /
+second only where the order is significant (:data:`SIGNIFICANCE_RULE`, printed under the table).
 """
 from __future__ import annotations
 

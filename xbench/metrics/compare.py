@@ -1,6 +1,6 @@
 """Which differences are real: paired model comparisons and rank confidence from bootstrap replicates.
 
-Conventions (README "Model comparisons"; ``docs/notes/compare.md``):
+Conventions (README "Which differences are real"; ``docs/notes/compare.md``):
 
 * **Paired resampling.** Every model of a dataset is bootstrapped on the *same* resamples of the
   cases (images) shared by all of them: replicate ``b`` of model A and replicate ``b`` of model B
@@ -11,11 +11,13 @@ Conventions (README "Model comparisons"; ``docs/notes/compare.md``):
   re-chosen per model and replicate, as for the CIs of the metric table.
 * **Difference and CI.** ``difference = value_a − value_b`` on the original data; the 95 % CI is
   the percentile interval of the replicate differences (as :func:`~xbench.metrics.bootstrap_ci`).
-* **p-value.** Two-sided bootstrap p-value by inverting the percentile interval:
-  ``p = min(1, 2·min((1 + #{d* ≤ 0}) / (B + 1), (1 + #{d* ≥ 0}) / (B + 1)))`` over the ``B``
-  defined replicate differences ``d*`` (Davison & Hinkley 1997, §4.4; the ``+1`` keeps p > 0).
-  ``p < α`` exactly when 0 lies outside the central ``1 − α`` percentile interval (up to the
-  ``+1`` terms), so the CI and the test never disagree. Identical models give ``d* ≡ 0``, so p = 1.
+* **p-value.** Two-sided, from the normal approximation of the paired bootstrap:
+  ``p = 2·Φ(−|difference| / se)``, ``se`` the standard deviation of the replicate differences
+  (a Wald test with the bootstrap standard error; ``scipy.stats.norm``). Identical models have
+  ``se = 0`` and difference 0, so p = 1. The percentile-interval inversion (``method="percentile"``
+  of :func:`bootstrap_p_value`) is not the default because its p cannot go below ``2/(B + 1)``:
+  with 1,000 replicates no pair of a 10-model run (45 pairs) could ever survive Holm. Near α the
+  test and the percentile CI can therefore disagree; ``significant`` follows the test.
 * **Correction.** Holm–Bonferroni over one **family = the model pairs of one (dataset, finding,
   metric)** (a column of a table: "which orderings of this column are real"); metrics, classes and
   datasets are separate families (they answer separate questions). ``significant`` is
@@ -39,10 +41,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.stats import rankdata
+from scipy.stats import norm, rankdata
 
 from ..errors import XBenchError
-from .stats import AUC, AUPRC, DICE_BEST, IOU_BEST, POINTING, ScoredTable, dice_at, iou_at
+from .stats import AUC, AUPRC, BEST_TAU, DICE_BEST, IOU_BEST, POINTING, ScoredTable, dice_at, iou_at
 
 __all__ = [
     "ALPHA",
@@ -78,36 +80,56 @@ def compared_metrics(threshold: float = 0.5) -> tuple[str, ...]:
     return (POINTING, dice_at(threshold), iou_at(threshold), DICE_BEST, IOU_BEST, AUC, AUPRC)
 
 
-def bootstrap_p_value(diffs: np.ndarray, axis: int = 0) -> np.ndarray:
-    """Two-sided p-value of "no difference" from replicate differences, by inverting the percentile interval.
+def bootstrap_p_value(diffs: np.ndarray, difference: np.ndarray | float, axis: int = 0, *,
+                      method: str = "normal") -> np.ndarray:
+    """Two-sided p-value of "no difference" from the replicate differences of a paired bootstrap.
 
     Parameters
     ----------
     diffs : numpy.ndarray
         Replicate differences along ``axis``; NaN (undefined replicate) is left out.
+    difference : numpy.ndarray or float
+        The difference on the original data (shape of ``diffs`` without ``axis``).
     axis : int, default=0
+    method : {"normal", "percentile"}, default="normal"
+        ``"normal"``: ``2·Φ(−|difference| / se)`` with ``se`` the standard deviation of the
+        defined replicates (``scipy.stats.norm``); ``se = 0`` gives 1 when the difference is 0
+        (identical models) and 0 otherwise. ``"percentile"``: the inverted percentile interval,
+        ``min(1, 2·min((1 + #{d ≤ 0}), (1 + #{d ≥ 0})) / (B + 1))``, which cannot go below
+        ``2 / (B + 1)`` — too coarse for Holm over many pairs (21 pairs need p < 0.0024).
 
     Returns
     -------
     numpy.ndarray
-        ``min(1, 2·min((1 + #{d ≤ 0}) / (B + 1), (1 + #{d ≥ 0}) / (B + 1)))`` with ``B`` the defined
-        replicates; NaN where none is defined.
+        NaN where fewer than two replicates are defined.
 
     Examples
     --------
-    >>> float(bootstrap_p_value(np.zeros(999))[()])  # identical models
+    >>> float(bootstrap_p_value(np.zeros(999), 0.0)[()])  # identical models
     1.0
-    >>> float(bootstrap_p_value(np.full(999, 0.1))[()])  # every replicate favours A: the smallest p of 999
+    >>> round(float(bootstrap_p_value(np.array([0.0, 0.2] * 50), 0.1)[()]), 2)  # difference / se ≈ 1
+    0.32
+    >>> float(bootstrap_p_value(np.full(999, 0.1), 0.1, method="percentile")[()])  # smallest p of 999 replicates
     0.002
     """
-    d = np.asarray(diffs, dtype=np.float64)
+    d = np.moveaxis(np.asarray(diffs, dtype=np.float64), axis, 0)
+    difference = np.asarray(difference, dtype=np.float64)
     defined = ~np.isnan(d)
-    b = defined.sum(axis=axis)
-    below = (defined & (d <= 0)).sum(axis=axis)
-    above = (defined & (d >= 0)).sum(axis=axis)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        p = np.minimum(1.0, 2 * np.minimum(below + 1, above + 1) / (b + 1))
-    return np.where(b > 0, p, np.nan)
+    b = defined.sum(axis=0)
+    if method == "normal":
+        with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            se = np.nanstd(d, axis=0, ddof=1)
+            z = np.abs(difference) / se
+        p = np.where(se > 0, 2 * norm.sf(z), np.where(difference == 0, 1.0, 0.0))
+        return np.where((b > 1) & np.isfinite(difference), p, np.nan)
+    if method == "percentile":
+        below = (defined & (d <= 0)).sum(axis=0)
+        above = (defined & (d >= 0)).sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            p = np.minimum(1.0, 2 * np.minimum(below + 1, above + 1) / (b + 1))
+        return np.where(b > 1, p, np.nan)
+    raise ValueError(f"method must be 'normal' or 'percentile'; got {method!r}")
 
 
 def holm(p_values: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -174,9 +196,10 @@ def paired_differences(point_a: np.ndarray, point_b: np.ndarray, reps_a: np.ndar
     q = 100 * (1 - level) / 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices → NaN bounds
-        low, high = np.nanpercentile(d, [q, 100 - q], axis=0) if len(d) else (np.full(d.shape[1:], np.nan),) * 2
-    return {"difference": np.asarray(point_a, dtype=np.float64) - np.asarray(point_b, dtype=np.float64),
-            "ci_low": low, "ci_high": high, "p_value": bootstrap_p_value(d, axis=0),
+        low, high = np.nanpercentile(d, [q, 100 - q], axis=0) if d.size else (np.full(d.shape[1:], np.nan),) * 2
+    difference = np.asarray(point_a, dtype=np.float64) - np.asarray(point_b, dtype=np.float64)
+    return {"difference": difference, "ci_low": low, "ci_high": high,
+            "p_value": bootstrap_p_value(d, difference, axis=0) if d.size else np.full(d.shape[1:], np.nan),
             "n_dropped": np.isnan(d).sum(axis=0)}
 
 
@@ -302,6 +325,8 @@ def compare_models(results: Mapping[str, ScoredTable], *, dataset: str, metrics:
     metrics = list(compared_metrics() if metrics is None else metrics)
     if not names:
         raise ValueError("compare_models needs at least one model")
+    if BEST_TAU in metrics:
+        raise ValueError(f"{BEST_TAU!r} is a setting, not a score (no direction): it is not compared or ranked")
     keys, values, reps = _aligned(results, metrics)
     m, k = values.shape
     n_cases, n_boot = len(results[names[0]].cases), reps.shape[1]
