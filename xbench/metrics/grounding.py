@@ -609,9 +609,44 @@ def best_threshold(curves_dice, curves_iou=None, thresholds=THRESHOLDS) -> Thres
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         mean_d = np.nanmean(d[rows], axis=0)
-    a = int(np.nanargmax(mean_d))
+    a = _first_exact_max(d[rows], mean_d)
     mean_j = float(np.nanmean(j[rows, a])) if j is not None else np.nan
     return ThresholdChoice(float(t[a]), float(mean_d[a]), mean_j, n)
+
+
+#: Largest denominator of a per-pair Dice ``2|B∩G| / (|B| + |G|)`` recovered exactly from its float64 value
+#: (:func:`_first_exact_max`): grids up to 5 million pixels.
+_MAX_DICE_DENOMINATOR = 10**7
+
+
+def _first_exact_max(d: np.ndarray, mean: np.ndarray) -> int:
+    """The first column whose NaN-skipping mean is the maximum, decided on exact quantities.
+
+    Columns within float noise of the best float mean are compared exactly: identical columns are equal; other
+    candidates get their mean as a :class:`fractions.Fraction` of the pairs' exact Dice ratios (each recovered
+    from its correctly rounded float64 value, whose denominator ``|B| + |G|`` is at most
+    :data:`_MAX_DICE_DENOMINATOR`). So the smallest τ wins every exact tie, whatever the summation order."""
+    from fractions import Fraction
+
+    top = float(np.nanmax(mean))
+    candidates = np.flatnonzero(mean >= top - 1e-9 * max(1.0, abs(top)))
+    if candidates.size == 1:
+        return int(candidates[0])
+    distinct: list[int] = []
+    for c in candidates:
+        if not any(np.array_equal(d[:, c], d[:, k], equal_nan=True) for k in distinct):
+            distinct.append(int(c))
+    if len(distinct) == 1:
+        return distinct[0]
+
+    def exact(c: int) -> Fraction:
+        col = d[:, c][~np.isnan(d[:, c])]
+        total = sum((Fraction(float(x)).limit_denominator(_MAX_DICE_DENOMINATOR) for x in col), Fraction(0))
+        return total / len(col)
+
+    means = {c: exact(c) for c in distinct}
+    best = max(means.values())
+    return min(c for c, m in means.items() if m == best)
 
 
 def oracle_threshold(curves_dice, curves_iou=None, thresholds=THRESHOLDS) -> ThresholdChoice:
