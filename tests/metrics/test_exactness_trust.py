@@ -1,4 +1,5 @@
-"""Issue 20 exactness defects: the export's τ mask compares as the metrics do, and exact τ ties go to the smallest τ.
+"""Issue 20 exactness defects: the export's τ mask compares as the metrics do, exact τ ties go to the smallest τ, and
+one stated rule for unscorable maps.
 
 On a7aa795: ``xbench export`` compared ``v >= tau`` in float32 (NumPy 2 promotion), so ``v = fl32(0.7)`` counted
 as ≥ 0.7 against the metrics' exact rule; two τ whose per-pair Dice were the same multiset in another order could
@@ -6,9 +7,11 @@ pick the larger τ through float summation order."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from xbench.errors import XBenchWarning
 from xbench.exports import tau_mask
-from xbench.metrics import best_threshold
+from xbench.metrics import best_threshold, grounding_scores, normalize_maps
 
 
 def test_export_mask_agrees_with_the_exact_rule():
@@ -33,3 +36,27 @@ def test_exact_ties_go_to_the_smallest_tau():
         larger += np.nanmean(curves[:, 2]) > np.nanmean(curves[:, 1])
         assert best_threshold(curves, thresholds=[0.1, 0.2, 0.3, 0.4]).tau == 0.2, seed
     assert larger > 0  # float summation order alone would have picked τ = 0.3 for some orders
+
+
+@pytest.mark.parametrize("kind", ["nan", "float64 beyond float32", "float32 range overflow"])
+def test_one_rule_for_unscorable_maps(kind):
+    """NaN/inf, a float64 value beyond float32 and a float32 range overflow: all raise with 'raise', all are NaN and
+    counted with 'skip' (a7aa795 raised on the float64 1e300 map even with 'skip')."""
+    dtype = np.float32 if kind == "float32 range overflow" else np.float64
+    maps = np.zeros((2, 4, 4), dtype)
+    if kind == "nan":
+        maps[0, 0, 0] = np.nan
+    elif kind == "float64 beyond float32":
+        maps[0, 0, 0] = 1e300
+    else:
+        maps[0, 0, 0], maps[0, 0, 1] = 3e38, -3e38
+    maps[1, 1, 1] = 1.0
+    masks = np.zeros((2, 4, 4), bool)
+    masks[:, 1, 1] = True
+    with pytest.raises(ValueError, match="pair 0"):
+        grounding_scores(maps, masks, case_ids=None)
+    with pytest.warns(XBenchWarning, match="1 of 2"):
+        scores = grounding_scores(maps, masks, nonfinite="skip")
+    assert np.isnan(scores.pointing[0]) and scores.pointing[1] == 1.0
+    with pytest.warns(XBenchWarning, match="1 of 2"):
+        assert np.isnan(normalize_maps(maps, nonfinite="skip")[0]).all()
