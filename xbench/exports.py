@@ -123,6 +123,20 @@ def mask_boxes(mask: np.ndarray, saliency: np.ndarray, size: tuple[int, int] | N
     return sorted(boxes, key=lambda b: (-b["score"], b["y_min"], b["x_min"]))
 
 
+def tau_mask(v: np.ndarray, tau: float) -> np.ndarray:
+    """``v ≥ τ`` decided exactly, as the metrics decide it (:mod:`xbench.metrics._sweep`): the normalised map is
+    compared in float64, never by rounding τ to the map's float32 (NumPy 2 compares a float32 array with a
+    Python float in float32, which admits ``v = fl32(τ) < τ``).
+
+    Examples
+    --------
+    >>> v = np.array([0.7], np.float32)   # fl32(0.7) = 0.699999988... < 0.7
+    >>> tau_mask(v, 0.7).tolist(), (v >= 0.7).tolist()
+    ([False], [True])
+    """
+    return np.asarray(v, dtype=np.float64) >= np.float64(tau)
+
+
 def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: float | str = "best",
                grid: tuple[int, int] | None = None, margin: int = 0, models: list[str] | None = None) -> list[Path]:
     """Write masks, boxes and per-case metric CSVs of an evaluated run (see the module docstring); returns the files.
@@ -168,7 +182,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
             idx = [at[i] for i in ids]
             up, v = maps_at_grid(preds.maps[idx, c], preds.windows[idx], preds.sizes[idx], grid)
             gts = np.stack([data[row_of[i]].mask(finding, grid) for i in ids])
-            pred_masks = v >= tau_f if np.isfinite(tau_f) else np.zeros_like(gts)
+            pred_masks = tau_mask(v, tau_f) if np.isfinite(tau_f) else np.zeros_like(gts)
             box_masks = np.zeros_like(gts)
             for k, case_id in enumerate(ids):
                 size = tuple(int(s) for s in data[row_of[case_id]].size)

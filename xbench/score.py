@@ -257,7 +257,7 @@ def evaluate_maps(
         For array-like ``maps``: case id of each row (required), class of each channel (default:
         the dataset's classes), probabilities ``(N, C)`` for recognition (optional).
     name : str, default="user_maps"
-        Model name in the tables (a folder name: letters, digits, ``_-.``).
+        Model name in the tables (a folder name: :data:`xbench.names.SAFE_NAME`, no ``..``).
     output_dir : path, optional
         Where the store and ``tables/`` go (default ``results/<name>-<dataset>``); it is
         replaced on every call.
@@ -282,8 +282,9 @@ def evaluate_maps(
     from .datasets import load_dataset
     from .evaluate import evaluate_run, load_tables
 
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise XBenchError(f"name {name!r} must be usable as a folder name (letters, digits, _ - .)")
+    from .names import check_name
+
+    check_name(name, "model")  # becomes a folder name: xbench.names.SAFE_NAME, no '..'
     data = load_dataset(dataset, root=root, split=split, **(dataset_options or {}))
     mapset = _as_mapset(maps, case_ids=case_ids, classes=classes if classes is not None else data.findings, probs=probs)
     index = _class_index(data, mapset.classes)

@@ -1,7 +1,7 @@
 """Issue 20 item 1: no numpy object array is ever built from a file (a forged pointer would be dereferenced).
 
-A pickle whose numpy array state says dtype ``object`` with 8 raw bytes makes numpy read those bytes as a
-``PyObject*``. On a7aa795 the cheXlocalize reader died with signal 11 and a checkpoint loaded the array
+A pickle whose numpy dtype state adds an object field to a ``V8`` dtype (flags saying "no list pickle") makes
+numpy copy the array's 8 raw bytes in as a ``PyObject*``. On a7aa795 the cheXlocalize reader died with signal 11 and a checkpoint loaded the array
 silently. Each case runs in a subprocess, so a crash fails the test instead of the test session."""
 from __future__ import annotations
 
@@ -17,12 +17,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class ForgedDtype:
+    """``numpy.dtype('V8')`` whose pickled state gives it an object field while its flags claim no list pickle."""
+
+    def __reduce__(self):
+        return (np.dtype, ("V8", False, True), (3, "|", None, ("a",), {"a": (np.dtype("O"), 0)}, 8, 1, 0))
+
+
 class ForgedObjectArray:
-    """Pickles as ``_reconstruct(ndarray, (0,), b'b')`` + BUILD ``(1, (1,), dtype('O'), False, <address>)``."""
+    """Pickles as ``_reconstruct(ndarray, (0,), b'b')`` + BUILD ``(1, (1,), <forged dtype>, False, <address>)``:
+    numpy copies the 8 raw bytes into the array as a ``PyObject*``."""
 
     def __reduce__(self):
         return (np._core.multiarray._reconstruct, (np.ndarray, (0,), b"b"),
-                (1, (1,), np.dtype("O"), False, (0x4141414141414141).to_bytes(8, "little")))
+                (1, (1,), ForgedDtype(), False, (0x4141414141414141).to_bytes(8, "little")))
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -36,7 +44,7 @@ def test_chexlocalize_pickle_with_a_forged_object_array_is_refused(tmp_path):
     done = _run(f"from xbench.score import read_chexlocalize_pickle\nfrom xbench.errors import XBenchError\n"
                 f"try:\n    read_chexlocalize_pickle({str(path)!r})\nexcept XBenchError as e:\n    print('REFUSED', e)\n")
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # -11 on a7aa795
-    assert "REFUSED" in done.stdout and path.name in done.stdout and "object" in done.stdout, done.stdout
+    assert "REFUSED" in done.stdout and path.name in done.stdout and "is not admitted" in done.stdout, done.stdout
 
 
 def test_checkpoint_with_a_forged_object_array_is_refused(tmp_path):
@@ -46,7 +54,7 @@ def test_checkpoint_with_a_forged_object_array_is_refused(tmp_path):
                 f"try:\n    load_checkpoint({str(path)!r})\n    print('LOADED')\n"
                 f"except CheckpointError as e:\n    print('REFUSED', e)\n")
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert "REFUSED" in done.stdout and "model.pth" in done.stdout and "object" in done.stdout, done.stdout
+    assert "REFUSED" in done.stdout and "model.pth" in done.stdout and "is not admitted" in done.stdout, done.stdout
 
 
 def test_plain_numeric_arrays_and_scalars_still_load(tmp_path):

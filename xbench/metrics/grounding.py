@@ -24,8 +24,11 @@ Conventions shared by every function here (stated once, tested in
   value against the float64 threshold.
 * **Empty ground truth.** A pair whose mask is empty is not a positive pair:
   every metric is ``NaN`` for it (never a hit, never a 0).
-* **Non-finite maps.** A map with NaN or inf raises ``ValueError`` naming the
-  pair (``case_ids``/``findings`` name it in the message); with
+* **Unscorable maps (one rule).** A map is unscorable when it holds NaN or
+  ±inf, a finite value beyond the float32 range (e.g. float64 ``1e300``), or
+  values whose range ``max - min`` overflows float32 (e.g. float32 ``±3e38``).
+  With ``nonfinite="raise"`` (default) any of these raises ``ValueError``
+  naming the pair (``case_ids``/``findings`` name it in the message); with
   ``nonfinite="skip"`` the pair scores ``NaN`` and one
   :class:`~xbench.errors.XBenchWarning` gives the number of skipped pairs.
 
@@ -162,7 +165,7 @@ def normalize_maps(
            [[0.  , 0.  ],
             [0.  , 0.  ]]], dtype=float32)
     """
-    arr = _sweep.as_maps(_float32_maps(maps, case_ids, findings)).copy()
+    arr = _sweep.as_maps(_float32_maps(maps, case_ids, findings, nonfinite)).copy()
     if nonfinite not in ("raise", "skip"):
         raise ValueError(f"nonfinite must be 'raise' or 'skip'; got {nonfinite!r}")
     n = len(arr)
@@ -245,7 +248,7 @@ def pointing_game(
     (array([0.]), array([1.]))
     """
     counts = _sweep.count_pairs(
-        _float32_maps(maps, case_ids, findings), masks, ties=ties, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
+        _float32_maps(maps, case_ids, findings, nonfinite), masks, ties=ties, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
     )
     return counts.hit
 
@@ -368,14 +371,21 @@ def _fixed_threshold(threshold) -> float:
     return value
 
 
-def _float32_maps(maps, case_ids, findings):
-    """Maps as float32, refusing finite values that the float32 cast would turn into ±inf (named, not "NaN or inf")."""
+def _float32_maps(maps, case_ids, findings, nonfinite="raise"):
+    """Maps ready for the float32 cast. A finite value the cast would turn into ±inf makes its map unscorable, like
+    NaN / inf and a float32 range overflow (the module's one rule): ``"raise"`` names the pair (and the value),
+    ``"skip"`` returns that map as all-NaN, so it is scored NaN and counted with the other skipped pairs."""
     arr = _sweep.as_numpy(maps, "maps")
     if arr.dtype.kind == "f" and arr.dtype.itemsize > 4 and arr.ndim == 3 and arr.size:
         with np.errstate(invalid="ignore"):
             big = np.isfinite(arr) & (np.abs(arr) > np.finfo(np.float32).max)
         if big.any():
-            i = int(np.flatnonzero(big.reshape(len(arr), -1).any(axis=1))[0])
+            rows = big.reshape(len(arr), -1).any(axis=1)
+            if nonfinite == "skip":
+                arr = np.array(arr, copy=True)
+                arr[rows] = np.nan
+                return arr
+            i = int(np.flatnonzero(rows)[0])
             value = float(arr[i][big[i]][0])
             raise ValueError(f"{_sweep.pair_name(i, case_ids, findings)}: map value {value:g} overflows float32 "
                              f"(|v| > {np.finfo(np.float32).max:g}); rescale the map before scoring")
@@ -384,7 +394,7 @@ def _float32_maps(maps, case_ids, findings):
 
 def _fixed(maps, masks, threshold, nonfinite, case_ids, findings, chunk_size):
     counts = _sweep.count_pairs(
-        _float32_maps(maps, case_ids, findings), masks, fixed=_fixed_threshold(threshold), nonfinite=nonfinite, case_ids=case_ids, findings=findings,
+        _float32_maps(maps, case_ids, findings, nonfinite), masks, fixed=_fixed_threshold(threshold), nonfinite=nonfinite, case_ids=case_ids, findings=findings,
         chunk_size=chunk_size,
     )
     return _overlap(counts, counts.fixed_inter.astype(np.float64), counts.fixed_pred.astype(np.float64))
@@ -528,7 +538,7 @@ def dice_iou_curves(
     """
     t = _sweep.as_thresholds(thresholds)
     counts = _sweep.count_pairs(
-        _float32_maps(maps, case_ids, findings), masks, thresholds=t, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
+        _float32_maps(maps, case_ids, findings, nonfinite), masks, thresholds=t, nonfinite=nonfinite, case_ids=case_ids, findings=findings, chunk_size=chunk_size
     )
     return _overlap(counts, counts.inter.astype(np.float64), counts.pred.astype(np.float64))
 
@@ -609,9 +619,44 @@ def best_threshold(curves_dice, curves_iou=None, thresholds=THRESHOLDS) -> Thres
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         mean_d = np.nanmean(d[rows], axis=0)
-    a = int(np.nanargmax(mean_d))
+    a = _first_exact_max(d[rows], mean_d)
     mean_j = float(np.nanmean(j[rows, a])) if j is not None else np.nan
     return ThresholdChoice(float(t[a]), float(mean_d[a]), mean_j, n)
+
+
+#: Largest denominator of a per-pair Dice ``2|B∩G| / (|B| + |G|)`` recovered exactly from its float64 value
+#: (:func:`_first_exact_max`): grids up to 5 million pixels.
+_MAX_DICE_DENOMINATOR = 10**7
+
+
+def _first_exact_max(d: np.ndarray, mean: np.ndarray) -> int:
+    """The first column whose NaN-skipping mean is the maximum, decided on exact quantities.
+
+    Columns within float noise of the best float mean are compared exactly: identical columns are equal; other
+    candidates get their mean as a :class:`fractions.Fraction` of the pairs' exact Dice ratios (each recovered
+    from its correctly rounded float64 value, whose denominator ``|B| + |G|`` is at most
+    :data:`_MAX_DICE_DENOMINATOR`). So the smallest τ wins every exact tie, whatever the summation order."""
+    from fractions import Fraction
+
+    top = float(np.nanmax(mean))
+    candidates = np.flatnonzero(mean >= top - 1e-9 * max(1.0, abs(top)))
+    if candidates.size == 1:
+        return int(candidates[0])
+    distinct: list[int] = []
+    for c in candidates:
+        if not any(np.array_equal(d[:, c], d[:, k], equal_nan=True) for k in distinct):
+            distinct.append(int(c))
+    if len(distinct) == 1:
+        return distinct[0]
+
+    def exact(c: int) -> Fraction:
+        col = d[:, c][~np.isnan(d[:, c])]
+        total = sum((Fraction(float(x)).limit_denominator(_MAX_DICE_DENOMINATOR) for x in col), Fraction(0))
+        return total / len(col)
+
+    means = {c: exact(c) for c in distinct}
+    best = max(means.values())
+    return min(c for c, m in means.items() if m == best)
 
 
 def oracle_threshold(curves_dice, curves_iou=None, thresholds=THRESHOLDS) -> ThresholdChoice:
@@ -767,7 +812,7 @@ def grounding_scores(
         )
     t = _sweep.as_thresholds(thresholds)
     counts = _sweep.count_pairs(
-        _float32_maps(maps, case_ids, findings), masks_arr, thresholds=t, fixed=_fixed_threshold(threshold), ties=ties, nonfinite=nonfinite,
+        _float32_maps(maps, case_ids, findings, nonfinite), masks_arr, thresholds=t, fixed=_fixed_threshold(threshold), ties=ties, nonfinite=nonfinite,
         case_ids=case_ids, findings=findings, chunk_size=chunk_size,
     )
     d, j = _overlap(counts, counts.fixed_inter.astype(np.float64), counts.fixed_pred.astype(np.float64))

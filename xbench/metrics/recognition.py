@@ -16,8 +16,13 @@ Conventions (tested in ``tests/metrics/test_metrics_recognition.py``):
   ``y_score`` must then be a probability (an adapter's ``to_probability``).
   AUC and AUPRC only use the ranking.
 * Values equal scikit-learn's (``roc_auc_score``, ``average_precision_score``,
-  ``f1_score``, ``accuracy_score`` on the class's known cases) wherever
-  scikit-learn defines them; AUC and AUPRC are computed by scikit-learn.
+  ``f1_score``, ``accuracy_score`` on the class's known cases) on **defined**
+  classes; AUC and AUPRC are computed by scikit-learn. On an undefined class
+  (single-class labels) XBench's convention above applies even where
+  scikit-learn returns a number: ``f1_score`` and ``accuracy_score`` are defined
+  for single-class labels (e.g. accuracy 1.0 for all-negative labels and
+  all-negative predictions), XBench gives NaN there, so every per-class metric
+  is undefined on the same classes and the macro means average the same set.
 """
 from __future__ import annotations
 

@@ -356,7 +356,7 @@ def load_checkpoint(path: str | Path) -> Any:
 
     Delegates to :func:`xbench.models.checkpoint.read_checkpoint`: safetensors, else the restricted
     unpickler for torch archives (numpy scalars, ``Namespace``, config objects as inert placeholders,
-    reported by a warning; legacy non-zip files through ``torch.load(weights_only=True)``). A file that cannot be read safely
+    reported by a warning; legacy non-zip files through the same unpickler, sizes counted first). A file that cannot be read safely
     raises :class:`CheckpointError` naming it.
     """
     from .checkpoint import read_checkpoint
