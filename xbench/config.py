@@ -49,11 +49,10 @@ from typing import Any
 
 import torch
 
-from . import schema
 from .datasets import BaseDataset, load_dataset
 from .errors import FormatError, MissingFileError, XBenchError
 from .registry import dataset_manifest, import_target, model_config, read_yaml
-from .schema import check_type, did_you_mean, unknown_keys
+from .schema import check_type, check_value, did_you_mean, fields_of, load as load_schema, unknown_keys
 
 _DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
 
@@ -129,7 +128,7 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
     item = _entry(where, item, "datasets")
     name = check_type(where, f"{key}.name", item["name"], "str")
     dataset_manifest(name)  # unknown name → UnknownNameError with "did you mean"
-    keys = schema.fields_of(DatasetSpec)
+    keys = fields_of(DatasetSpec)
     options = {k: v for k, v in item.items() if k not in keys}
     declared = dataset_options(name)
     unknown = sorted(set(options) - set(declared))
@@ -138,11 +137,11 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
     hints = _loader_hints(name)
     for k, v in options.items():
         try:
-            schema.check_value(where, f"{key}.{k}", v, hints[k])
+            check_value(where, f"{key}.{k}", v, hints[k])
         except (KeyError, TypeError):  # no usable annotation: the default's type
             default = declared[k].default
             _typed_like(where, f"{key}.{k}", v, None if default is inspect.Parameter.empty else default)
-    spec = schema.load(DatasetSpec, {k: v for k, v in item.items() if k in keys}, where, key)
+    spec = load_schema(DatasetSpec, {k: v for k, v in item.items() if k in keys}, where, key)
     splits = dataset_manifest(name).get("splits") or {}
     if spec.split is not None and spec.split not in splits:
         raise FormatError(where, f"dataset {name!r} has no split {spec.split!r}{did_you_mean(spec.split, sorted(splits))}; "
@@ -154,7 +153,7 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
 
 def _model_spec(where: str, item: Any, index: int) -> ModelSpec:
     key = f"models[{index}]"
-    spec = schema.load(ModelSpec, _entry(where, item, "models"), where, key)
+    spec = load_schema(ModelSpec, _entry(where, item, "models"), where, key)
     declared = model_config(spec.name).get("params") or {}  # unknown name → UnknownNameError with "did you mean"
     unknown = sorted(set(spec.params) - set(declared))
     if unknown:
@@ -178,7 +177,7 @@ def _entries(parse: Any, what: str, example: str) -> Any:
 @dataclass
 class RunConfig:
     """A run config; its fields are the YAML's keys (``bootstrap_*``: the ``bootstrap:`` mapping), read by
-    :func:`xbench.schema.load` (unknown keys with "did you mean", missing keys, types)."""
+    :func:`xbench.load_schema` (unknown keys with "did you mean", missing keys, types)."""
 
     output_dir: str = field(metadata={"kind": "path"})
     datasets: list[DatasetSpec] = field(metadata={"parse": _entries(_dataset_spec, "datasets", "phantom")})
@@ -211,7 +210,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str | None = None) -> "RunConfig":
-        cfg = schema.load(cls, raw, source or "<config>")
+        cfg = load_schema(cls, raw, source or "<config>")
         cfg.output_dir = str(cfg.output_dir)
         cfg.cache_dir = None if cfg.cache_dir is None else str(cfg.cache_dir)
         cfg.source = source

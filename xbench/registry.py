@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import yaml
 
-from . import schema
 from .errors import FormatError, UnknownNameError, XBenchError
 from .findings import CANONICAL
+from .schema import check_choice, did_you_mean, load as load_schema
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 MODEL_CONFIG_DIRS: list[Path] = [PACKAGE_DIR / "configs" / "models"]
@@ -76,7 +76,7 @@ class ModelYaml:
     def _check(self, where: str | Path, prefix: str) -> None:
         for key, entry in self.weights.items():
             if entry.alternative_to is not None:
-                schema.check_choice(where, f"weights.{key}.alternative_to", entry.alternative_to,
+                check_choice(where, f"weights.{key}.alternative_to", entry.alternative_to,
                                     [k for k in self.weights if k != key], "weights entry")
 
 
@@ -153,7 +153,7 @@ class DatasetManifest:
                               field="splits")
         if self.default_split not in self.splits:
             raise FormatError(where, f"{self.default_split!r} is not one of the splits {sorted(self.splits)}"
-                              f"{schema.did_you_mean(self.default_split, self.splits)}", field="default_split")
+                              f"{did_you_mean(self.default_split, self.splits)}", field="default_split")
         if not self.classes:
             raise FormatError(where, "must be a non-empty list", field="classes")
         names: set[str] = set()
@@ -163,12 +163,12 @@ class DatasetManifest:
             names.add(cls.name)
         for key, entry in (self.files or {}).items():
             for i, split in enumerate(entry.splits or []):
-                schema.check_choice(where, f"files.{key}.splits[{i}]", split, self.splits, "split")
+                check_choice(where, f"files.{key}.splits[{i}]", split, self.splits, "split")
 
 
 def check_model_yaml(raw: dict[str, Any], where: str | Path) -> ModelYaml:
     """The typed :class:`ModelYaml` of a parsed model YAML (``name`` / ``config_path`` keys are ignored)."""
-    return schema.load(ModelYaml, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
+    return load_schema(ModelYaml, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
 
 
 def check_manifest(raw: dict[str, Any], where: str | Path) -> DatasetManifest:
@@ -176,7 +176,7 @@ def check_manifest(raw: dict[str, Any], where: str | Path) -> DatasetManifest:
 
     ``homepage``, ``citation``, ``license`` and ``files`` must be present unless the source is ``generated``.
     """
-    typed = schema.load(DatasetManifest, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
+    typed = load_schema(DatasetManifest, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
     for key in () if typed.generated else ("homepage", "citation", "license", "files"):
         if key not in raw:
             raise FormatError(where, "missing required key", field=key)
