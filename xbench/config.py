@@ -25,12 +25,13 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     bootstrap: {replicates: 1000, seed: 0}
     allow_random_init: false        # true: models without weights may run random-init (labelled); the phantom opts in
 
-Every key is typed and checked when the file is read (:class:`~xbench.errors.FormatError`
-naming file and field): integers must be integers (``batch_size: 4.7`` is an error, not 4),
+Every key is typed and checked when the file is read, by the one schema mechanism of every XBench
+YAML (:mod:`xbench.schema`; :class:`~xbench.errors.FormatError` naming file and field, unknown keys
+with "did you mean"): integers must be integers (``batch_size: 4.7`` is an error, not 4),
 ``fixed_threshold`` a number, ``datasets`` / ``models`` non-empty lists, ``output_dir`` a
 non-empty path. Dataset keys other than ``name, root, split`` are the loader's keyword options:
 an unknown one is an error with "did you mean"; a model's ``params`` must be keys of its YAML's
-``params:`` section (the declared parameter set). A model entry may say ``optional: true``: when
+``params:`` section (the declared parameter set). A model entry may say ``explainer: NAME`` (the saliency method of its maps) and ``optional: true``: when
 its weights are absent it is left out of the run (one log line, a note in ``models.csv``) instead
 of failing it. A model that would run random-init (no weights, ``random_init`` in its params) is
 refused unless the run sets ``allow_random_init: true`` or the entry sets ``params: {random_init: true}``.
