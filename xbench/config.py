@@ -154,7 +154,10 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
 
 def _model_spec(where: str, item: Any, index: int) -> ModelSpec:
     key = f"models[{index}]"
-    spec = load_schema(ModelSpec, _entry(where, item, "models"), where, key)
+    item = _entry(where, item, "models")
+    if item.get("params", {}) is None:  # `params:` with nothing after it: none
+        item = {**item, "params": {}}
+    spec = load_schema(ModelSpec, item, where, key)
     declared = model_config(spec.name).get("params") or {}  # unknown name → UnknownNameError with "did you mean"
     unknown = sorted(set(spec.params) - set(declared))
     if unknown:

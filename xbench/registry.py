@@ -67,17 +67,17 @@ class ModelYaml:
     input_size: int
     grid: tuple[int, int]
     code: str | None = None
-    weights: dict[str, WeightFile] = field(default_factory=dict)
+    weights: dict[str, WeightFile] | None = field(default_factory=dict)  # null or {}: no weight files
     bundled_weights: str | None = None  # a folder inside the package (the committed reference models)
     verified: bool = True
-    params: dict[str, Any] = field(default_factory=dict)  # the declared parameter set, with defaults
+    params: dict[str, Any] | None = field(default_factory=dict)  # the declared parameter set, with defaults
     explain_layer: str | None = None  # module path of the layer a gradient explainer hooks (None: the adapter's)
 
     def _check(self, where: str | Path, prefix: str) -> None:
-        for key, entry in self.weights.items():
+        for key, entry in (self.weights or {}).items():
             if entry.alternative_to is not None:
                 check_choice(where, f"weights.{key}.alternative_to", entry.alternative_to,
-                                    [k for k in self.weights if k != key], "weights entry")
+                                    [k for k in (self.weights or {}) if k != key], "weights entry")
 
 
 @dataclass
