@@ -64,3 +64,36 @@ def tiny_run(output_dir: Path, *, cases: int = 22, models: list | None = None, *
         "grid": [64, 64], "chunk_size": 8, "batch_size": 3, "bootstrap": {"replicates": 20, "seed": 0},
         **changes,
     }
+
+
+@pytest.fixture(scope="session")
+def phantom_run(tmp_path_factory, phantom_cache) -> Path:
+    """The run of :func:`tiny_run` (22 phantom cases, the three priors), run once for the whole session.
+
+    Read-only for the tests that use it: a test that writes into a run folder (evaluates again, builds a
+    report, runs a notebook) works on :func:`copy_run` of it.
+    """
+    import warnings
+
+    import torch
+
+    from xbench.config import RunConfig
+    from xbench.errors import XBenchWarning
+    from xbench.runner import run
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("phantom-run")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        run(RunConfig.from_dict(tiny_run(out)), progress=False)
+    torch.set_num_threads(threads)
+    return out
+
+
+def copy_run(run_dir: Path, to: Path) -> Path:
+    """A copy of a run folder (store, fitted priors, tables) at ``to``, for a test that writes into it."""
+    import shutil
+
+    shutil.copytree(run_dir, to)
+    return to

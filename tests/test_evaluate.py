@@ -21,7 +21,6 @@ from xbench.errors import XBenchError, XBenchWarning
 from xbench.evaluate import evaluate_run, load_tables
 from xbench.metrics import DATASET_LEVEL, POOLED, TIDY_COLUMNS
 from xbench.models.priors import CenterPrior, RandomPrior
-from xbench.pipeline import run
 
 CASES, GRID = 22, (64, 64)
 MODELS = ["center_prior", "random_prior", "anatomical_prior"]
@@ -35,14 +34,10 @@ pytestmark = pytest.mark.usefixtures("phantom_cache")
 
 
 @pytest.fixture(scope="module")
-def done(tmp_path_factory, phantom_cache) -> dict:
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("evaluated-run")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", XBenchWarning)
-        run(config(out), progress=False)
+def done(phantom_run) -> dict:
+    """The session's phantom run (conftest), read only: tests that evaluate again copy it."""
     data = xbench.load_dataset("phantom", split="test", cases=CASES)
-    return {"out": out, "tables": load_tables(out), "data": data}
+    return {"out": phantom_run, "tables": load_tables(phantom_run), "data": data}
 
 
 def stored(out: Path, model: str) -> dict[str, np.ndarray]:

@@ -2,35 +2,27 @@
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 import xbench
-from conftest import tiny_run
-from xbench.config import RunConfig
 from xbench.datasets.base import Box
 from xbench.datasets.regions import rasterize
-from xbench.errors import XBenchError, XBenchWarning
+from xbench.errors import XBenchError
 from xbench.evaluate import load_tables
 from xbench.exports import export_run, mask_boxes
-from xbench.pipeline import run
 
 CASES, GRID = 22, (64, 64)
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 
 
 @pytest.fixture(scope="module")
-def done(tmp_path_factory, phantom_cache) -> dict:
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("run-for-exports")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", XBenchWarning)
-        run(RunConfig.from_dict(tiny_run(out, cases=CASES)), progress=False)
-    return {"out": out, "pairs": load_tables(out)["pairs"], "data": xbench.load_dataset("phantom", split="test", cases=CASES)}
+def done(phantom_run) -> dict:
+    """The session's phantom run (conftest), read only (exports are written to tmp_path)."""
+    return {"out": phantom_run, "pairs": load_tables(phantom_run)["pairs"],
+            "data": xbench.load_dataset("phantom", split="test", cases=CASES)}
 
 
 def dice(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,21 +1,16 @@
 """Notebook 10 (score your own maps, report, exports) runs headlessly through papermill on a small phantom run."""
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import nbformat
 import pandas as pd
 import papermill as pm
 import pytest
-import torch
 import yaml
 
-from conftest import tiny_run
-from xbench.config import RunConfig
-from xbench.errors import XBenchWarning
+from conftest import copy_run, tiny_run
 from xbench.metrics import DATASET_LEVEL
-from xbench.pipeline import run
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "10_score_your_maps.ipynb"
@@ -28,13 +23,9 @@ def test_five_lines_are_one_cell():
     assert len(five) == 1 and len(five[0].source.strip().splitlines()) == 5
 
 
-def test_notebook_runs_on_a_small_phantom_run(tmp_path):
-    torch.set_num_threads(1)
-    raw = tiny_run(tmp_path / "run", cases=22)
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", XBenchWarning)
-        run(RunConfig.from_dict(raw), progress=False)
+def test_notebook_runs_on_a_small_phantom_run(tmp_path, phantom_run):
+    copy_run(phantom_run, tmp_path / "run")  # the notebook writes its report and exports into the run
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(tiny_run(tmp_path / "run")))
     out = tmp_path / "executed.ipynb"
     pm.execute_notebook(str(NOTEBOOK), str(out), cwd=str(NOTEBOOK.parent), progress_bar=False, kernel_name="python3",
                         parameters={"config": str(tmp_path / "run.yaml"), "output_dir": str(tmp_path / "run"),

@@ -6,31 +6,22 @@ import re
 import shutil
 import subprocess
 import tempfile
-import warnings
 
 import pandas as pd
 import pytest
-import torch
 
-from conftest import tiny_run
+from conftest import copy_run
 from xbench.cli import main
-from xbench.config import RunConfig
-from xbench.errors import XBenchWarning
 from xbench.evaluate import load_tables
 from xbench.report import SIZE_EDGES, build_report
-from xbench.pipeline import run
 
 CASES, PER_CLASS = 22, 3
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory, phantom_cache) -> dict:
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("run-for-report")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", XBenchWarning)
-        run(RunConfig.from_dict(tiny_run(out, cases=CASES)), progress=False)
+def report(tmp_path_factory, phantom_run) -> dict:
+    out = copy_run(phantom_run, tmp_path_factory.mktemp("run-for-report") / "run")  # the report is written into it
     path = build_report(out, max_cases_per_class=PER_CLASS)
     pairs = load_tables(out)["pairs"]
     rows = load_tables(out)["pairs"].drop_duplicates(["dataset", "case_id", "finding"])

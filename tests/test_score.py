@@ -13,11 +13,8 @@ import pytest
 import torch
 
 import xbench
-from conftest import tiny_run
-from xbench.config import RunConfig
 from xbench.errors import FormatError, XBenchError, XBenchWarning
 from xbench.evaluate import load_tables
-from xbench.pipeline import run
 from xbench.score import RECOGNITION_METRICS, MapSet, load_maps, read_chexlocalize, read_chexlocalize_pickle
 
 CASES = 22
@@ -25,13 +22,9 @@ pytestmark = pytest.mark.usefixtures("phantom_cache")
 
 
 @pytest.fixture(scope="module")
-def done(tmp_path_factory, phantom_cache) -> Path:
-    torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("run-for-score")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", XBenchWarning)
-        run(RunConfig.from_dict(tiny_run(out, cases=CASES)), progress=False)
-    return out
+def done(phantom_run) -> Path:
+    """The session's phantom run (conftest), read only (scores are written to tmp_path)."""
+    return phantom_run
 
 
 def stored(out: Path, model: str) -> dict[str, np.ndarray]:

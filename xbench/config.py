@@ -25,12 +25,13 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     bootstrap: {replicates: 1000, seed: 0}
     allow_random_init: false        # true: models without weights may run random-init (labelled); the phantom opts in
 
-Every key is typed and checked when the file is read (:class:`~xbench.errors.FormatError`
-naming file and field): integers must be integers (``batch_size: 4.7`` is an error, not 4),
+Every key is typed and checked when the file is read, by the one schema mechanism of every XBench
+YAML (:mod:`xbench.schema`; :class:`~xbench.errors.FormatError` naming file and field, unknown keys
+with "did you mean"): integers must be integers (``batch_size: 4.7`` is an error, not 4),
 ``fixed_threshold`` a number, ``datasets`` / ``models`` non-empty lists, ``output_dir`` a
 non-empty path. Dataset keys other than ``name, root, split`` are the loader's keyword options:
 an unknown one is an error with "did you mean"; a model's ``params`` must be keys of its YAML's
-``params:`` section (the declared parameter set). A model entry may say ``optional: true``: when
+``params:`` section (the declared parameter set). A model entry may say ``explainer: NAME`` (the saliency method of its maps) and ``optional: true``: when
 its weights are absent it is left out of the run (one log line, a note in ``models.csv``) instead
 of failing it. ``explainer: gradcam`` (one of :data:`xbench.explain.EXPLAINERS`) replaces the model's own maps by
 a post-hoc explainer's; the entry is stored and reported as ``<name>+<explainer>`` (``kad+gradcam``), beside a
@@ -51,10 +52,9 @@ from typing import Any
 
 import torch
 
-from . import schema
 from .errors import FormatError, XBenchError
 from .registry import dataset_manifest, import_target, model_config, read_yaml
-from .schema import check_type, did_you_mean, unknown_keys
+from .schema import check_type, check_value, did_you_mean, fields_of, load as load_schema, unknown_keys
 
 _DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
 
@@ -133,7 +133,7 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
     item = _entry(where, item, "datasets")
     name = check_type(where, f"{key}.name", item["name"], "str")
     dataset_manifest(name)  # unknown name → UnknownNameError with "did you mean"
-    keys = schema.fields_of(DatasetSpec)
+    keys = fields_of(DatasetSpec)
     options = {k: v for k, v in item.items() if k not in keys}
     declared = dataset_options(name)
     unknown = sorted(set(options) - set(declared))
@@ -142,11 +142,11 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
     hints = _loader_hints(name)
     for k, v in options.items():
         try:
-            schema.check_value(where, f"{key}.{k}", v, hints[k])
+            check_value(where, f"{key}.{k}", v, hints[k])
         except (KeyError, TypeError):  # no usable annotation: the default's type
             default = declared[k].default
             _typed_like(where, f"{key}.{k}", v, None if default is inspect.Parameter.empty else default)
-    spec = schema.load(DatasetSpec, {k: v for k, v in item.items() if k in keys}, where, key)
+    spec = load_schema(DatasetSpec, {k: v for k, v in item.items() if k in keys}, where, key)
     splits = dataset_manifest(name).get("splits") or {}
     if spec.split is not None and spec.split not in splits:
         raise FormatError(where, f"dataset {name!r} has no split {spec.split!r}{did_you_mean(spec.split, sorted(splits))}; "
@@ -158,7 +158,10 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
 
 def _model_spec(where: str, item: Any, index: int) -> ModelSpec:
     key = f"models[{index}]"
-    spec = schema.load(ModelSpec, _entry(where, item, "models"), where, key)
+    item = _entry(where, item, "models")
+    if item.get("params", {}) is None:  # `params:` with nothing after it: none
+        item = {**item, "params": {}}
+    spec = load_schema(ModelSpec, item, where, key)
     declared = model_config(spec.name).get("params") or {}  # unknown name → UnknownNameError with "did you mean"
     unknown = sorted(set(spec.params) - set(declared))
     if unknown:
@@ -187,7 +190,7 @@ def _entries(parse: Any, what: str, example: str) -> Any:
 @dataclass
 class RunConfig:
     """A run config; its fields are the YAML's keys (``bootstrap_*``: the ``bootstrap:`` mapping), read by
-    :func:`xbench.schema.load` (unknown keys with "did you mean", missing keys, types)."""
+    :func:`xbench.load_schema` (unknown keys with "did you mean", missing keys, types)."""
 
     output_dir: str = field(metadata={"kind": "path"})
     datasets: list[DatasetSpec] = field(metadata={"parse": _entries(_dataset_spec, "datasets", "phantom")})
@@ -221,7 +224,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str | None = None) -> "RunConfig":
-        cfg = schema.load(cls, raw, source or "<config>")
+        cfg = load_schema(cls, raw, source or "<config>")
         cfg.output_dir = str(cfg.output_dir)
         cfg.cache_dir = None if cfg.cache_dir is None else str(cfg.cache_dir)
         cfg.source = source

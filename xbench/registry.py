@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import yaml
 
-from . import schema
 from .errors import FormatError, UnknownNameError, XBenchError
 from .findings import CANONICAL
+from .schema import check_choice, did_you_mean, load as load_schema
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 MODEL_CONFIG_DIRS: list[Path] = [PACKAGE_DIR / "configs" / "models"]
@@ -76,19 +76,19 @@ class ModelYaml:
     input_size: int
     grid: tuple[int, int]
     code: str | None = None
-    weights: dict[str, WeightFile] = field(default_factory=dict)
+    weights: dict[str, WeightFile] | None = field(default_factory=dict)  # null or {}: no weight files
     bundled_weights: str | None = None  # a folder inside the package (the committed reference models)
     verified: bool = True
-    params: dict[str, Any] = field(default_factory=dict)  # the declared parameter set, with defaults
+    params: dict[str, Any] | None = field(default_factory=dict)  # the declared parameter set, with defaults
     explain_layer: str | None = None  # module path of the layer a gradient explainer hooks (None: the adapter's)
     explain_attention: str | None = None  # module path of the attention blocks (attention explainers)
     paper: PaperEntry | None = None  # models of the paper only
 
     def _check(self, where: str | Path, prefix: str) -> None:
-        for key, entry in self.weights.items():
+        for key, entry in (self.weights or {}).items():
             if entry.alternative_to is not None:
-                schema.check_choice(where, f"weights.{key}.alternative_to", entry.alternative_to,
-                                    [k for k in self.weights if k != key], "weights entry")
+                check_choice(where, f"weights.{key}.alternative_to", entry.alternative_to,
+                                    [k for k in (self.weights or {}) if k != key], "weights entry")
 
 
 @dataclass
@@ -164,7 +164,7 @@ class DatasetManifest:
                               field="splits")
         if self.default_split not in self.splits:
             raise FormatError(where, f"{self.default_split!r} is not one of the splits {sorted(self.splits)}"
-                              f"{schema.did_you_mean(self.default_split, self.splits)}", field="default_split")
+                              f"{did_you_mean(self.default_split, self.splits)}", field="default_split")
         if not self.classes:
             raise FormatError(where, "must be a non-empty list", field="classes")
         names: set[str] = set()
@@ -174,12 +174,12 @@ class DatasetManifest:
             names.add(cls.name)
         for key, entry in (self.files or {}).items():
             for i, split in enumerate(entry.splits or []):
-                schema.check_choice(where, f"files.{key}.splits[{i}]", split, self.splits, "split")
+                check_choice(where, f"files.{key}.splits[{i}]", split, self.splits, "split")
 
 
 def check_model_yaml(raw: dict[str, Any], where: str | Path) -> ModelYaml:
     """The typed :class:`ModelYaml` of a parsed model YAML (``name`` / ``config_path`` keys are ignored)."""
-    return schema.load(ModelYaml, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
+    return load_schema(ModelYaml, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
 
 
 def check_manifest(raw: dict[str, Any], where: str | Path) -> DatasetManifest:
@@ -187,7 +187,7 @@ def check_manifest(raw: dict[str, Any], where: str | Path) -> DatasetManifest:
 
     ``homepage``, ``citation``, ``license`` and ``files`` must be present unless the source is ``generated``.
     """
-    typed = schema.load(DatasetManifest, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
+    typed = load_schema(DatasetManifest, {k: v for k, v in raw.items() if k not in ("name", "config_path")}, where)
     for key in () if typed.generated else ("homepage", "citation", "license", "files"):
         if key not in raw:
             raise FormatError(where, "missing required key", field=key)

@@ -30,6 +30,19 @@ from ..errors import XBenchWarning
 from ._sweep import as_thresholds
 from .grounding import THRESHOLDS, best_threshold
 from .recognition import recognition_scores, weighted_auc_ap, weighted_f1_accuracy
+from .table import (  # metric names: defined with the metric table
+    ACCURACY,
+    AUC,
+    AUPRC,
+    BEST_TAU,
+    DICE_BEST,
+    F1,
+    HAMMING_ACCURACY,
+    IOU_BEST,
+    POINTING,
+    pair_column,
+    per_pair_metrics,
+)
 
 __all__ = [
     "DATASET_LEVEL",
@@ -59,15 +72,6 @@ DATASET_LEVEL = "(mean over classes)"
 #: ``finding`` of rows that average all pairs of a dataset together (micro mean).
 POOLED = "(pooled)"
 
-POINTING = "pointing"
-DICE_BEST = "dice@best"
-IOU_BEST = "iou@best"
-BEST_TAU = "best_tau"
-AUC = "auc"
-AUPRC = "auprc"
-F1 = "f1"
-ACCURACY = "accuracy"
-HAMMING_ACCURACY = "hamming_accuracy"
 
 #: Columns of :func:`score_table`'s output, in order.
 TIDY_COLUMNS = ("model", "dataset", "finding", "metric", "value", "ci_low", "ci_high", "n")
@@ -291,8 +295,6 @@ class _Grounding:
     """
 
     def __init__(self, pairs: pd.DataFrame, cases: pd.Index, order: list, t: np.ndarray, threshold: float):
-        from .table import pair_column, per_pair_metrics
-
         self.t = t
         per_pair = per_pair_metrics()
         self.k = k = len(per_pair)
@@ -598,8 +600,6 @@ def _scored_table(pairs, *, model, dataset, labels, scores, findings, threshold,
     """The body of :func:`score_table` / :func:`scored_table`; ``stacklevel`` points warnings at their caller."""
     t = as_thresholds(thresholds)
     if pairs is not None:
-        from .table import pair_column, per_pair_metrics
-
         needed = [*PAIR_COLUMNS, *(c for c in map(pair_column, per_pair_metrics()) if c not in PAIR_COLUMNS)]
         missing = [c for c in needed if c not in pairs.columns]
         if missing:

@@ -25,17 +25,15 @@ from typing import Literal
 
 import numpy as np
 
-from .stats import (
-    ACCURACY,
-    AUC,
-    AUPRC,
-    BEST_TAU,
-    DICE_BEST,
-    F1,
-    HAMMING_ACCURACY,
-    IOU_BEST,
-    POINTING,
-)
+POINTING = "pointing"
+DICE_BEST = "dice@best"
+IOU_BEST = "iou@best"
+BEST_TAU = "best_tau"
+AUC = "auc"
+AUPRC = "auprc"
+F1 = "f1"
+ACCURACY = "accuracy"
+HAMMING_ACCURACY = "hamming_accuracy"
 
 __all__ = ["Metric", "METRIC_TABLE", "register", "metric", "per_pair_metrics", "names", "display", "is_ranked", "is_grounding_score", "pair_column"]
 
