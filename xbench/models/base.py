@@ -19,7 +19,9 @@ Building: :meth:`Adapter.from_config` is the one builder (final). It resolves th
 files the YAML names, chooses official weights / explicit random init / a
 :class:`MissingFileError` naming file and publisher, and calls the two hooks every adapter
 implements, ``_load(files, config, device)`` and ``_random(files, config, device)``
-(``docs/extending.md``).
+(``docs/extending.md``). :meth:`Adapter.from_checkpoint` is the one in-memory constructor (a loaded
+checkpoint object → adapter); facts are never restated or overwritten in an adapter's code, and where the
+network fixes one (a patch grid) the adapter checks it with :meth:`Adapter.check_fact`.
 
 ``prompts`` are the prompt names that a dataset manifest gives for its classes
 (``"pleural effusion"``); each adapter turns them into its own official text
