@@ -131,7 +131,8 @@ class DeViDeAdapter(Adapter):
         params = config.get("params", {})
         if int(params.get("head_outputs", 2)) not in (1, 2):
             raise ValueError(f"params.head_outputs must be 1 (sigmoid) or 2 (softmax), got {params['head_outputs']!r}")
-        return {"image_size": int(config["input_size"]), "head_outputs": int(params.get("head_outputs", 2)), "tqn_layers": int(params.get("tqn_layers", 4)),
+        return {"image_size": int(config["input_size"]), "head_outputs": int(params.get("head_outputs", 2)),
+                "tqn_layers": int(params.get("tqn_layers", 4)),
                 "tqn_heads": int(params.get("tqn_heads", 4)), "tqn_ffn": int(params.get("tqn_ffn", 1024))}
 
     @classmethod
