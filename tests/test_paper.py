@@ -164,3 +164,31 @@ def test_model_level_means_use_datasets_where_both_metrics_are_defined():
     assert gap.loc["kad", "best"] == pytest.approx(both.loc["kad", "dice@best"].mean())
     pts, fit = model_correlation(tidy, models=["clip", "kad", "mavl"])
     assert fit is None and pts["residual"].isna().all() and len(pts) == 3
+
+
+def test_paper_names_and_groups_come_from_the_model_yamls(tmp_path, monkeypatch):
+    """MODELS / GROUPS are the YAMLs' ``paper:`` sections, in row order; a clash or a bad section is one clear error."""
+    import xbench.paper as paper
+    from xbench import registry
+    from xbench.errors import FormatError
+
+    models, groups = paper.paper_models()
+    for name in models:
+        section = registry.model_config(name)["paper"]
+        assert (models[name], groups[name]) == (section["name"], section["group"])
+    assert [registry.model_config(n)["paper"]["row"] for n in models] == sorted(range(1, len(models) + 1))
+    assert paper.MODELS == models and paper.paper_name("kad") == "KAD" and paper.paper_name("kad_512") == "kad_512"
+
+    monkeypatch.setattr(registry, "MODEL_CONFIG_DIRS", [*registry.MODEL_CONFIG_DIRS, tmp_path])
+    clip = (registry.PACKAGE_DIR / "configs" / "models" / "clip.yaml").read_text()
+    try:
+        (tmp_path / "clip_copy.yaml").write_text(clip)  # the same paper row as clip
+        paper.paper_models.cache_clear()
+        with pytest.raises(FormatError, match=r"clip_copy\.yaml.*paper\.row.*row 1 is also model 'clip'"):
+            paper.paper_models()
+        (tmp_path / "clip_copy.yaml").write_text(clip.replace("group: \"direct contrastive\", ", ""))
+        paper.paper_models.cache_clear()
+        with pytest.raises(FormatError, match=r"paper\.group"):
+            paper.paper_models()
+    finally:
+        paper.paper_models.cache_clear()

@@ -277,6 +277,19 @@ def test_a_network_that_disagrees_with_its_yaml_is_a_clear_error():
             import_target(cfg["class"]).from_config(cfg, None)
 
 
+def test_a_partial_config_gets_the_facts_of_the_yaml_it_agrees_with():
+    """KAD-224/512/1024 share one class: a partial config takes the facts of the YAML whose values it agrees with."""
+    from xbench.errors import XBenchError
+    from xbench.models.base import with_yaml_facts
+
+    assert with_yaml_facts("kad", {"input_size": 512, "params": {"trunk": "layer4"}})["grid"] == [16, 16]
+    assert with_yaml_facts("kad", {"params": {"trunk": "layer3"}})["name"] == "kad"
+    with pytest.raises(XBenchError, match="kad_1024, kad_512"):  # layer4 alone: KAD-512 or KAD-1024?
+        with_yaml_facts("kad", {"params": {"trunk": "layer4"}})
+    unmatched = with_yaml_facts("kad", {"input_size": 300})  # none agrees: the class's own YAML, overridden
+    assert (unmatched["name"], unmatched["input_size"], unmatched["grid"]) == ("kad", 300, [14, 14])
+
+
 def test_one_in_memory_constructor_name():
     """Every adapter class builds from a loaded checkpoint through ``from_checkpoint``; no other ``from_*`` spelling
     (``from_official_checkpoint`` lives on only as base.py's deprecated alias)."""

@@ -57,3 +57,8 @@ def test_doc_example_model_builds_and_follows_the_contract(example):
     assert loaded.weights_label == "official"
     expected = torch.sigmoid(2.0 * pixels.mean(dim=(1, 2, 3)))
     torch.testing.assert_close(loaded.predict(pixels, ["a"]).scores[:, 0], expected)
+
+    # the in-memory constructor: a loaded checkpoint object; the partial config gets its facts from the YAML
+    direct = type(loaded).from_checkpoint({"weight": torch.tensor([2.0])})
+    assert (direct.name, direct.input_size, direct.grid) == ("brightness", 64, (8, 8))
+    torch.testing.assert_close(direct.predict(pixels, ["a"]).scores[:, 0], expected)

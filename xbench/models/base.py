@@ -19,7 +19,9 @@ Building: :meth:`Adapter.from_config` is the one builder (final). It resolves th
 files the YAML names, chooses official weights / explicit random init / a
 :class:`MissingFileError` naming file and publisher, and calls the two hooks every adapter
 implements, ``_load(files, config, device)`` and ``_random(files, config, device)``
-(``docs/extending.md``).
+(``docs/extending.md``). :meth:`Adapter.from_checkpoint` is the one in-memory constructor (a loaded
+checkpoint object → adapter); facts are never restated or overwritten in an adapter's code, and where the
+network fixes one (a patch grid) the adapter checks it with :meth:`Adapter.check_fact`.
 
 ``prompts`` are the prompt names that a dataset manifest gives for its classes
 (``"pleural effusion"``); each adapter turns them into its own official text
@@ -43,7 +45,7 @@ from typing import Any, ClassVar, final
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, FormatError, MissingFileError
+from ..errors import CheckpointError, FormatError, MissingFileError, XBenchError
 from ..registry import PACKAGE_DIR, import_target, list_models, model_config
 
 
@@ -269,7 +271,7 @@ def with_yaml_facts(config_name: str, config: Mapping[str, Any] | None) -> dict[
 
     The YAML is ``config_name``'s when ``config`` agrees with it, else the first other registered YAML of the same
     class that it agrees with (``{"input_size": 512, "params": {"trunk": "layer4"}}`` for the KAD adapter is
-    ``kad_512``, whose grid is 16x16), else ``config_name``'s. A config that came from the registry (it has
+    ``kad_512``, whose grid is 16x16; agreeing with several is an :class:`XBenchError`), else ``config_name``'s. A config that came from the registry (it has
     ``class``) or a class without ``config_name`` is used as is.
     """
     config = dict(config or {})
@@ -277,8 +279,12 @@ def with_yaml_facts(config_name: str, config: Mapping[str, Any] | None) -> dict[
         return config
     base = model_config(config_name)
     if not _agrees(base, config):
-        variants = (model_config(n) for n in list_models() if n != config_name)
-        base = next((v for v in variants if v.get("class") == base.get("class") and _agrees(v, config)), base)
+        variants = [v for v in map(model_config, list_models()) if v["name"] != config_name
+                    and v.get("class") == base.get("class") and _agrees(v, config)]
+        if len(variants) > 1:
+            raise XBenchError(f"partial config {config} agrees with several model YAMLs "
+                              f"({', '.join(v['name'] for v in variants)}); give the facts that tell them apart")
+        base = variants[0] if variants else base
     return {**base, **config}
 
 

@@ -84,13 +84,13 @@ from torch import nn
 from transformers import BertConfig, BertModel
 
 from ..errors import CheckpointError
+from ..registry import model_config
 from ._common import HashWordTokenizer, PromptCache, check_inputs, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, with_yaml_facts
 from .checkpoint import require_tensor_state
 from .inputs import to_uint8
 from .layers import QueryNetwork
 from .text import load_bert_tokenizer
-from ..registry import model_config
 
 __all__ = [
     "CARZeroAdapter",

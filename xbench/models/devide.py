@@ -115,8 +115,10 @@ class DeViDeAdapter(Adapter):
     def __init__(self, network: DeViDeNetwork, tokenizer: Any, config: Mapping[str, Any] | None = None,
                  device: str | torch.device = "cpu"):
         super().__init__(config, device)
-        warnings.warn("DeViDe has no public code or weights: this adapter is an unverified re-construction "
-                      "from the paper (ViT-B/16 + Med-KEBERT + KAD-style query network)", XBenchWarning, stacklevel=2)
+        if not self.verified:  # devide.yaml: verified: false
+            warnings.warn(f"{self.config.get('title', self.name)}: no public code or weights; this adapter is an "
+                          "unverified re-construction from the paper (ViT-B/16 + Med-KEBERT + KAD-style query "
+                          "network)", XBenchWarning, stacklevel=2)
         params = self.config.get("params", {})
         self.mean = tuple(params.get("image_mean", IMAGENET_MEAN))
         self.std = tuple(params.get("image_std", IMAGENET_STD))
@@ -129,7 +131,8 @@ class DeViDeAdapter(Adapter):
         params = config.get("params", {})
         if int(params.get("head_outputs", 2)) not in (1, 2):
             raise ValueError(f"params.head_outputs must be 1 (sigmoid) or 2 (softmax), got {params['head_outputs']!r}")
-        return {"image_size": int(config["input_size"]), "head_outputs": int(params.get("head_outputs", 2)), "tqn_layers": int(params.get("tqn_layers", 4)),
+        return {"image_size": int(config["input_size"]), "head_outputs": int(params.get("head_outputs", 2)),
+                "tqn_layers": int(params.get("tqn_layers", 4)),
                 "tqn_heads": int(params.get("tqn_heads", 4)), "tqn_ffn": int(params.get("tqn_ffn", 1024))}
 
     @classmethod

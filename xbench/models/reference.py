@@ -290,14 +290,14 @@ class _ReferenceAdapter(Adapter):
         return cls.architecture()
 
     @classmethod
-    def from_checkpoint(cls, state: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None = None,
+    def from_checkpoint(cls, checkpoint: Mapping[str, torch.Tensor], config: Mapping[str, Any] | None = None,
                         device: str | torch.device = "cpu", where: str = "reference checkpoint") -> _ReferenceAdapter:
         """Build the adapter from a loaded state dict (the path a committed or user file takes).
 
         Raises :class:`~xbench.errors.CheckpointError` listing missing / unexpected / mis-shaped keys.
         """
         model = cls.build_architecture(with_yaml_facts(cls.config_name, config))
-        load_state_strict(model, state, where)
+        load_state_strict(model, checkpoint, where)
         adapter = cls(model, config, device)
         adapter.weights_label = "xbench-reference"
         return adapter
