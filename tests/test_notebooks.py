@@ -165,9 +165,11 @@ def test_wheel_reproduce_by_name_writes_only_under_its_output_folder(reproduced:
     python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # torch & co., not xbench
     subprocess.run([*PIP, "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True,
                    capture_output=True)
+    assert (site / "xbench" / "notebooks").is_dir() and (python.parent / "xbench").is_file()
+    # then torch & co. from this interpreter (after the install: pip would take an editable xbench there as installed)
+    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     out, work = tmp_path / "out", tmp_path / "work"
     shutil.copytree(reproduced, out, ignore=lambda folder, names: [n for n in names if Path(folder) == reproduced
                                                                    and n in _REMADE])
