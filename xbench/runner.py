@@ -425,4 +425,5 @@ def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = Tru
     for src in sources:
         target.merge_from(src)
     evaluate_run(cfg, progress=progress)
+    write_paper_tables(cfg.output_dir)
     return Path(cfg.output_dir)
