@@ -136,3 +136,55 @@ def test_comparison_notebook_on_a_synthetic_7x7_result_set(tmp_path):
     executed = nbformat.read(tmp_path / nb.name, as_version=4)
     printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []) if o.get("name") == "stdout")
     assert "Synthetic result set" in printed
+
+
+#: what `xbench reproduce` makes after inference: removed from the seeded copy so the wheel's run remakes them
+_REMADE = ("notebooks", "tables", "figures", "my_maps", "exports", "report.html")
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_wheel_reproduce_by_name_writes_only_under_its_output_folder(reproduced: Path, tmp_path):
+    """Issue 23 item 1: an installed wheel's ``xbench reproduce --config phantom``, started in an empty folder, leaves
+    site-packages unchanged and writes everything under ``--output-dir``. The store of this module's run is copied
+    in first (inference then resumes as a no-op; evaluation, tables, figures and all 11 notebooks run again)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    from test_packaging import PIP, build_wheel
+
+    wheel, _ = build_wheel(tmp_path)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on the path reads as installed
+    subprocess.run([*PIP, "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True,
+                   capture_output=True, env=clean)
+    assert (site / "xbench" / "notebooks").is_dir() and (python.parent / "xbench").is_file()
+    # then torch & co. from this interpreter (after the install: pip would take an editable xbench there as installed)
+    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    out, work = tmp_path / "out", tmp_path / "work"
+    shutil.copytree(reproduced, out, ignore=lambda folder, names: [n for n in names if Path(folder) == reproduced
+                                                                   and n in _REMADE])
+    work.mkdir()
+    before, seeded = _snapshot(site), _snapshot(out)
+    env = {"PATH": f"{python.parent}{os.pathsep}/usr/bin{os.pathsep}/bin", "HOME": str(tmp_path / "home"),
+           "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg",
+           "XBENCH_CACHE": os.environ.get("XBENCH_CACHE") or str(Path.home() / ".cache" / "xbench")}
+    result = subprocess.run([str(python.parent / "xbench"), "reproduce", "--config", "phantom", "--output-dir", str(out),
+                             "-q"], cwd=work, env=env, capture_output=True, text=True, timeout=1500)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert _snapshot(site) == before, "xbench reproduce wrote into site-packages"
+    assert list(work.iterdir()) == [], "xbench reproduce wrote into its working folder"
+    made = set(_snapshot(out)) - set(seeded)
+    assert {"my_maps/tables/metrics.parquet", "tables/paper_table1.md", "notebooks/10_score_your_maps.ipynb",
+            "figures/fig3_auc_vs_pointing.pdf", "report.html"} <= made
+    assert "No pretrained weights" not in result.stderr and "without encryption" not in result.stderr  # -q, IPC kernels

@@ -11,20 +11,30 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_wheel_install_lists_datasets_and_carries_notebooks(tmp_path):
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+
+
+def build_wheel(tmp_path: Path) -> tuple[Path, str]:
+    """Build the package's wheel offline from a clean copy of the sources; returns the wheel and the build's
+    verbose output (setuptools' warnings included)."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(REPO / name, src / name)
     for name in ("xbench", "data_manifests", "notebooks"):
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
-    wheels, target = tmp_path / "wheels", tmp_path / "target"
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(wheels), str(src)],
-                   check=True, cwd=tmp_path, capture_output=True)
-    wheel = next(wheels.glob("xbench-*.whl"))
-    subprocess.run([*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)], check=True,
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-v", "-w", str(wheels),
+                            str(src)], check=True, cwd=tmp_path, capture_output=True, text=True)
+    return next(wheels.glob("xbench-*.whl")), built.stdout + built.stderr
+
+
+@pytest.mark.slow
+def test_wheel_install_lists_datasets_and_carries_notebooks(tmp_path):
+    wheel, build_log = build_wheel(tmp_path)
+    assert "would be ignored" not in build_log and "Package 'xbench" not in build_log  # a quiet install
+    target = tmp_path / "target"
+    subprocess.run([*PIP, "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)], check=True,
                    cwd=tmp_path, capture_output=True)
     # every data file of the package travels with it (a new folder of data needs a package-data pattern)
     data = {f.relative_to(REPO) for f in (REPO / "xbench").rglob("*")

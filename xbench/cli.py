@@ -23,8 +23,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from .errors import XBenchError
+
+if TYPE_CHECKING:  # the CLI imports the library (and torch) only once a command needs it
+    from .config import RunConfig
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -241,14 +245,14 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _deep_check(cfg: object) -> int:
+def _deep_check(cfg: "RunConfig") -> int:
     """Decode every present image of every dataset of ``cfg``; print the unreadable ones; 1 if any."""
     from . import manifests
     from .datasets import open_dataset
     from .skips import decode_all
 
     bad_total = 0
-    for spec in cfg.datasets:  # type: ignore[attr-defined]
+    for spec in cfg.datasets:
         ds = open_dataset(spec)
         _, missing = manifests.image_files(ds)
         decoded, bad = decode_all(ds, spec.name, missing=set(missing))
