@@ -25,7 +25,7 @@ def phantom():
 def test_reference_maps_are_faithful_and_fail_randomisation(phantom, name):
     torch.set_num_threads(2)
     table = faithfulness_table(create_model(name), phantom, steps=5, road=name == "ref_xattn",
-                               road_fractions=(0.3, 0.6))
+                               road_fractions=(0.5,))
     assert len(table) >= 8 and table["score"].mean() > 0.6  # positive cases the model recognises
     # deleting the map's most salient pixels first removes the evidence faster than inserting them restores it
     assert (table["insertion_auc"] - table["deletion_auc"]).mean() > 0.15
