@@ -71,6 +71,10 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
         ("Evaluation log", _log_html(log, run_log)),
         ("Run configuration", _config_html(metas)),
     ]
+    from .explain.report_section import explain_sections
+
+    sections[3:3] = [(title, note + _frame_html(frame, "explain"))  # after Figures, when notebook 11 ran (issue 24)
+                     for title, note, frame in explain_sections(run_dir)]
     nav = " · ".join(f'<a href="#sec-{i}">{html.escape(name)}</a>' for i, (name, _) in enumerate(sections))
     body = "\n".join(f'<section id="sec-{i}"><h2>{html.escape(name)}</h2>{content}</section>'
                      for i, (name, content) in enumerate(sections))

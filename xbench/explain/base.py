@@ -102,6 +102,8 @@ class Explainer(ABC):
     name: ClassVar[str] = ""
     #: "layer" (maps at a hooked layer's grid), "input" (pixel attributions pooled by ``pool``), "attention"
     kind: ClassVar[str] = "input"
+    #: the model-YAML key this explainer needs (``explain_layer`` / ``explain_attention``), if any
+    requires: ClassVar[str | None] = None
 
     def __init__(self, pool: int = 4):
         self.pool = int(pool)
