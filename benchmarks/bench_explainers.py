@@ -78,7 +78,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             rng = np.random.default_rng(0)
             pixels = torch.stack([adapter.preprocess(rng.random((320, 320), dtype=np.float32))
                                   for _ in range(args.batch_size)]).to(device)
-            candidates: list[tuple[str, Any]] = [("native", lambda a=adapter: a.predict(pixels, prompts))]
+            candidates: list[tuple[str, Any]] = [("native", lambda a=adapter, x=pixels: a.predict(x, prompts))]
             for method in args.explainers:
                 needs = EXPLAINERS[method].requires
                 if needs and not adapter.config.get(needs):
@@ -86,7 +86,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 options = {"n_steps": args.ig_steps} if method == "ig" else {}
                 wrapped = explained(adapter, method, **options)
-                candidates.append((method, lambda w=wrapped: w.predict(pixels, prompts)))
+                candidates.append((method, lambda w=wrapped, x=pixels: w.predict(x, prompts)))
             for method, fn in candidates:
                 if device.startswith("cuda"):
                     torch.cuda.reset_peak_memory_stats()
