@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import matplotlib
 import pandas as pd
 import pytest
 
 from conftest import tiny_run
+from xbench.atomic import write_frame
 from xbench.config import RunConfig
+from xbench.exports import export_run
+from xbench.explain.report_section import STUDY_TABLE
+from xbench.report import build_report
 from xbench.datasets import load_dataset
 from xbench.evaluate import load_tables
 from xbench.explain.faithfulness import faithfulness_table
@@ -55,3 +60,11 @@ def test_run_with_explainer_entries_end_to_end(tmp_path):
     assert row["faithfulness_low"] <= row["faithfulness"] <= row["faithfulness_high"]
     figure = plausibility_faithfulness_figure(frame)
     assert len(figure.axes[0].lines) + len(figure.axes[0].collections) > 0
+
+    # exports and the HTML report take the variants like any model; the report gets the study section
+    exported = export_run(tmp_path, tmp_path / "exports")
+    assert any("ref_xattn+gradcam" in str(p) or "ref_xattn+gradcam" in p.read_text() for p in exported if p.suffix == ".csv")
+    (tmp_path / STUDY_TABLE).parent.mkdir(parents=True)
+    write_frame(frame, tmp_path / STUDY_TABLE)
+    page = build_report(tmp_path).read_text()
+    assert "Explainers and faithfulness" in page and "ref_xattn+gradcam" in page
