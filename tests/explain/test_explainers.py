@@ -89,6 +89,14 @@ def test_prior_has_zero_gradient_maps_and_no_layer():
         explained(patchsim, "attngrad").predict(_pixels(patchsim, 1), PROMPTS)
 
 
+def test_random_prior_variant_keeps_its_case_keyed_scores():
+    prior = create_model("random_prior")
+    px = _pixels(prior)
+    pred = explained(prior, "gradxinput").predict_cases(px, PROMPTS, ["a", "b"])
+    torch.testing.assert_close(pred.scores, prior.predict_cases(px, PROMPTS, ["a", "b"]).scores.float())
+    assert pred.maps.abs().sum() == 0
+
+
 def test_no_grad_is_restored_after_an_explanation(ref_xattn):
     explained(ref_xattn, "gradxinput").predict(_pixels(ref_xattn, 1), PROMPTS)
     with torch.no_grad():

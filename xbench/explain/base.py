@@ -178,6 +178,14 @@ class ExplainedAdapter(Adapter):
                               f"{self.grid} (check explain_layer in the model's YAML)")
         return Prediction(pred.scores.detach().float().cpu(), maps)
 
+    def predict_cases(self, pixels: torch.Tensor, prompts: Sequence[str], case_ids: Sequence[str]) -> Prediction:
+        """:meth:`predict`; for an adapter whose output is keyed by the case (the random prior) its scores come
+        from its own ``predict_cases``, so the variant keeps exactly the stored scores of the model."""
+        pred = self.predict(pixels, prompts)
+        if type(self.inner).predict_cases is not Adapter.predict_cases:
+            pred = Prediction(self.inner.predict_cases(pixels, prompts, case_ids).scores.float().cpu(), pred.maps)
+        return pred
+
     def describe(self) -> dict[str, Any]:
         return {**self.inner.describe(), "model": self.name, "map_source": self.map_source,
                 "grid": f"{self.grid[0]}x{self.grid[1]}"}
