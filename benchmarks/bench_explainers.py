@@ -123,7 +123,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tiny:
         args.models, args.device, args.batch_size, args.classes = ["ref_xattn", "ref_patchsim"], "cpu", 2, 2
-        args.ig_steps, args.warmup, args.iters = 4, 0, 1
+        args.ig_steps, args.warmup, args.iters = 4, 1, 1
     if not 1 <= args.classes <= len(PROMPTS):
         p.error(f"--classes must be in 1..{len(PROMPTS)}")
     return args
