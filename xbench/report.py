@@ -87,6 +87,10 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
         ("Evaluation log", _log_blocks(log, run_log)),
         ("Run configuration", _config_blocks(metas)),
     ]
+    from .explain.report_section import explain_sections
+
+    sections[4:4] = [(title, [{"kind": "p", "text": note}, _frame_table(frame, "explain")])  # after Figures, when
+                     for title, note, frame in explain_sections(run_dir)]  # notebook 11 ran (issue 24)
     page = render_page(f"XBench report — {run_dir.name}", sections)
     out.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(out, page)
@@ -184,11 +188,15 @@ def _is_number(text: str) -> bool:
     return bool(np.isfinite(_float(text)))
 
 
+def _frame_table(frame: pd.DataFrame, kind: str) -> dict:
+    """A sortable table block of ``frame`` (first column as the row name; every cell escaped by the template)."""
+    rows = [(str(r.iloc[0]), [_text(v) for v in r.iloc[1:]]) for _, r in frame.iterrows()]
+    return _sortable(str(frame.columns[0]), rows, [str(c) for c in frame.columns[1:]], kind)
+
+
 def _models_table(models: pd.DataFrame) -> dict:
     first = [c for c in ("model", "weights") if c in models.columns]
-    frame = models[first + [c for c in models.columns if c not in first]]
-    rows = [(str(r.iloc[0]), [_text(v) for v in r.iloc[1:]]) for _, r in frame.iterrows()]
-    return _sortable(str(frame.columns[0]), rows, [str(c) for c in frame.columns[1:]], "models")
+    return _frame_table(models[first + [c for c in models.columns if c not in first]], "models")
 
 
 def _figures_blocks(run_dir: Path) -> list[dict]:

@@ -102,6 +102,8 @@ class Explainer(ABC):
     name: ClassVar[str] = ""
     #: "layer" (maps at a hooked layer's grid), "input" (pixel attributions pooled by ``pool``), "attention"
     kind: ClassVar[str] = "input"
+    #: the model-YAML key this explainer needs (``explain_layer`` / ``explain_attention``), if any
+    requires: ClassVar[str | None] = None
 
     def __init__(self, pool: int = 4):
         self.pool = int(pool)
@@ -175,6 +177,14 @@ class ExplainedAdapter(Adapter):
             raise XBenchError(f"{self.name}: the explainer gave maps of grid {tuple(maps.shape[2:])}, expected "
                               f"{self.grid} (check explain_layer in the model's YAML)")
         return Prediction(pred.scores.detach().float().cpu(), maps)
+
+    def predict_cases(self, pixels: torch.Tensor, prompts: Sequence[str], case_ids: Sequence[str]) -> Prediction:
+        """:meth:`predict`; for an adapter whose output is keyed by the case (the random prior) its scores come
+        from its own ``predict_cases``, so the variant keeps exactly the stored scores of the model."""
+        pred = self.predict(pixels, prompts)
+        if type(self.inner).predict_cases is not Adapter.predict_cases:
+            pred = Prediction(self.inner.predict_cases(pixels, prompts, case_ids).scores.float().cpu(), pred.maps)
+        return pred
 
     def describe(self) -> dict[str, Any]:
         return {**self.inner.describe(), "model": self.name, "map_source": self.map_source,

@@ -43,6 +43,7 @@ class _LayerCAM(Explainer):
     """Grad-CAM family on the YAML's ``explain_layer``; ``cam_class`` gives the channel weights."""
 
     kind = "layer"
+    requires = "explain_layer"
     cam_class: ClassVar[Any]
 
     def explain(self, adapter: Adapter, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
@@ -144,6 +145,7 @@ class AttentionGrad(Explainer):
 
     name = "attngrad"
     kind = "attention"
+    requires = "explain_attention"
 
     def explain(self, adapter: Adapter, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         root = module_at(adapter, explain_fact(adapter, "explain_attention", self.name))
