@@ -1,0 +1,182 @@
+"""GPU preprocessing kernels (xbench/gpu_preprocess.py) are bit-identical to Pillow, to CARZero's INTER_AREA and
+to every ported adapter's own CPU ``preprocess`` — run here on the CPU device (``XBENCH_TEST_DEVICE`` picks another).
+
+The large randomised comparison on the GPU is ``benchmarks/bench_gpu_preprocess.py`` (docs/perf/).
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import open_clip
+import pytest
+import torch
+from conftest import TEST_DEVICE, shared_path
+from PIL import Image
+
+from xbench.cache import ModelInput
+from xbench.datasets.images import read_image
+from xbench.gpu_preprocess import (PILLOW_VERTICAL_FIRST, CodePlan, check_plan, plan_for, resize_area,
+                                   resize_pillow, source_array)
+from xbench.models.carzero import CARZeroAdapter
+from xbench.models.carzero import resize_area as resize_area_cpu
+from xbench.models.clip import PromptPairCLIP
+from xbench.models.devide import DeViDeAdapter
+from xbench.models.kad import KADAdapter
+from xbench.models.mavl import MAVLAdapter
+from xbench.models.medklip import MedKLIPAdapter
+from xbench.models.priors import CenterPrior
+
+DEVICE = torch.device(TEST_DEVICE)
+FILTERS = (Image.BICUBIC, Image.BILINEAR, Image.BOX)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small float64 products run faster on one thread than on two contended ones (CI has 2 cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _on(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)).to(DEVICE)
+
+
+def _content(rng: np.random.Generator, h: int, w: int, kind: int) -> np.ndarray:
+    """noise, constant, smooth gradient, or sparse extremes (0/255 spikes: clipping on both ends)."""
+    if kind == 0:
+        return rng.integers(0, 256, (h, w), dtype=np.uint8)
+    if kind == 1:
+        return np.full((h, w), rng.integers(0, 256), np.uint8)
+    if kind == 2:
+        return (np.add.outer(np.arange(h) * 7, np.arange(w) * 3) % 256).astype(np.uint8)
+    return np.where(rng.random((h, w)) < 0.1, 255, 0).astype(np.uint8)
+
+
+def test_pillow_resize_random_cases():
+    """160 random shapes (1–300 px in and out: up, down, mixed, non-square), three filters, four kinds of content."""
+    rng = np.random.default_rng(22)
+    for case in range(160):
+        h, w, oh, ow = (int(v) for v in rng.integers(1, 301, 4))
+        f = FILTERS[case % 3]
+        img = _content(rng, h, w, case % 4)
+        want = np.asarray(Image.fromarray(img).resize((ow, oh), f))
+        got = resize_pillow(_on(img), (oh, ow), f).cpu().numpy()
+        assert np.array_equal(got, want), f"case {case}: {h}x{w} -> {oh}x{ow} filter {f}"
+
+
+def test_pillow_pass_order_shapes_and_rgb():
+    """Shapes where Pillow 13 runs the vertical pass first (height cut much more than width), the mirror
+    case, an identity size, and an RGB image (each band resized alike)."""
+    rng = np.random.default_rng(7)
+    for h, w, oh, ow in [(400, 120, 37, 100), (401, 300, 50, 290), (90, 400, 80, 41), (64, 64, 64, 64),
+                         (300, 200, 300, 77), (150, 150, 151, 20)]:
+        img = rng.integers(0, 256, (h, w), dtype=np.uint8)
+        want = np.asarray(Image.fromarray(img).resize((ow, oh), Image.BICUBIC))
+        assert np.array_equal(resize_pillow(_on(img), (oh, ow)).cpu().numpy(), want), (h, w, oh, ow)
+    rgb = rng.integers(0, 256, (97, 131, 3), dtype=np.uint8)
+    want = np.asarray(Image.fromarray(rgb).resize((40, 61), Image.BICUBIC))
+    got = resize_pillow(_on(rgb.transpose(2, 0, 1)), (61, 40)).cpu().numpy().transpose(1, 2, 0)
+    assert np.array_equal(got, want)
+    assert isinstance(PILLOW_VERTICAL_FIRST, bool)
+
+
+def test_inter_area_random_cases():
+    """CARZero's INTER_AREA: 2x2 (round half up), other integer factors, fractional scales, 1-px outputs."""
+    rng = np.random.default_rng(3)
+    shapes = [(512, 384, 256, 192), (900, 600, 300, 200), (257, 1000, 64, 250), (300, 301, 1, 1)]
+    for _ in range(40):
+        h, w = (int(v) for v in rng.integers(2, 700, 2))
+        shapes.append((h, w, int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))))
+    for case, (h, w, oh, ow) in enumerate(shapes):
+        img = _content(rng, h, w, case % 4)
+        assert np.array_equal(resize_area(_on(img), oh, ow).cpu().numpy(), resize_area_cpu(img, oh, ow)), (h, w, oh, ow)
+    with pytest.raises(ValueError, match="only downscales"):
+        resize_area(_on(np.zeros((10, 10), np.uint8)), 11, 5)
+
+
+# -- whole adapter preprocessing -----------------------------------------------------------------
+class _Square:  # MedKLIP / MAVL / KAD / DeViDe preprocessing without building the networks
+    def __init__(self, cls: type, input_size: int = 224):
+        self.input_size = input_size
+        self.mean, self.std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)  # read by DeViDe's preprocess only
+        self._cls = cls
+
+    def preprocess(self, image: np.ndarray) -> torch.Tensor:
+        return self._cls.preprocess(self, image)
+
+
+def _adapters() -> dict[str, object]:
+    """Objects whose ``preprocess`` is each adapter class's own function (networks not built)."""
+    out: dict[str, object] = {}
+    for cls in (MedKLIPAdapter, MAVLAdapter, KADAdapter, DeViDeAdapter):
+        out[cls.__name__] = type(cls.__name__, (_Square,), {"preprocess": cls.preprocess})(cls)
+    out["KAD_512"] = type("KAD512", (_Square,), {"preprocess": KADAdapter.preprocess})(KADAdapter, 512)
+    clip = type("Clip", (), {"preprocess": PromptPairCLIP.preprocess, "name": "clip"})()
+    clip.transform = open_clip.image_transform(224, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
+                                               std=open_clip.OPENAI_DATASET_STD)
+    out["CLIP"] = clip
+    out["CARZero"] = type("CZ", (), {"preprocess": CARZeroAdapter.preprocess})()
+    return out
+
+
+def _write_dicom():
+    spec = importlib.util.spec_from_file_location("_images_test", Path(__file__).parent / "datasets" / "test_images.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_dicom
+
+
+def _images(tmp_path: Path) -> dict[str, np.ndarray]:
+    """Real NIH PNGs, 8/16-bit PNGs, MONOCHROME1 and windowed 12-bit DICOMs, constant and noise, up/down sizes."""
+    rng = np.random.default_rng(11)
+    images = {name: read_image(shared_path("samples", name)) for name in ("00000001_000.png", "00027426_000.png")}
+    Image.fromarray(rng.integers(0, 256, (420, 300), dtype=np.uint8)).save(tmp_path / "noise8.png")
+    Image.fromarray(rng.integers(0, 65536, (333, 517), dtype=np.uint16)).save(tmp_path / "noise16.png")
+    ramp = (np.add.outer(np.arange(290) * 181, np.arange(260) * 37) % 65536).astype(np.uint16)
+    Image.fromarray(ramp).save(tmp_path / "ramp16.png")
+    write_dicom = _write_dicom()
+    pix12 = rng.integers(0, 4096, (300, 280)).astype(np.uint16)
+    write_dicom(tmp_path / "mono1.dcm", pix12, bits=12, photometric="MONOCHROME1",
+                WindowCenter=2000, WindowWidth=3000)
+    write_dicom(tmp_path / "mono2.dcm", rng.integers(0, 256, (270, 400)).astype(np.uint8))
+    for name in ("noise8.png", "noise16.png", "ramp16.png", "mono1.dcm", "mono2.dcm"):
+        images[name] = read_image(tmp_path / name)
+    images["constant"] = np.full((512, 300), 0.25, np.float32)
+    images["small_up"] = (rng.integers(0, 256, (260, 257)) / 255).astype(np.float32)  # CLIP/KAD upscale
+    images["float"] = rng.random((303, 288), dtype=np.float32)
+    return images
+
+
+def test_adapter_preprocess_bit_identical(tmp_path):
+    """Each ported adapter: GPU codes → the adapter's own table gather equals its CPU ``preprocess`` (torch.equal)."""
+    images = _images(tmp_path)
+    assert images["noise16.png"].dtype == np.float32 and source_array(images["noise16.png"]).dtype == np.uint16
+    assert source_array(images["mono1.dcm"]).dtype == np.uint8
+    for name, adapter in _adapters().items():
+        plan = plan_for(adapter)
+        assert isinstance(plan, CodePlan), name
+        table = check_plan(adapter, plan, DEVICE)
+        assert table is not None, name
+        spec = ModelInput("test", table)  # the store's gather: codes -> float input
+        for image_name, image in images.items():
+            want = adapter.preprocess(image)
+            codes = plan(_on(source_array(image)))
+            got = spec.decode(codes[None], torch.from_numpy(table).to(DEVICE))[0].cpu()
+            assert torch.equal(got, want), f"{name} on {image_name}"
+
+
+def test_plans_shared_and_absent():
+    """Models with equal preprocessing share one plan; priors and reference models have none (CPU path)."""
+    ads = _adapters()
+    assert plan_for(ads["MedKLIPAdapter"]) == plan_for(ads["MAVLAdapter"])  # bilinear
+    assert plan_for(ads["KADAdapter"]) == plan_for(ads["DeViDeAdapter"])  # bicubic
+    assert plan_for(ads["MedKLIPAdapter"]).resample != plan_for(ads["KADAdapter"]).resample
+    assert plan_for(ads["KAD_512"]) != plan_for(ads["KADAdapter"])
+    assert plan_for(CenterPrior()) is None
+    wrong = CodePlan("square", 223, 223, int(Image.BICUBIC), "linear")  # a plan that is not the adapter's
+    assert check_plan(ads["MedKLIPAdapter"], wrong, DEVICE) is None
+    assert check_plan(ads["MedKLIPAdapter"], plan_for(ads["KADAdapter"]), DEVICE) is None  # bicubic != bilinear
