@@ -9,7 +9,6 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-import open_clip
 import pytest
 import torch
 from conftest import TEST_DEVICE, shared_path
@@ -17,15 +16,9 @@ from PIL import Image
 
 from xbench.cache import ModelInput
 from xbench.datasets.images import read_image
-from xbench.gpu_preprocess import (PILLOW_VERTICAL_FIRST, CodePlan, check_plan, plan_for, resize_area,
-                                   resize_pillow, source_array)
-from xbench.models.carzero import CARZeroAdapter
+from xbench.gpu_preprocess import (PILLOW_VERTICAL_FIRST, CodePlan, check_plan, plan_for, preprocess_standins,
+                                   resize_area, resize_pillow, source_array)
 from xbench.models.carzero import resize_area as resize_area_cpu
-from xbench.models.clip import PromptPairCLIP
-from xbench.models.devide import DeViDeAdapter
-from xbench.models.kad import KADAdapter
-from xbench.models.mavl import MAVLAdapter
-from xbench.models.medklip import MedKLIPAdapter
 from xbench.models.priors import CenterPrior
 
 DEVICE = torch.device(TEST_DEVICE)
@@ -99,28 +92,9 @@ def test_inter_area_random_cases():
 
 
 # -- whole adapter preprocessing -----------------------------------------------------------------
-class _Square:  # MedKLIP / MAVL / KAD / DeViDe preprocessing without building the networks
-    def __init__(self, cls: type, input_size: int = 224):
-        self.input_size = input_size
-        self.mean, self.std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)  # read by DeViDe's preprocess only
-        self._cls = cls
-
-    def preprocess(self, image: np.ndarray) -> torch.Tensor:
-        return self._cls.preprocess(self, image)
-
-
 def _adapters() -> dict[str, object]:
     """Objects whose ``preprocess`` is each adapter class's own function (networks not built)."""
-    out: dict[str, object] = {}
-    for cls in (MedKLIPAdapter, MAVLAdapter, KADAdapter, DeViDeAdapter):
-        out[cls.__name__] = type(cls.__name__, (_Square,), {"preprocess": cls.preprocess})(cls)
-    out["KAD_512"] = type("KAD512", (_Square,), {"preprocess": KADAdapter.preprocess})(KADAdapter, 512)
-    clip = type("Clip", (), {"preprocess": PromptPairCLIP.preprocess, "name": "clip"})()
-    clip.transform = open_clip.image_transform(224, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
-                                               std=open_clip.OPENAI_DATASET_STD)
-    out["CLIP"] = clip
-    out["CARZero"] = type("CZ", (), {"preprocess": CARZeroAdapter.preprocess})()
-    return out
+    return preprocess_standins()
 
 
 def _write_dicom():
@@ -172,11 +146,11 @@ def test_adapter_preprocess_bit_identical(tmp_path):
 def test_plans_shared_and_absent():
     """Models with equal preprocessing share one plan; priors and reference models have none (CPU path)."""
     ads = _adapters()
-    assert plan_for(ads["MedKLIPAdapter"]) == plan_for(ads["MAVLAdapter"])  # bilinear
-    assert plan_for(ads["KADAdapter"]) == plan_for(ads["DeViDeAdapter"])  # bicubic
-    assert plan_for(ads["MedKLIPAdapter"]).resample != plan_for(ads["KADAdapter"]).resample
-    assert plan_for(ads["KAD_512"]) != plan_for(ads["KADAdapter"])
+    assert plan_for(ads["medklip"]) == plan_for(ads["mavl"])  # bilinear
+    assert plan_for(ads["kad"]) == plan_for(ads["devide"])  # bicubic
+    assert plan_for(ads["medklip"]).resample != plan_for(ads["kad"]).resample
+    assert plan_for(ads["kad_512"]) != plan_for(ads["kad"])
     assert plan_for(CenterPrior()) is None
     wrong = CodePlan("square", 223, 223, int(Image.BICUBIC), "linear")  # a plan that is not the adapter's
-    assert check_plan(ads["MedKLIPAdapter"], wrong, DEVICE) is None
-    assert check_plan(ads["MedKLIPAdapter"], plan_for(ads["KADAdapter"]), DEVICE) is None  # bicubic != bilinear
+    assert check_plan(ads["medklip"], wrong, DEVICE) is None
+    assert check_plan(ads["medklip"], plan_for(ads["kad"]), DEVICE) is None  # bicubic != bilinear

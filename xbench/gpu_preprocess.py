@@ -58,7 +58,7 @@ from PIL import Image
 from .models.inputs import source_levels, to_uint8
 
 __all__ = ["CodePlan", "check_plan", "pillow_coefficients", "plan_for", "resize_area", "resize_pillow",
-           "code_table", "sixteen_bit_table", "source_array", "PILLOW_VERTICAL_FIRST"]
+           "code_table", "preprocess_standins", "sixteen_bit_table", "source_array", "PILLOW_VERTICAL_FIRST"]
 
 PRECISION_BITS = 22  # Pillow: 32 - 8 - 2
 PILLOW_VERTICAL_FIRST = int(PIL.__version__.split(".")[0]) >= 13  # Pillow 13's pass-order rule (module docstring)
@@ -362,6 +362,44 @@ def plan_for(adapter: Any) -> CodePlan | None:
     if fn is PromptPairCLIP.preprocess:  # CLIP, BiomedCLIP
         return _clip_plan(adapter)
     return None
+
+
+class _PreprocessOnly:
+    """An object whose ``preprocess`` is an adapter class's own function, with the attributes that function reads,
+    and no network (tests and benchmarks of preprocessing without building models)."""
+
+    def __init__(self, name: str, **attributes: Any):
+        self.name = name
+        self.__dict__.update(attributes)
+
+
+def preprocess_standins() -> dict[str, Any]:
+    """Preprocess-only stand-ins of every ported adapter: ``medklip``, ``mavl``, ``kad``, ``kad_512``, ``devide``
+    (its own default mean/std are the ImageNet ones), ``clip`` (open_clip's validation transform, as CLIP and
+    BiomedCLIP build it) and ``carzero``."""
+    import open_clip
+
+    from .models._common import IMAGENET_MEAN, IMAGENET_STD
+    from .models.carzero import CARZeroAdapter
+    from .models.clip import PromptPairCLIP
+    from .models.devide import DeViDeAdapter
+    from .models.kad import KADAdapter
+    from .models.mavl import MAVLAdapter
+    from .models.medklip import MedKLIPAdapter
+
+    def make(name: str, cls: type, fn: Callable[..., Any], **attributes: Any) -> Any:
+        return type(f"{cls.__name__}Preprocess", (_PreprocessOnly,), {"preprocess": fn})(name, **attributes)
+
+    transform = open_clip.image_transform(224, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
+                                          std=open_clip.OPENAI_DATASET_STD)
+    return {"medklip": make("medklip", MedKLIPAdapter, MedKLIPAdapter.preprocess, input_size=224),
+            "mavl": make("mavl", MAVLAdapter, MAVLAdapter.preprocess, input_size=224),
+            "kad": make("kad", KADAdapter, KADAdapter.preprocess, input_size=224),
+            "kad_512": make("kad_512", KADAdapter, KADAdapter.preprocess, input_size=512),
+            "devide": make("devide", DeViDeAdapter, DeViDeAdapter.preprocess, input_size=224,
+                           mean=IMAGENET_MEAN, std=IMAGENET_STD),
+            "clip": make("clip", PromptPairCLIP, PromptPairCLIP.preprocess, transform=transform),
+            "carzero": make("carzero", CARZeroAdapter, CARZeroAdapter.preprocess)}
 
 
 def probe_images() -> list[np.ndarray]:
