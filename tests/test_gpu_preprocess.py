@@ -154,3 +154,43 @@ def test_plans_shared_and_absent():
     wrong = CodePlan("square", 223, 223, int(Image.BICUBIC), "linear")  # a plan that is not the adapter's
     assert check_plan(ads["medklip"], wrong, DEVICE) is None
     assert check_plan(ads["medklip"], plan_for(ads["kad"]), DEVICE) is None  # bicubic != bilinear
+
+
+# -- the runner: stores equal on both paths ------------------------------------------------------
+def _store(out: Path) -> dict[str, dict[str, np.ndarray]]:
+    found = {}
+    for p in sorted((out / "store").rglob("chunk-*.npz")):
+        with np.load(p) as z:
+            found[str(p.relative_to(out))] = {k: z[k] for k in z.files}
+    return found
+
+
+@pytest.mark.usefixtures("phantom_cache")
+def test_runner_stores_identical_with_device_preprocessing(tmp_path):
+    """The phantom run with ported models (CLIP, KAD, random-init) and a prior: ``preprocess_device: device``
+    (kernels on the run device, the CPU here) writes the same store bytes as ``cpu``."""
+    import json
+    import warnings
+
+    from conftest import tiny_run
+
+    from xbench.config import RunConfig
+    from xbench.errors import XBenchWarning
+    from xbench.runner import run
+
+    models = ["center_prior", {"name": "clip", "params": {"random_init": True}},
+              {"name": "kad", "params": {"random_init": True}}]
+    outs = {}
+    for path in ("cpu", "device"):
+        raw = tiny_run(tmp_path / path, cases=6, models=models, device=str(DEVICE), preprocess_device=path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", XBenchWarning)
+            outs[path] = run(RunConfig.from_dict(raw), progress=False)
+    cpu, dev = (_store(outs[p]) for p in ("cpu", "device"))
+    assert cpu.keys() == dev.keys() and len(cpu) == 3
+    for name in cpu:
+        for key in cpu[name]:
+            np.testing.assert_array_equal(cpu[name][key], dev[name][key], err_msg=f"{name}:{key}")
+    log = json.loads((outs["device"] / "run_log.json").read_text())
+    assert log[-1]["preprocessed_on"] == {"device": str(DEVICE), "inputs": 12}  # 6 images x 2 distinct plans
+    assert "preprocessed_on" not in json.loads((outs["cpu"] / "run_log.json").read_text())[-1]

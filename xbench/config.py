@@ -20,6 +20,7 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     on_missing_image: raise         # raise | skip (counted in run_log.json)
     decode_once: true               # decode each image once for all models (xbench/cache.py); false: per model
     cache_dir: null                 # persistent decode cache folder (null: in memory for the run)
+    preprocess_device: auto         # auto: the run device if CUDA, else cpu | cpu | device: where models' resizes run
     map_dtype: float16              # float16 | float32 storage of the native-grid maps
     channels_last: false            # NHWC layout for CNN trunks (speed option)
     bootstrap: {replicates: 1000, seed: 0}
@@ -56,7 +57,7 @@ from .registry import dataset_manifest, import_target, model_config, read_yaml
 #: keys of a run config and of its dataset / model entries
 RUN_KEYS = ("output_dir", "datasets", "models", "grid", "fixed_threshold", "pointing_ties", "batch_size", "num_workers",
             "precision", "device", "chunk_size", "on_missing_image", "bootstrap", "allow_random_init",
-            "decode_once", "cache_dir", "map_dtype", "channels_last")
+            "decode_once", "cache_dir", "map_dtype", "channels_last", "preprocess_device")
 DATASET_KEYS = ("name", "root", "split")
 MODEL_KEYS = ("name", "weights", "params", "fit_split", "optional")
 _DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
@@ -234,6 +235,7 @@ class RunConfig:
     on_missing_image: str = "raise"
     decode_once: bool = True
     cache_dir: str | None = None
+    preprocess_device: str = "auto"
     map_dtype: str = "float16"
     channels_last: bool = False
     bootstrap_replicates: int = 1000
@@ -292,6 +294,7 @@ class RunConfig:
             allow_random_init=get("allow_random_init", False, "bool"),
             decode_once=get("decode_once", True, "bool"),
             cache_dir=None if raw.get("cache_dir") is None else str(get("cache_dir", None, "path")),
+            preprocess_device=get("preprocess_device", "auto", "str"),
             map_dtype=get("map_dtype", "float16", "str"),
             channels_last=get("channels_last", False, "bool"),
             source=source,
@@ -305,6 +308,7 @@ class RunConfig:
             (self.pointing_ties in ("first", "any"), "pointing_ties", "must be 'first' or 'any'"),
             (self.precision in ("fp32", "tf32", "fp16", "bf16"), "precision", "must be fp32, tf32, fp16 or bf16"),
             (self.map_dtype in ("float16", "float32"), "map_dtype", "must be float16 or float32"),
+            (self.preprocess_device in ("auto", "cpu", "device"), "preprocess_device", "must be 'auto', 'cpu' or 'device'"),
             (self.on_missing_image in ("raise", "skip"), "on_missing_image", "must be 'raise' or 'skip'"),
             (0.0 <= self.fixed_threshold <= 1.0, "fixed_threshold", "must lie in [0, 1]"),
             (len(self.grid) == 2 and min(self.grid) > 0, "grid", "must be [height, width] > 0"),

@@ -65,6 +65,14 @@ class _Inputs(Dataset):
         return row, sample.case_id, self.adapter.preprocess(image), None, image.shape, self.adapter.input_window(image.shape)
 
 
+def _preprocess_device(cfg: RunConfig, device: torch.device) -> torch.device | None:
+    """Where ported models' resizes run (``preprocess_device``: ``auto`` = the run device if CUDA, ``device`` = the
+    run device, ``cpu`` = the decode workers); None means the CPU path (:class:`xbench.cache.InputFeed`)."""
+    if cfg.preprocess_device == "device" or (cfg.preprocess_device == "auto" and device.type == "cuda"):
+        return device
+    return None
+
+
 def _collate(items: list[Any]) -> list[Any]:
     return items
 
@@ -356,13 +364,16 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
             from .cache import InputFeed
 
             feed = InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
-                             skip_missing=cfg.on_missing_image == "skip")
+                             skip_missing=cfg.on_missing_image == "skip",
+                             preprocess_device=_preprocess_device(cfg, device))
         for mspec, adapter in zip(models, adapters):
             entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
                           progress=progress, feed=feed, chunk_offset=offset)
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
             entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
+            if feed is not None and feed.plans:
+                entry["preprocessed_on"] = {"device": str(feed.preprocess_device), "inputs": feed.device_inputs}
             if report is not None:
                 entry["preflight_images"] = summary(report).get(dspec.name)
             log.append(entry)
