@@ -191,6 +191,13 @@ def run_config(root: Path, out: Path, *, fraction: float = 1.0, models: list[str
             "grid": [224, 224], "chunk_size": 256, "bootstrap": {"replicates": 0, "seed": 0}, **changes}
 
 
+def _decode_profile(log: list[dict[str, Any]]) -> dict[str, float]:
+    """Decode-stage seconds summed over datasets (each dataset's last, cumulative, run-log entry)."""
+    last = {e["dataset"]: e["decode_profile"] for e in log if "decode_profile" in e}
+    keys = {k for p in last.values() for k in p}
+    return {k: round(sum(p.get(k, 0.0) for p in last.values()), 2) for k in sorted(keys)}
+
+
 def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
     """``xbench.run`` (inference only), then the evaluation timed apart; per-model rates from the run log."""
     from xbench.config import RunConfig
@@ -228,6 +235,7 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
             "decode_seconds": round(decode, 2), "image_model_passes": passes,
             "passes_per_s": round(passes / infer_s, 1), "per_model": per_model,
             "gpu_alone_passes_per_s": round(passes / max(model_seconds, 1e-9), 1),  # model time only, decoding out
+            "decode_profile": _decode_profile(log),
             "preprocessed_on": sorted({json.dumps(e["preprocessed_on"]) for e in log if "preprocessed_on" in e}),
             "store_mb": round(sum(f.stat().st_size for f in (Path(cfg.output_dir) / "store").rglob("*.npz")) / 2**20, 1)}
 

@@ -214,6 +214,8 @@ class Decoded:
     decoded: bool
     source: np.ndarray | None = None
     content: str | None = None
+    read_seconds: float = 0.0  # in the worker: reading the file (decode)
+    prep_seconds: float = 0.0  # in the worker: CPU preprocess of the CPU-path keys and the upload array
 
 
 class _Decode(Dataset):
@@ -250,6 +252,7 @@ class _Decode(Dataset):
                     out[key] = arr
                 else:
                     return Decoded(row, sample.case_id, out, None, tuple(rec["shape"]), False)
+        started = time.perf_counter()
         try:
             st = path.stat() if self.cache is not None and path.is_file() else None
             image = sample.image()
@@ -257,6 +260,7 @@ class _Decode(Dataset):
             if not self.skip_missing:
                 raise
             return Decoded(row, sample.case_id, {}, f"{type(exc).__name__}: {exc}", None, True)
+        read = time.perf_counter() - started
         if self.cache is not None and st is not None and content is None:
             content = content_hash(path)
             if path.stat().st_mtime_ns != st.st_mtime_ns:  # changed while we read it: do not cache
@@ -274,7 +278,8 @@ class _Decode(Dataset):
             from .gpu_preprocess import source_array
 
             source = source_array(image)
-        return Decoded(row, sample.case_id, out, None, tuple(image.shape), True, source, content)
+        return Decoded(row, sample.case_id, out, None, tuple(image.shape), True, source, content, read,
+                       time.perf_counter() - started - read)
 
 
 def _identity(item: Any) -> Any:
@@ -314,6 +319,9 @@ class InputFeed:
         self.rows: dict[int, tuple[str, dict[str, np.ndarray], str | None, tuple[int, int] | None]] = {}
         self.stats = {"decoded": 0, "from_cache": 0, "skipped": 0}
         self.device_inputs = 0  # model inputs computed on preprocess_device (equal plans counted once per image)
+        # seconds: worker time reading files and preprocessing on the CPU (summed over workers), this process's
+        # time in device preprocessing, and the wall time of the decode stage
+        self.profile = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0}
         self.seconds = 0.0  # wall time spent decoding / reading the cache
         self._luts: dict[tuple[str, str], torch.Tensor] = {}
 
@@ -352,11 +360,16 @@ class InputFeed:
         loader = DataLoader(source, batch_size=None, sampler=todo, num_workers=self.workers,
                             collate_fn=_identity, prefetch_factor=4 if self.workers else None)
         for item in loader:
+            self.profile["read"] += item.read_seconds
+            self.profile["cpu_prep"] += item.prep_seconds
             if item.source is not None:
+                t = time.perf_counter()
                 self._on_device(item)
+                self.profile["device_prep"] += time.perf_counter() - t
             self.rows[item.row] = (item.case_id, item.inputs, item.reason, item.shape)
             self.stats["skipped" if item.reason else ("decoded" if item.decoded else "from_cache")] += 1
         self.seconds += time.perf_counter() - started
+        self.profile["wall"] = self.seconds
 
     def _on_device(self, item: Decoded) -> None:
         """One upload of ``item.source``; the codes of every device key it lacks (equal plans computed once)."""

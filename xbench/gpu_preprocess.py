@@ -191,6 +191,20 @@ def _area_passes_cpu(src: int, dst: int, scale: float) -> list[tuple[torch.Tenso
             for o, s, w in _table_passes(_area_table(src, dst, scale))]
 
 
+_AREA: dict[tuple[int, int, float, str], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+
+def _area_passes(src: int, dst: int, scale: float, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+    """:func:`_area_passes_cpu` on ``device``, cached (no host-to-device copies per image)."""
+    key = (src, dst, scale, str(device))
+    passes = _AREA.get(key)
+    if passes is None:
+        if len(_AREA) > 1024:
+            _AREA.clear()
+        passes = _AREA[key] = [tuple(t.to(device) for t in p) for p in _area_passes_cpu(src, dst, scale)]
+    return passes
+
+
 def resize_area(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """:func:`xbench.models.carzero.resize_area` (OpenCV ``INTER_AREA``, downscaling) on a uint8 ``(H, W)`` tensor.
 
@@ -215,13 +229,11 @@ def resize_area(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
     dev = image.device
     source = image.to(torch.float32)
     rows = torch.zeros((in_h, width), dtype=torch.float32, device=dev)
-    for outs, srcs, weights in _area_passes_cpu(in_w, width, scale_x):
-        outs, srcs, weights = outs.to(dev), srcs.to(dev), weights.to(dev)
+    for outs, srcs, weights in _area_passes(in_w, width, scale_x, dev):
         term = source[:, srcs] * weights
         rows[:, outs] = rows[:, outs] + term
     out = torch.zeros((height, width), dtype=torch.float32, device=dev)
-    for j, (outs, srcs, weights) in enumerate(_area_passes_cpu(in_h, height, scale_y)):
-        outs, srcs, weights = outs.to(dev), srcs.to(dev), weights.to(dev)
+    for j, (outs, srcs, weights) in enumerate(_area_passes(in_h, height, scale_y, dev)):
         term = rows[srcs] * weights[:, None]
         out[outs] = term if j == 0 else out[outs] + term
     return torch.round(out).clamp_(0, 255).to(torch.uint8)
@@ -247,9 +259,15 @@ def _sixteen_bit_table_cpu(rule: str) -> torch.Tensor:
     return torch.from_numpy(to_uint8(values.reshape(256, 256), rule).reshape(-1).copy())
 
 
+_TABLES16: dict[tuple[str, str], torch.Tensor] = {}
+
+
 def sixteen_bit_table(rule: str, device: torch.device | str = "cpu") -> torch.Tensor:
     """``(65536,)`` uint8: ``to_uint8`` of a 16-bit source value ``v`` under ``rule`` (``linear`` / ``opencv``)."""
-    return _sixteen_bit_table_cpu(rule).to(device)
+    key = (rule, str(device))
+    if key not in _TABLES16:
+        _TABLES16[key] = _sixteen_bit_table_cpu(rule).to(device)
+    return _TABLES16[key]
 
 
 def to_codes8(source: torch.Tensor, rule: str) -> torch.Tensor:

@@ -372,6 +372,8 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
             entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
+            if feed is not None:
+                entry["decode_profile"] = {k: round(v, 3) for k, v in feed.profile.items()}  # cumulative, seconds
             if feed is not None and feed.plans:
                 entry["preprocessed_on"] = {"device": str(feed.preprocess_device), "inputs": feed.device_inputs}
             if report is not None:
