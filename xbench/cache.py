@@ -50,7 +50,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Queue
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .errors import FormatError, MissingFileError
 
-__all__ = ["ModelInput", "model_input", "InputFeed", "content_hash"]
+__all__ = ["CaseItem", "Decoded", "ModelInput", "model_input", "InputFeed", "content_hash"]
 
 _PROBE_SHAPE = (301, 263)  # odd, non-square, larger than every input (CARZero only downscales)
 
@@ -195,6 +195,20 @@ class _DiskCache:
 
 
 # -- decode stage ----------------------------------------------------------------------------
+class CaseItem(NamedTuple):
+    """One row of a model batch as both input pipelines yield it (the pixels travel apart, stacked per batch).
+
+    ``reason`` is why the case is skipped (None when its image was read); ``shape`` the image's ``(H, W)`` and
+    ``window`` the adapter's :meth:`input_window` of it (both None for a skipped case).
+    """
+
+    row: int
+    case_id: str
+    reason: str | None
+    shape: tuple[int, int] | None
+    window: tuple[float, float, float, float] | None
+
+
 @dataclass
 class Decoded:
     """What the decode stage gives for one dataset row.
@@ -390,8 +404,8 @@ class InputFeed:
         self.rows.clear()
 
     def batches(self, adapter: Any, batches: Sequence[Sequence[int]], device: torch.device, *,
-                channels_last: bool = False, prefetch: int = 2) -> Iterator[tuple[list[tuple[Any, ...]], torch.Tensor | None]]:
-        """Yield ``(items, pixels)`` per batch of rows: ``items`` are ``(row, case_id, skip reason, (H, W), window)``,
+                channels_last: bool = False, prefetch: int = 2) -> Iterator[tuple[list[CaseItem], torch.Tensor | None]]:
+        """Yield ``(items, pixels)`` per batch of rows: ``items`` are :class:`CaseItem`,
         ``pixels`` the model input of the non-skipped rows on ``device`` (None if all were skipped).
 
         Batches are stacked (and pinned for CUDA) in a background thread while the previous one runs.
@@ -400,12 +414,12 @@ class InputFeed:
         self.ensure(r for b in batches for r in b)
         pin = device.type == "cuda"
 
-        def host(rows: Sequence[int]) -> tuple[list[tuple[Any, ...]], torch.Tensor | None]:
+        def host(rows: Sequence[int]) -> tuple[list[CaseItem], torch.Tensor | None]:
             items, arrays = [], []
             for r in rows:
                 case_id, out, reason, shape = self.rows[r]
                 window = adapter.input_window(shape) if reason is None else None
-                items.append((r, case_id, reason, shape, window))
+                items.append(CaseItem(r, case_id, reason, shape, window))
                 if reason is None:
                     arrays.append(out[spec.key])
             if not arrays:

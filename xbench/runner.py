@@ -22,7 +22,7 @@ import os
 import time
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,12 @@ from .models import Adapter, create_model
 from .registry import dataset_manifest, import_target, model_config
 from .logs import progress_bar
 from .results import ResultStore
+from .cache import CaseItem
 from .speed import autocast, precision_mode, to_channels_last
 
 
 class _Inputs(Dataset):
-    """Dataset rows → (row, case_id, pixels or None, skip reason or None, (H, W), input window)."""
+    """Dataset row → ``(CaseItem, pixels or None)``: the per-model input pipeline (``decode_once: false``)."""
 
     def __init__(self, dataset: BaseDataset, adapter: Adapter, skip_missing: bool):
         self.dataset, self.adapter, self.skip_missing = dataset, adapter, skip_missing
@@ -54,15 +55,16 @@ class _Inputs(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, row: int) -> tuple[Any, ...]:
+    def __getitem__(self, row: int) -> tuple[CaseItem, torch.Tensor | None]:
         sample = self.dataset[row]
         try:
             image = sample.image()
         except (MissingFileError, FormatError) as exc:
             if not self.skip_missing:
                 raise
-            return row, sample.case_id, None, f"{type(exc).__name__}: {exc}", None, None
-        return row, sample.case_id, self.adapter.preprocess(image), None, image.shape, self.adapter.input_window(image.shape)
+            return CaseItem(row, sample.case_id, f"{type(exc).__name__}: {exc}", None, None), None
+        item = CaseItem(row, sample.case_id, None, image.shape, self.adapter.input_window(image.shape))
+        return item, self.adapter.preprocess(image)
 
 
 def _preprocess_device(cfg: RunConfig, device: torch.device) -> torch.device | None:
@@ -189,6 +191,9 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
           progress: bool = True, feed: Any = None, chunk_offset: int = 0) -> dict[str, Any]:
     """Run one (dataset, model) pair into the store; returns counts for the run log.
 
+    Steps: plan (:func:`_rows_to_infer`, :func:`_plan_batches`), stream (:func:`_stream`: :class:`CaseItem` records
+    and the batch's pixels), predict, and flush each chunk once its last planned row is seen (:func:`_flush`).
+
     ``feed`` (an :class:`xbench.cache.InputFeed` over ``dataset``) supplies inputs decoded once for
     every model; without it (``decode_once: false``) each model decodes through its own DataLoader.
     Shard ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``; :func:`run` passes the
@@ -212,19 +217,12 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
         return counts
 
     prompts = [dataset.prompts[f] for f in dataset.findings]
-    batches = [rows[i:i + cfg.batch_size] for rows in todo.values() for i in range(0, len(rows), cfg.batch_size)]
+    batches = _plan_batches(todo, cfg.batch_size)
     remaining = {k: len(rows) for k, rows in todo.items()}
     amp = autocast(cfg.precision, device)
     if cfg.channels_last:
         to_channels_last(adapter)
-    if feed is not None:
-        stream = feed.batches(adapter, batches, device, channels_last=cfg.channels_last)
-    else:
-        loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
-                            num_workers=cfg.num_workers, collate_fn=_collate)
-        stream = (([(it[0], it[1], it[3], it[4], it[5]) for it in items],
-                   torch.stack([it[2] for it in items if it[2] is not None]).to(device)
-                   if any(it[2] is not None for it in items) else None) for items in loader)
+    stream = _stream(cfg, dataset, adapter, batches, device, feed)
     map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
 
     decode_before = feed.seconds if feed is not None else 0.0
@@ -235,22 +233,22 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
     bar = progress_bar(total=sum(len(b) for b in batches), desc=f"{mspec.name} × {dspec.name}", unit="img",
                        disable=not progress)
     started = time.perf_counter()
-    for items, pixels in stream:  # items: (row, case_id, skip reason, (H, W), window)
-        chunk = items[0][0] // cfg.chunk_size
+    for items, pixels in stream:
+        chunk = items[0].row // cfg.chunk_size
         acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [], "windows": [],
                                          "skipped": {}})
-        ok = [it for it in items if it[2] is None]
-        for _, case_id, reason, _, _ in items:
-            if reason is not None:
-                acc["skipped"][case_id] = reason
-                reasons[reason.split(":")[0]] += 1
+        ok = [it for it in items if it.reason is None]
+        for it in items:
+            if it.reason is not None:
+                acc["skipped"][it.case_id] = it.reason
+                reasons[it.reason.split(":")[0]] += 1
         if ok:
             with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if feed is not None else nullcontext()):
-                pred = adapter.predict_cases(pixels, prompts, [it[1] for it in ok])
+                pred = adapter.predict_cases(pixels, prompts, [it.case_id for it in ok])
             scores = pred.scores.float().cpu().numpy()
-            acc["ids"] += [it[1] for it in ok]
-            acc["sizes"] += [it[3] for it in ok]
-            acc["windows"] += [it[4] for it in ok]
+            acc["ids"] += [it.case_id for it in ok]
+            acc["sizes"] += [it.shape for it in ok]
+            acc["windows"] += [it.window for it in ok]
             acc["scores"].append(scores)
             acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
             acc["maps"].append(pred.maps.float().cpu().numpy().astype(map_dtype))
@@ -258,22 +256,8 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
         bar.set_postfix(img_s=f"{bar.n / max(time.perf_counter() - started, 1e-9):.1f}")
         remaining[chunk] -= len(items)
         if remaining[chunk] == 0:  # every planned row of the chunk seen: flush it
-            c, h, w = len(prompts), *adapter.grid
-            arrays = {
-                "case_ids": acc["ids"],
-                "scores": np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
-                "probs": np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
-                "maps": np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), map_dtype),
-                "sizes": np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
-                "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
-            }
-            if store.has_chunk(dspec.name, mspec.name, chunk):  # a retry of formerly skipped cases: join the chunk
-                arrays = _join_chunk(store.load_chunk(store.chunk_path(dspec.name, mspec.name, chunk)), arrays, dataset)
-            store.write_chunk(dspec.name, mspec.name, chunk, skipped=acc["skipped"], **arrays)
-            counts["chunks_written"] += 1
-            counts["cases_inferred"] += len(acc["ids"])
-            counts["cases_skipped"] += len(acc["skipped"])
-            del pending[chunk]
+            _flush(store, dspec.name, mspec.name, chunk, pending.pop(chunk), dataset, len(prompts), adapter.grid,
+                   map_dtype, counts)
     bar.close()
     counts["seconds"] = round(time.perf_counter() - started, 3)
     if feed is not None:
@@ -286,6 +270,45 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                       f"be read ({dict(reasons)}); they are left out of every metric and stay missing in the store: "
                       "a later run infers them once the files are present", XBenchWarning, stacklevel=2)
     return counts
+
+
+def _plan_batches(todo: dict[int, list[int]], batch_size: int) -> list[list[int]]:
+    """Rows still to infer, per chunk, cut into batches that never straddle a chunk (so a chunk can be flushed as
+    soon as its last batch is seen)."""
+    return [rows[i:i + batch_size] for rows in todo.values() for i in range(0, len(rows), batch_size)]
+
+
+def _stream(cfg: RunConfig, dataset: BaseDataset, adapter: Adapter, batches: list[list[int]], device: torch.device,
+            feed: Any) -> Iterator[tuple[list[CaseItem], torch.Tensor | None]]:
+    """``(items, pixels on device)`` per planned batch, from the decode-once feed or the per-model loader."""
+    if feed is not None:
+        yield from feed.batches(adapter, batches, device, channels_last=cfg.channels_last)
+        return
+    loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
+                        num_workers=cfg.num_workers, collate_fn=_collate)
+    for pairs in loader:
+        pixels = [x for _, x in pairs if x is not None]
+        yield [it for it, _ in pairs], torch.stack(pixels).to(device) if pixels else None
+
+
+def _flush(store: ResultStore, dataset_name: str, model: str, chunk: int, acc: dict[str, Any], dataset: BaseDataset,
+           n_classes: int, grid: tuple[int, int], map_dtype: Any, counts: dict[str, Any]) -> None:
+    """Write one finished chunk (joined with the stored one on a retry of skipped cases) and count it."""
+    h, w = grid
+    arrays = {
+        "case_ids": acc["ids"],
+        "scores": np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, n_classes), np.float32),
+        "probs": np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, n_classes), np.float32),
+        "maps": np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, n_classes, h, w), map_dtype),
+        "sizes": np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
+        "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
+    }
+    if store.has_chunk(dataset_name, model, chunk):  # a retry of formerly skipped cases: join the chunk
+        arrays = _join_chunk(store.load_chunk(store.chunk_path(dataset_name, model, chunk)), arrays, dataset)
+    store.write_chunk(dataset_name, model, chunk, skipped=acc["skipped"], **arrays)
+    counts["chunks_written"] += 1
+    counts["cases_inferred"] += len(acc["ids"])
+    counts["cases_skipped"] += len(acc["skipped"])
 
 
 def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: BaseDataset, chunks: list[int],
