@@ -188,7 +188,8 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
 
 def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
           adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
-          progress: bool = True, feed: Any = None, chunk_offset: int = 0) -> dict[str, Any]:
+          progress: bool = True, feed: Any = None, chunk_offset: int = 0,
+          chunks: Sequence[int] | None = None) -> dict[str, Any]:
     """Run one (dataset, model) pair into the store; returns counts for the run log.
 
     Steps: plan (:func:`_rows_to_infer`, :func:`_plan_batches`), stream (:func:`_stream`: :class:`CaseItem` records
@@ -196,8 +197,8 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
 
     ``feed`` (an :class:`xbench.cache.InputFeed` over ``dataset``) supplies inputs decoded once for
     every model; without it (``decode_once: false``) each model decodes through its own DataLoader.
-    Shard ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``; :func:`run` passes the
-    number of chunks of the datasets before this one, so small datasets do not all land on rank 0.
+    ``chunks`` (given by :func:`run`: its share of :func:`assign_chunks`) names this rank's chunks of the dataset;
+    without it, shard ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``.
     """
     device = cfg.resolved_device()
     dataset = dataset if dataset is not None else open_dataset(dspec)
@@ -207,7 +208,8 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
 
     n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
     index, count = shard
-    mine = [k for k in range(n_chunks) if (k + chunk_offset) % count == index]
+    mine = (sorted(int(k) for k in chunks) if chunks is not None
+            else [k for k in range(n_chunks) if (k + chunk_offset) % count == index])
     todo = _rows_to_infer(store, dspec.name, mspec.name, dataset, mine, cfg.chunk_size)
     counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.name, "chunks_total": n_chunks,
                               "chunks_done_before": len(mine) - len(todo), "chunks_written": 0, "cases_inferred": 0,
@@ -331,6 +333,40 @@ def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: B
     return todo
 
 
+def chunk_costs(dataset: BaseDataset, chunk_size: int) -> list[float]:
+    """Decode cost of each store chunk of ``dataset``: its images' pixels (``height × width`` of the case table),
+    or its case count when the table has no sizes."""
+    cases = dataset.cases
+    if {"height", "width"} <= set(cases.columns):
+        pixels = (cases["height"].astype(np.float64) * cases["width"].astype(np.float64)).fillna(0.0).to_numpy()
+    else:
+        pixels = np.ones(len(dataset))
+    return [float(pixels[k: k + chunk_size].sum()) for k in range(0, len(dataset), chunk_size)]
+
+
+def assign_chunks(costs: Sequence[Sequence[float]], ranks: int) -> dict[tuple[int, int], int]:
+    """Rank of every ``(dataset index, chunk)``: longest processing time first — chunks by decreasing cost (ties in
+    dataset, then chunk order), each to the rank with the least cost so far (ties: the lowest rank).
+
+    Deterministic from the costs alone, so independent shards (``--shard i/n``) agree without talking. A chunk is
+    written whole by one rank, so stores do not depend on the number of ranks.
+
+    >>> owner = assign_chunks([[9.0, 1.0, 1.0], [5.0, 4.0]], 2)
+    >>> [owner[(0, 0)], owner[(1, 0)], owner[(1, 1)], owner[(0, 1)], owner[(0, 2)]]
+    [0, 1, 1, 0, 1]
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    order = sorted(((c, d, k) for d, row in enumerate(costs) for k, c in enumerate(row)), key=lambda t: (-t[0], t[1], t[2]))
+    load = [0.0] * ranks
+    owner: dict[tuple[int, int], int] = {}
+    for cost, d, k in order:
+        rank = min(range(ranks), key=lambda r: (load[r], r))
+        owner[(d, k)] = rank
+        load[rank] += cost
+    return owner
+
+
 def _join_chunk(old: dict[str, np.ndarray], new: dict[str, Any], dataset: BaseDataset) -> dict[str, Any]:
     """The arrays of a stored chunk (checked by :meth:`ResultStore.load_chunk`) joined with newly inferred cases,
     in dataset row order."""
@@ -367,11 +403,15 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     device = cfg.resolved_device()
     log: list[dict[str, Any]] = []
     built: dict[int, Adapter] = {}  # models without fit_split are built once and serve every dataset
-    offset = 0  # chunks of the datasets before: shards rotate over datasets (balanced ranks)
+    opened = []
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
         if not len(dataset):
             raise XBenchError(f"dataset {dspec.name} [{dataset.split}] has no cases (check its root, split and options)")
+        opened.append(dataset)
+    owner = assign_chunks([chunk_costs(d, cfg.chunk_size) for d in opened], shard[1])  # same on every rank
+    for i, (dspec, dataset) in enumerate(zip(cfg.datasets, opened)):
+        mine = [k for (d, k), rank in owner.items() if d == i and rank == shard[0]]
         adapters = []
         for mspec in models:
             key = id(mspec)
@@ -391,7 +431,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
                              preprocess_device=_preprocess_device(cfg, device))
         for mspec, adapter in zip(models, adapters):
             entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
-                          progress=progress, feed=feed, chunk_offset=offset)
+                          progress=progress, feed=feed, chunks=mine)
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
             entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
@@ -404,7 +444,6 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
             log.append(entry)
         log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
                 for name, why in left_out.items()]
-        offset += math.ceil(len(dataset) / cfg.chunk_size)
         del feed, adapters
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
     atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
