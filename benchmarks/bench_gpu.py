@@ -192,6 +192,13 @@ def run_config(root: Path, out: Path, *, fraction: float = 1.0, models: list[str
             "grid": [224, 224], "chunk_size": 256, "bootstrap": {"replicates": 0, "seed": 0}, **changes}
 
 
+def _decode_profile(log: list[dict[str, Any]]) -> dict[str, float]:
+    """Decode-stage seconds summed over datasets (each dataset's last, cumulative, run-log entry)."""
+    last = {e["dataset"]: e["decode_profile"] for e in log if "decode_profile" in e}
+    keys = {k for p in last.values() for k in p}
+    return {k: round(sum(p.get(k, 0.0) for p in last.values()), 2) for k in sorted(keys)}
+
+
 def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
     """``xbench.run`` (inference only), then the evaluation timed apart; per-model rates from the run log."""
     from xbench.config import RunConfig
@@ -224,9 +231,13 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
         m["seconds"] = round(m["seconds"], 2)
         m["gpu_peak_gb"] = round(m["gpu_peak_gb"], 2)
     passes = sum(m["cases"] for m in per_model.values())
+    model_seconds = sum(m["seconds"] for m in per_model.values())
     return {"infer_seconds": round(infer_s, 2), "eval_seconds": None if eval_s is None else round(eval_s, 2),
             "decode_seconds": round(decode, 2), "image_model_passes": passes,
             "passes_per_s": round(passes / infer_s, 1), "per_model": per_model,
+            "gpu_alone_passes_per_s": round(passes / max(model_seconds, 1e-9), 1),  # model time only, decoding out
+            "decode_profile": _decode_profile(log),
+            "preprocessed_on": sorted({json.dumps(e["preprocessed_on"]) for e in log if "preprocessed_on" in e}),
             "store_mb": round(sum(f.stat().st_size for f in (Path(cfg.output_dir) / "store").rglob("*.npz")) / 2**20, 1)}
 
 
@@ -342,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--root", type=Path, required=True, help="folder of the stand-in data (generated if absent)")
     p.add_argument("--out", type=Path, required=True, help="folder of stores, caches and bench_gpu.json")
-    p.add_argument("--phases", default="paper,default,multi,cached,profile,options")
+    p.add_argument("--phases", default="paper,default,cpu_preprocess,multi,cached,profile,options")
     p.add_argument("--scale", type=float, default=1.0, help="fraction of every dataset's cases to generate")
     p.add_argument("--size-div", type=int, default=1, help="divide every image side by this (tests)")
     p.add_argument("--paper-fraction", type=float, default=0.1, help="fraction run in the paper setting and options")
@@ -425,6 +436,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except Exception as exc:  # report and go on with the next phase
             result.setdefault("errors", {})["default"] = f"{type(exc).__name__}: {exc}"
             log(f"phase default failed: {traceback.format_exc()}")
+            save()
+    if due("cpu_preprocess"):  # the default on the CPU preprocessing path: same cases, cold cache of its own
+        try:
+            raw = {**default, "output_dir": str(args.out / "cpu_preprocess"), "preprocess_device": "cpu",
+                   "cache_dir": str(args.out / "cache_cpu_preprocess")}
+            shutil.rmtree(args.out / "cache_cpu_preprocess", ignore_errors=True)
+            result["cpu_preprocess"] = timed_run(raw, evaluate=False)
+            if "default" in result:
+                result["cpu_preprocess"]["identity_vs_default"] = identical_stores(args.out / "default",
+                                                                                   args.out / "cpu_preprocess")
+            log(json.dumps(result["cpu_preprocess"]))
+            save()
+        except Exception as exc:  # report and go on with the next phase
+            result.setdefault("errors", {})["cpu_preprocess"] = f"{type(exc).__name__}: {exc}"
+            log(f"phase cpu_preprocess failed: {traceback.format_exc()}")
             save()
     if due("multi") and args.device == "cuda":
         import torch
@@ -528,7 +554,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def summary(r: dict[str, Any]) -> str:
     lines = ["", "| phase | cases×models | infer s | decode s | eval s | passes/s | store MB |", "|---|---|---|---|---|---|---|"]
-    for name in ("paper", "default", "cached"):
+    for name in ("paper", "default", "cpu_preprocess", "cached"):
         if name in r:
             x = r[name]
             lines.append(f"| {name} | {x['image_model_passes']} | {x['infer_seconds']} | {x['decode_seconds']} | "

@@ -17,6 +17,13 @@ Exactness (the parity-proven numerics are kept bit for bit):
 * On the device a batch of codes becomes the model input by a table gather, ``lut[c, u]`` —
   no arithmetic, so the GPU input equals the CPU ``preprocess`` output bit for bit.
 
+GPU preprocessing (``preprocess_device``, :mod:`xbench.gpu_preprocess`): the decode workers return the
+image at native size as ``uint8``/``uint16`` (:func:`~xbench.gpu_preprocess.source_array`) instead of
+running the resizes; this process uploads it once and computes every ported model's codes on the device.
+A model gets this path only when its kernel reproduces its own ``preprocess`` on probe images and its
+code table equals :class:`ModelInput`'s (checked once per adapter); its codes are then the same bytes
+as the CPU path's (``tests/test_gpu_preprocess.py``), so caches and stores do not depend on the path.
+
 Cache on disk (``cache_dir``; optional — without it the feed lives in memory for the run):
 
 * ``index/<sha1 of the absolute path>.json``: file size, mtime_ns, content hash (BLAKE2b-128 of
@@ -43,7 +50,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Queue
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -51,7 +58,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .errors import FormatError, MissingFileError
 
-__all__ = ["ModelInput", "model_input", "InputFeed", "content_hash"]
+__all__ = ["CaseItem", "Decoded", "ModelInput", "model_input", "InputFeed", "content_hash"]
 
 _PROBE_SHAPE = (301, 263)  # odd, non-square, larger than every input (CARZero only downscales)
 
@@ -188,18 +195,56 @@ class _DiskCache:
 
 
 # -- decode stage ----------------------------------------------------------------------------
+class CaseItem(NamedTuple):
+    """One row of a model batch as both input pipelines yield it (the pixels travel apart, stacked per batch).
+
+    ``reason`` is why the case is skipped (None when its image was read); ``shape`` the image's ``(H, W)`` and
+    ``window`` the adapter's :meth:`input_window` of it (both None for a skipped case).
+    """
+
+    row: int
+    case_id: str
+    reason: str | None
+    shape: tuple[int, int] | None
+    window: tuple[float, float, float, float] | None
+
+
+@dataclass
+class Decoded:
+    """What the decode stage gives for one dataset row.
+
+    ``inputs``: stored input per transform key (codes or float32); ``reason``: why the case is skipped (None when
+    read); ``shape``: the image's ``(H, W)``; ``decoded``: the file was read (not served from the cache);
+    ``source``: the native-size ``uint8``/``uint16`` image when keys computed on the device still need it;
+    ``content``: the file's content hash when the disk cache is on (entries of device-computed keys are saved
+    under it).
+    """
+
+    row: int
+    case_id: str
+    inputs: dict[str, np.ndarray]
+    reason: str | None
+    shape: tuple[int, int] | None
+    decoded: bool
+    source: np.ndarray | None = None
+    content: str | None = None
+    read_seconds: float = 0.0  # in the worker: reading the file (decode)
+    prep_seconds: float = 0.0  # in the worker: CPU preprocess of the CPU-path keys and the upload array
+
+
 class _Decode(Dataset):
-    """Row → (row, case_id, {key: input}, skip reason, (H, W), decoded?) — one decode for every model."""
+    """Row → :class:`Decoded` — one decode for every model; keys in ``device_keys`` are left to the device."""
 
     def __init__(self, dataset: Any, adapters: dict[str, Any], inputs: dict[str, ModelInput],
-                 cache: _DiskCache | None, skip_missing: bool):
+                 cache: _DiskCache | None, skip_missing: bool, device_keys: frozenset[str] = frozenset()):
         self.dataset, self.adapters, self.inputs, self.cache, self.skip_missing = (
             dataset, adapters, inputs, cache, skip_missing)
+        self.device_keys = device_keys
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, row: int) -> tuple[Any, ...]:
+    def __getitem__(self, row: int) -> Decoded:
         sample = self.dataset[row]
         out: dict[str, np.ndarray] = {}
         rec = content = None
@@ -220,27 +265,35 @@ class _Decode(Dataset):
                         break
                     out[key] = arr
                 else:
-                    return row, sample.case_id, out, None, tuple(rec["shape"]), False
+                    return Decoded(row, sample.case_id, out, None, tuple(rec["shape"]), False)
+        started = time.perf_counter()
         try:
             st = path.stat() if self.cache is not None and path.is_file() else None
             image = sample.image()
         except (MissingFileError, FormatError) as exc:
             if not self.skip_missing:
                 raise
-            return row, sample.case_id, {}, f"{type(exc).__name__}: {exc}", None, True
+            return Decoded(row, sample.case_id, {}, f"{type(exc).__name__}: {exc}", None, True)
+        read = time.perf_counter() - started
         if self.cache is not None and st is not None and content is None:
             content = content_hash(path)
             if path.stat().st_mtime_ns != st.st_mtime_ns:  # changed while we read it: do not cache
                 content = None
         for key, spec in self.inputs.items():
-            if key in out:
+            if key in out or key in self.device_keys:
                 continue
             out[key] = spec.encode(self.adapters[key].preprocess(image))
             if content is not None:
                 self.cache.save(key, content, out[key])
-        if content is not None:
+        if content is not None:  # lookup() serves a record only once every key's entry exists
             self.cache.record(path, content, image.shape, st)
-        return row, sample.case_id, out, None, tuple(image.shape), True
+        source = None
+        if any(key not in out for key in self.device_keys):
+            from .gpu_preprocess import source_array
+
+            source = source_array(image)
+        return Decoded(row, sample.case_id, out, None, tuple(image.shape), True, source, content, read,
+                       time.perf_counter() - started - read)
 
 
 def _identity(item: Any) -> Any:
@@ -261,11 +314,15 @@ class InputFeed:
         Decoding processes (``DataLoader`` workers); 0 decodes in this process.
     skip_missing : bool
         A missing / undecodable image becomes a counted skip instead of an error.
+    preprocess_device : torch.device or str, optional
+        Where ported models' resizes run (module docstring); None: in the decode workers on the CPU.
     """
 
     def __init__(self, dataset: Any, adapters: Sequence[Any], *, cache_dir: str | Path | None = None,
-                 workers: int = 0, skip_missing: bool = False):
+                 workers: int = 0, skip_missing: bool = False, preprocess_device: torch.device | str | None = None):
         self.dataset = dataset
+        self.preprocess_device = torch.device(preprocess_device) if preprocess_device is not None else None
+        self.plans: dict[str, Any] = {}  # transform key -> CodePlan run on preprocess_device
         self.workers = int(workers)
         self.skip_missing = skip_missing
         self.cache = _DiskCache(cache_dir) if cache_dir else None
@@ -275,6 +332,10 @@ class InputFeed:
             self.add(adapter)
         self.rows: dict[int, tuple[str, dict[str, np.ndarray], str | None, tuple[int, int] | None]] = {}
         self.stats = {"decoded": 0, "from_cache": 0, "skipped": 0}
+        self.device_inputs = 0  # model inputs computed on preprocess_device (equal plans counted once per image)
+        # seconds: worker time reading files and preprocessing on the CPU (summed over workers), this process's
+        # time in device preprocessing, and the wall time of the decode stage
+        self.profile = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0}
         self.seconds = 0.0  # wall time spent decoding / reading the cache
         self._luts: dict[tuple[str, str], torch.Tensor] = {}
 
@@ -282,8 +343,24 @@ class InputFeed:
         if id(adapter) not in self.specs:
             spec = model_input(adapter)
             self.specs[id(adapter)] = spec
-            self._by_key.setdefault(spec.key, (adapter, spec))
+            if spec.key not in self._by_key:
+                self._by_key[spec.key] = (adapter, spec)
+                plan = self._device_plan(adapter, spec)
+                if plan is not None:
+                    self.plans[spec.key] = plan
         return self.specs[id(adapter)]
+
+    def _device_plan(self, adapter: Any, spec: ModelInput) -> Any:
+        """The adapter's kernel if it is proven equal to its CPU path (module docstring), else None."""
+        if self.preprocess_device is None or spec.lut is None:
+            return None
+        from .gpu_preprocess import check_plan, plan_for
+
+        plan = plan_for(adapter)
+        if plan is None:
+            return None
+        table = check_plan(adapter, plan, self.preprocess_device)
+        return plan if table is not None and np.array_equal(table, spec.lut) else None
 
     def ensure(self, rows: Iterable[int]) -> None:
         """Decode (or read from the cache) every row not yet held, for every registered model."""
@@ -293,20 +370,42 @@ class InputFeed:
         started = time.perf_counter()
         adapters = {k: a for k, (a, _) in self._by_key.items()}
         inputs = {k: s for k, (_, s) in self._by_key.items()}
-        source = _Decode(self.dataset, adapters, inputs, self.cache, self.skip_missing)
+        source = _Decode(self.dataset, adapters, inputs, self.cache, self.skip_missing, frozenset(self.plans))
         loader = DataLoader(source, batch_size=None, sampler=todo, num_workers=self.workers,
                             collate_fn=_identity, prefetch_factor=4 if self.workers else None)
-        for row, case_id, out, reason, shape, decoded in loader:
-            self.rows[row] = (case_id, out, reason, shape)
-            self.stats["skipped" if reason else ("decoded" if decoded else "from_cache")] += 1
+        for item in loader:
+            self.profile["read"] += item.read_seconds
+            self.profile["cpu_prep"] += item.prep_seconds
+            if item.source is not None:
+                t = time.perf_counter()
+                self._on_device(item)
+                self.profile["device_prep"] += time.perf_counter() - t
+            self.rows[item.row] = (item.case_id, item.inputs, item.reason, item.shape)
+            self.stats["skipped" if item.reason else ("decoded" if item.decoded else "from_cache")] += 1
         self.seconds += time.perf_counter() - started
+        self.profile["wall"] = self.seconds
+
+    def _on_device(self, item: Decoded) -> None:
+        """One upload of ``item.source``; the codes of every device key it lacks (equal plans computed once)."""
+        image = torch.from_numpy(item.source).to(self.preprocess_device)
+        done: dict[Any, np.ndarray] = {}
+        for key, plan in self.plans.items():
+            if key in item.inputs:
+                continue
+            if plan not in done:
+                done[plan] = plan(image).cpu().numpy()
+                self.device_inputs += 1
+            item.inputs[key] = done[plan]
+            if self.cache is not None and item.content is not None:
+                self.cache.save(key, item.content, done[plan])
+        item.source = None
 
     def release(self) -> None:
         self.rows.clear()
 
     def batches(self, adapter: Any, batches: Sequence[Sequence[int]], device: torch.device, *,
-                channels_last: bool = False, prefetch: int = 2) -> Iterator[tuple[list[tuple[Any, ...]], torch.Tensor | None]]:
-        """Yield ``(items, pixels)`` per batch of rows: ``items`` are ``(row, case_id, skip reason, (H, W), window)``,
+                channels_last: bool = False, prefetch: int = 2) -> Iterator[tuple[list[CaseItem], torch.Tensor | None]]:
+        """Yield ``(items, pixels)`` per batch of rows: ``items`` are :class:`CaseItem`,
         ``pixels`` the model input of the non-skipped rows on ``device`` (None if all were skipped).
 
         Batches are stacked (and pinned for CUDA) in a background thread while the previous one runs.
@@ -315,12 +414,12 @@ class InputFeed:
         self.ensure(r for b in batches for r in b)
         pin = device.type == "cuda"
 
-        def host(rows: Sequence[int]) -> tuple[list[tuple[Any, ...]], torch.Tensor | None]:
+        def host(rows: Sequence[int]) -> tuple[list[CaseItem], torch.Tensor | None]:
             items, arrays = [], []
             for r in rows:
                 case_id, out, reason, shape = self.rows[r]
                 window = adapter.input_window(shape) if reason is None else None
-                items.append((r, case_id, reason, shape, window))
+                items.append(CaseItem(r, case_id, reason, shape, window))
                 if reason is None:
                     arrays.append(out[spec.key])
             if not arrays:

@@ -23,7 +23,7 @@ import os
 import time
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -43,13 +43,14 @@ from .registry import dataset_manifest, import_target, model_config
 from .logs import advance, progress_bar
 from .skips import first_examples, format_examples, skip_records, write_skips_csv
 from .results import ResultStore
+from .cache import CaseItem
 from .speed import autocast, precision_mode, to_channels_last
 
 logger = logging.getLogger(__name__)
 
 
 class _Inputs(Dataset):
-    """Dataset rows → (row, case_id, pixels or None, skip reason or None, (H, W), input window)."""
+    """Dataset row → ``(CaseItem, pixels or None)``: the per-model input pipeline (``decode_once: false``)."""
 
     def __init__(self, dataset: BaseDataset, adapter: Adapter, skip_missing: bool):
         self.dataset, self.adapter, self.skip_missing = dataset, adapter, skip_missing
@@ -57,15 +58,24 @@ class _Inputs(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, row: int) -> tuple[Any, ...]:
+    def __getitem__(self, row: int) -> tuple[CaseItem, torch.Tensor | None]:
         sample = self.dataset[row]
         try:
             image = sample.image()
         except (MissingFileError, FormatError) as exc:
             if not self.skip_missing:
                 raise
-            return row, sample.case_id, None, f"{type(exc).__name__}: {exc}", None, None
-        return row, sample.case_id, self.adapter.preprocess(image), None, image.shape, self.adapter.input_window(image.shape)
+            return CaseItem(row, sample.case_id, f"{type(exc).__name__}: {exc}", None, None), None
+        item = CaseItem(row, sample.case_id, None, image.shape, self.adapter.input_window(image.shape))
+        return item, self.adapter.preprocess(image)
+
+
+def _preprocess_device(cfg: RunConfig, device: torch.device) -> torch.device | None:
+    """Where ported models' resizes run (``preprocess_device``: ``auto`` = the run device if CUDA, ``device`` = the
+    run device, ``cpu`` = the decode workers); None means the CPU path (:class:`xbench.cache.InputFeed`)."""
+    if cfg.preprocess_device == "device" or (cfg.preprocess_device == "auto" and device.type == "cuda"):
+        return device
+    return None
 
 
 def _collate(items: list[Any]) -> list[Any]:
@@ -182,13 +192,17 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
 
 def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
           adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
-          progress: bool = True, feed: Any = None, chunk_offset: int = 0) -> dict[str, Any]:
+          progress: bool = True, feed: Any = None, chunk_offset: int = 0,
+          chunks: Sequence[int] | None = None) -> dict[str, Any]:
     """Run one (dataset, model) pair into the store; returns counts for the run log.
+
+    Steps: plan (:func:`_rows_to_infer`, :func:`_plan_batches`), stream (:func:`_stream`: :class:`CaseItem` records
+    and the batch's pixels), predict, and flush each chunk once its last planned row is seen (:func:`_flush`).
 
     ``feed`` (an :class:`xbench.cache.InputFeed` over ``dataset``) supplies inputs decoded once for
     every model; without it (``decode_once: false``) each model decodes through its own DataLoader.
-    Shard ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``; :func:`run` passes the
-    number of chunks of the datasets before this one, so small datasets do not all land on rank 0.
+    ``chunks`` (given by :func:`run`: its share of :func:`assign_chunks`) names this rank's chunks of the dataset;
+    without it, shard ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``.
     """
     device = cfg.resolved_device()
     dataset = dataset if dataset is not None else open_dataset(dspec)
@@ -198,7 +212,8 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
 
     n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
     index, count = shard
-    mine = [k for k in range(n_chunks) if (k + chunk_offset) % count == index]
+    mine = (sorted(int(k) for k in chunks) if chunks is not None
+            else [k for k in range(n_chunks) if (k + chunk_offset) % count == index])
     todo = _rows_to_infer(store, dspec.name, mspec.label, dataset, mine, cfg.chunk_size)
     counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.label, "chunks_total": n_chunks,
                               "chunks_done_before": len(mine) - len(todo), "chunks_written": 0, "cases_inferred": 0,
@@ -208,19 +223,12 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
         return counts
 
     prompts = [dataset.prompts[f] for f in dataset.findings]
-    batches = [rows[i:i + cfg.batch_size] for rows in todo.values() for i in range(0, len(rows), cfg.batch_size)]
+    batches = _plan_batches(todo, cfg.batch_size)
     remaining = {k: len(rows) for k, rows in todo.items()}
     amp = autocast(cfg.precision, device)
     if cfg.channels_last:
         to_channels_last(adapter)
-    if feed is not None:
-        stream = feed.batches(adapter, batches, device, channels_last=cfg.channels_last)
-    else:
-        loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
-                            num_workers=cfg.num_workers, collate_fn=_collate)
-        stream = (([(it[0], it[1], it[3], it[4], it[5]) for it in items],
-                   torch.stack([it[2] for it in items if it[2] is not None]).to(device)
-                   if any(it[2] is not None for it in items) else None) for items in loader)
+    stream = _stream(cfg, dataset, adapter, batches, device, feed)
     map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
 
     decode_before = feed.seconds if feed is not None else 0.0
@@ -232,44 +240,30 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                        disable=not progress)
     started = time.perf_counter()
     all_skipped: dict[str, str] = {}
-    for items, pixels in stream:  # items: (row, case_id, skip reason, (H, W), window)
-        chunk = items[0][0] // cfg.chunk_size
+    for items, pixels in stream:
+        chunk = items[0].row // cfg.chunk_size
         acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [], "windows": [],
                                          "skipped": {}})
-        ok = [it for it in items if it[2] is None]
-        for _, case_id, reason, _, _ in items:
-            if reason is not None:
-                acc["skipped"][case_id] = all_skipped[case_id] = reason
-                reasons[reason.split(":")[0]] += 1
+        ok = [it for it in items if it.reason is None]
+        for it in items:
+            if it.reason is not None:
+                acc["skipped"][it.case_id] = all_skipped[it.case_id] = it.reason
+                reasons[it.reason.split(":")[0]] += 1
         if ok:
             with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if feed is not None else nullcontext()):
-                pred = adapter.predict_cases(pixels, prompts, [it[1] for it in ok])
+                pred = adapter.predict_cases(pixels, prompts, [it.case_id for it in ok])
             scores = pred.scores.float().cpu().numpy()
-            acc["ids"] += [it[1] for it in ok]
-            acc["sizes"] += [it[3] for it in ok]
-            acc["windows"] += [it[4] for it in ok]
+            acc["ids"] += [it.case_id for it in ok]
+            acc["sizes"] += [it.shape for it in ok]
+            acc["windows"] += [it.window for it in ok]
             acc["scores"].append(scores)
             acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
             acc["maps"].append(pred.maps.float().cpu().numpy().astype(map_dtype))
         advance(bar, len(ok), len(items) - len(ok), started)
         remaining[chunk] -= len(items)
         if remaining[chunk] == 0:  # every planned row of the chunk seen: flush it
-            c, h, w = len(prompts), *adapter.grid
-            arrays = {
-                "case_ids": acc["ids"],
-                "scores": np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, c), np.float32),
-                "probs": np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, c), np.float32),
-                "maps": np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, c, h, w), map_dtype),
-                "sizes": np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
-                "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
-            }
-            if store.has_chunk(dspec.name, mspec.label, chunk):  # a retry of formerly skipped cases: join the chunk
-                arrays = _join_chunk(store.load_chunk(store.chunk_path(dspec.name, mspec.label, chunk)), arrays, dataset)
-            store.write_chunk(dspec.name, mspec.label, chunk, skipped=acc["skipped"], **arrays)
-            counts["chunks_written"] += 1
-            counts["cases_inferred"] += len(acc["ids"])
-            counts["cases_skipped"] += len(acc["skipped"])
-            del pending[chunk]
+            _flush(store, dspec.name, mspec.label, chunk, pending.pop(chunk), dataset, len(prompts), adapter.grid,
+                   map_dtype, counts)
     bar.close()
     counts["seconds"] = round(time.perf_counter() - started, 3)
     if feed is not None:
@@ -278,7 +272,7 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
         counts["gpu_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
     counts["skip_reasons"] = dict(reasons)
     files = dict(zip(dataset.cases["case_id"].astype(str), dataset.cases["image_path"].astype(str)))
-    counts["skipped_cases"] = skip_records(dspec.name, mspec.name, all_skipped, files)  # run() moves them to a CSV
+    counts["skipped_cases"] = skip_records(dspec.name, mspec.label, all_skipped, files)  # run() moves them to a CSV
     counts["skipped_examples"] = first_examples(counts["skipped_cases"])
     if counts["cases_skipped"]:
         warnings.warn(f"{mspec.label} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
@@ -286,6 +280,45 @@ def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: Base
                       "metric and stay missing in the store (all listed in skipped_cases.csv): a later run infers them "
                       "once the files are present", XBenchWarning, stacklevel=2)
     return counts
+
+
+def _plan_batches(todo: dict[int, list[int]], batch_size: int) -> list[list[int]]:
+    """Rows still to infer, per chunk, cut into batches that never straddle a chunk (so a chunk can be flushed as
+    soon as its last batch is seen)."""
+    return [rows[i:i + batch_size] for rows in todo.values() for i in range(0, len(rows), batch_size)]
+
+
+def _stream(cfg: RunConfig, dataset: BaseDataset, adapter: Adapter, batches: list[list[int]], device: torch.device,
+            feed: Any) -> Iterator[tuple[list[CaseItem], torch.Tensor | None]]:
+    """``(items, pixels on device)`` per planned batch, from the decode-once feed or the per-model loader."""
+    if feed is not None:
+        yield from feed.batches(adapter, batches, device, channels_last=cfg.channels_last)
+        return
+    loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
+                        num_workers=cfg.num_workers, collate_fn=_collate)
+    for pairs in loader:
+        pixels = [x for _, x in pairs if x is not None]
+        yield [it for it, _ in pairs], torch.stack(pixels).to(device) if pixels else None
+
+
+def _flush(store: ResultStore, dataset_name: str, model: str, chunk: int, acc: dict[str, Any], dataset: BaseDataset,
+           n_classes: int, grid: tuple[int, int], map_dtype: Any, counts: dict[str, Any]) -> None:
+    """Write one finished chunk (joined with the stored one on a retry of skipped cases) and count it."""
+    h, w = grid
+    arrays = {
+        "case_ids": acc["ids"],
+        "scores": np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, n_classes), np.float32),
+        "probs": np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, n_classes), np.float32),
+        "maps": np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, n_classes, h, w), map_dtype),
+        "sizes": np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
+        "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
+    }
+    if store.has_chunk(dataset_name, model, chunk):  # a retry of formerly skipped cases: join the chunk
+        arrays = _join_chunk(store.load_chunk(store.chunk_path(dataset_name, model, chunk)), arrays, dataset)
+    store.write_chunk(dataset_name, model, chunk, skipped=acc["skipped"], **arrays)
+    counts["chunks_written"] += 1
+    counts["cases_inferred"] += len(acc["ids"])
+    counts["cases_skipped"] += len(acc["skipped"])
 
 
 def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: BaseDataset, chunks: list[int],
@@ -306,6 +339,40 @@ def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: B
         if skipped:
             todo[k] = [r for r in rows if ids[r] in skipped]
     return todo
+
+
+def chunk_costs(dataset: BaseDataset, chunk_size: int) -> list[float]:
+    """Decode cost of each store chunk of ``dataset``: its images' pixels (``height × width`` of the case table),
+    or its case count when the table has no sizes."""
+    cases = dataset.cases
+    if {"height", "width"} <= set(cases.columns):
+        pixels = (cases["height"].astype(np.float64) * cases["width"].astype(np.float64)).fillna(0.0).to_numpy()
+    else:
+        pixels = np.ones(len(dataset))
+    return [float(pixels[k: k + chunk_size].sum()) for k in range(0, len(dataset), chunk_size)]
+
+
+def assign_chunks(costs: Sequence[Sequence[float]], ranks: int) -> dict[tuple[int, int], int]:
+    """Rank of every ``(dataset index, chunk)``: longest processing time first — chunks by decreasing cost (ties in
+    dataset, then chunk order), each to the rank with the least cost so far (ties: the lowest rank).
+
+    Deterministic from the costs alone, so independent shards (``--shard i/n``) agree without talking. A chunk is
+    written whole by one rank, so stores do not depend on the number of ranks.
+
+    >>> owner = assign_chunks([[9.0, 1.0, 1.0], [5.0, 4.0]], 2)
+    >>> [owner[(0, 0)], owner[(1, 0)], owner[(1, 1)], owner[(0, 1)], owner[(0, 2)]]
+    [0, 1, 1, 0, 1]
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    order = sorted(((c, d, k) for d, row in enumerate(costs) for k, c in enumerate(row)), key=lambda t: (-t[0], t[1], t[2]))
+    load = [0.0] * ranks
+    owner: dict[tuple[int, int], int] = {}
+    for cost, d, k in order:
+        rank = min(range(ranks), key=lambda r: (load[r], r))
+        owner[(d, k)] = rank
+        load[rank] += cost
+    return owner
 
 
 def _join_chunk(old: dict[str, np.ndarray], new: dict[str, Any], dataset: BaseDataset) -> dict[str, Any]:
@@ -354,11 +421,15 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     failures: list[str] = []
     skipped_rows: list[dict[str, str]] = []
     built: dict[int, Adapter] = {}  # models without fit_split are built once and serve every dataset
-    offset = 0  # chunks of the datasets before: shards rotate over datasets (balanced ranks)
+    opened = []
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
         if not len(dataset):
             raise XBenchError(f"dataset {dspec.name} [{dataset.split}] has no cases (check its root, split and options)")
+        opened.append(dataset)
+    owner = assign_chunks([chunk_costs(d, cfg.chunk_size) for d in opened], shard[1])  # same on every rank
+    for i, (dspec, dataset) in enumerate(zip(cfg.datasets, opened)):
+        mine = [k for (d, k), rank in owner.items() if d == i and rank == shard[0]]
         adapters = []
         for mspec in models:
             key = id(mspec)
@@ -374,27 +445,31 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             from .cache import InputFeed
 
             feed = InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
-                             skip_missing=cfg.on_missing_image == "skip")
+                             skip_missing=cfg.on_missing_image == "skip",
+                             preprocess_device=_preprocess_device(cfg, device))
         for mspec, adapter in zip(models, adapters):
             try:
                 entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
-                              progress=progress, feed=feed, chunk_offset=offset)
+                              progress=progress, feed=feed, chunks=mine)
             except XBenchError as exc:
                 if not keep_going:
                     raise
-                logger.error("%s × %s failed: %s", mspec.name, dspec.name, exc)
-                failures.append(f"{mspec.name} × {dspec.name}: {exc}")
-                entry = {"dataset": dspec.name, "model": mspec.name, "failed": str(exc)}
+                logger.error("%s × %s failed: %s", mspec.label, dspec.name, exc)
+                failures.append(f"{mspec.label} × {dspec.name}: {exc}")
+                entry = {"dataset": dspec.name, "model": mspec.label, "failed": str(exc)}
             skipped_rows += entry.pop("skipped_cases", [])
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
             entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
+            if feed is not None:
+                entry["decode_profile"] = {k: round(v, 3) for k, v in feed.profile.items()}  # cumulative, seconds
+            if feed is not None and feed.plans:
+                entry["preprocessed_on"] = {"device": str(feed.preprocess_device), "inputs": feed.device_inputs}
             if report is not None:
                 entry["preflight_images"] = summary(report).get(dspec.name)
             log.append(entry)
         log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
                 for name, why in left_out.items()]
-        offset += math.ceil(len(dataset) / cfg.chunk_size)
         del feed, adapters
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
     atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())

@@ -1,0 +1,196 @@
+"""GPU preprocessing kernels (xbench/gpu_preprocess.py) are bit-identical to Pillow, to CARZero's INTER_AREA and
+to every ported adapter's own CPU ``preprocess`` — run here on the CPU device (``XBENCH_TEST_DEVICE`` picks another).
+
+The large randomised comparison on the GPU is ``benchmarks/bench_gpu_preprocess.py`` (docs/perf/).
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TEST_DEVICE, shared_path
+from PIL import Image
+
+from xbench.cache import ModelInput
+from xbench.datasets.images import read_image
+from xbench.gpu_preprocess import (PILLOW_VERTICAL_FIRST, CodePlan, check_plan, plan_for, preprocess_standins,
+                                   resize_area, resize_pillow, source_array)
+from xbench.models.carzero import resize_area as resize_area_cpu
+from xbench.models.priors import CenterPrior
+
+DEVICE = torch.device(TEST_DEVICE)
+FILTERS = (Image.BICUBIC, Image.BILINEAR, Image.BOX)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Small float64 products run faster on one thread than on two contended ones (CI has 2 cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _on(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)).to(DEVICE)
+
+
+def _content(rng: np.random.Generator, h: int, w: int, kind: int) -> np.ndarray:
+    """noise, constant, smooth gradient, or sparse extremes (0/255 spikes: clipping on both ends)."""
+    if kind == 0:
+        return rng.integers(0, 256, (h, w), dtype=np.uint8)
+    if kind == 1:
+        return np.full((h, w), rng.integers(0, 256), np.uint8)
+    if kind == 2:
+        return (np.add.outer(np.arange(h) * 7, np.arange(w) * 3) % 256).astype(np.uint8)
+    return np.where(rng.random((h, w)) < 0.1, 255, 0).astype(np.uint8)
+
+
+def test_pillow_resize_random_cases():
+    """160 random shapes (1–300 px in and out: up, down, mixed, non-square), three filters, four kinds of content."""
+    rng = np.random.default_rng(22)
+    for case in range(160):
+        h, w, oh, ow = (int(v) for v in rng.integers(1, 301, 4))
+        f = FILTERS[case % 3]
+        img = _content(rng, h, w, case % 4)
+        want = np.asarray(Image.fromarray(img).resize((ow, oh), f))
+        got = resize_pillow(_on(img), (oh, ow), f).cpu().numpy()
+        assert np.array_equal(got, want), f"case {case}: {h}x{w} -> {oh}x{ow} filter {f}"
+
+
+def test_pillow_pass_order_shapes_and_rgb():
+    """Shapes where Pillow 13 runs the vertical pass first (height cut much more than width), the mirror
+    case, an identity size, and an RGB image (each band resized alike)."""
+    rng = np.random.default_rng(7)
+    for h, w, oh, ow in [(400, 120, 37, 100), (401, 300, 50, 290), (90, 400, 80, 41), (64, 64, 64, 64),
+                         (300, 200, 300, 77), (150, 150, 151, 20)]:
+        img = rng.integers(0, 256, (h, w), dtype=np.uint8)
+        want = np.asarray(Image.fromarray(img).resize((ow, oh), Image.BICUBIC))
+        assert np.array_equal(resize_pillow(_on(img), (oh, ow)).cpu().numpy(), want), (h, w, oh, ow)
+    rgb = rng.integers(0, 256, (97, 131, 3), dtype=np.uint8)
+    want = np.asarray(Image.fromarray(rgb).resize((40, 61), Image.BICUBIC))
+    got = resize_pillow(_on(rgb.transpose(2, 0, 1)), (61, 40)).cpu().numpy().transpose(1, 2, 0)
+    assert np.array_equal(got, want)
+    assert isinstance(PILLOW_VERTICAL_FIRST, bool)
+
+
+def test_inter_area_random_cases():
+    """CARZero's INTER_AREA: 2x2 (round half up), other integer factors, fractional scales, 1-px outputs."""
+    rng = np.random.default_rng(3)
+    shapes = [(512, 384, 256, 192), (900, 600, 300, 200), (257, 1000, 64, 250), (300, 301, 1, 1)]
+    for _ in range(40):
+        h, w = (int(v) for v in rng.integers(2, 700, 2))
+        shapes.append((h, w, int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))))
+    for case, (h, w, oh, ow) in enumerate(shapes):
+        img = _content(rng, h, w, case % 4)
+        assert np.array_equal(resize_area(_on(img), oh, ow).cpu().numpy(), resize_area_cpu(img, oh, ow)), (h, w, oh, ow)
+    with pytest.raises(ValueError, match="only downscales"):
+        resize_area(_on(np.zeros((10, 10), np.uint8)), 11, 5)
+
+
+# -- whole adapter preprocessing -----------------------------------------------------------------
+def _adapters() -> dict[str, object]:
+    """Objects whose ``preprocess`` is each adapter class's own function (networks not built)."""
+    return preprocess_standins()
+
+
+def _write_dicom():
+    spec = importlib.util.spec_from_file_location("_images_test", Path(__file__).parent / "datasets" / "test_images.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_dicom
+
+
+def _images(tmp_path: Path) -> dict[str, np.ndarray]:
+    """Real NIH PNGs, 8/16-bit PNGs, MONOCHROME1 and windowed 12-bit DICOMs, constant and noise, up/down sizes."""
+    rng = np.random.default_rng(11)
+    images = {name: read_image(shared_path("samples", name)) for name in ("00000001_000.png", "00027426_000.png")}
+    Image.fromarray(rng.integers(0, 256, (420, 300), dtype=np.uint8)).save(tmp_path / "noise8.png")
+    Image.fromarray(rng.integers(0, 65536, (333, 517), dtype=np.uint16)).save(tmp_path / "noise16.png")
+    ramp = (np.add.outer(np.arange(290) * 181, np.arange(260) * 37) % 65536).astype(np.uint16)
+    Image.fromarray(ramp).save(tmp_path / "ramp16.png")
+    write_dicom = _write_dicom()
+    pix12 = rng.integers(0, 4096, (300, 280)).astype(np.uint16)
+    write_dicom(tmp_path / "mono1.dcm", pix12, bits=12, photometric="MONOCHROME1",
+                WindowCenter=2000, WindowWidth=3000)
+    write_dicom(tmp_path / "mono2.dcm", rng.integers(0, 256, (270, 400)).astype(np.uint8))
+    for name in ("noise8.png", "noise16.png", "ramp16.png", "mono1.dcm", "mono2.dcm"):
+        images[name] = read_image(tmp_path / name)
+    images["constant"] = np.full((512, 300), 0.25, np.float32)
+    images["small_up"] = (rng.integers(0, 256, (260, 257)) / 255).astype(np.float32)  # CLIP/KAD upscale
+    images["float"] = rng.random((303, 288), dtype=np.float32)
+    return images
+
+
+def test_adapter_preprocess_bit_identical(tmp_path):
+    """Each ported adapter: GPU codes → the adapter's own table gather equals its CPU ``preprocess`` (torch.equal)."""
+    images = _images(tmp_path)
+    assert images["noise16.png"].dtype == np.float32 and source_array(images["noise16.png"]).dtype == np.uint16
+    assert source_array(images["mono1.dcm"]).dtype == np.uint8
+    for name, adapter in _adapters().items():
+        plan = plan_for(adapter)
+        assert isinstance(plan, CodePlan), name
+        table = check_plan(adapter, plan, DEVICE)
+        assert table is not None, name
+        spec = ModelInput("test", table)  # the store's gather: codes -> float input
+        for image_name, image in images.items():
+            want = adapter.preprocess(image)
+            codes = plan(_on(source_array(image)))
+            got = spec.decode(codes[None], torch.from_numpy(table).to(DEVICE))[0].cpu()
+            assert torch.equal(got, want), f"{name} on {image_name}"
+
+
+def test_plans_shared_and_absent():
+    """Models with equal preprocessing share one plan; priors and reference models have none (CPU path)."""
+    ads = _adapters()
+    assert plan_for(ads["medklip"]) == plan_for(ads["mavl"])  # bilinear
+    assert plan_for(ads["kad"]) == plan_for(ads["devide"])  # bicubic
+    assert plan_for(ads["medklip"]).resample != plan_for(ads["kad"]).resample
+    assert plan_for(ads["kad_512"]) != plan_for(ads["kad"])
+    assert plan_for(CenterPrior()) is None
+    wrong = CodePlan("square", 223, 223, int(Image.BICUBIC), "linear")  # a plan that is not the adapter's
+    assert check_plan(ads["medklip"], wrong, DEVICE) is None
+    assert check_plan(ads["medklip"], plan_for(ads["kad"]), DEVICE) is None  # bicubic != bilinear
+
+
+# -- the runner: stores equal on both paths ------------------------------------------------------
+def _store(out: Path) -> dict[str, dict[str, np.ndarray]]:
+    found = {}
+    for p in sorted((out / "store").rglob("chunk-*.npz")):
+        with np.load(p) as z:
+            found[str(p.relative_to(out))] = {k: z[k] for k in z.files}
+    return found
+
+
+@pytest.mark.usefixtures("phantom_cache")
+def test_runner_stores_identical_with_device_preprocessing(tmp_path):
+    """The phantom run with ported models (CLIP, KAD, random-init) and a prior: ``preprocess_device: device``
+    (kernels on the run device, the CPU here) writes the same store bytes as ``cpu``."""
+    import json
+    import warnings
+
+    from conftest import tiny_run
+
+    from xbench.config import RunConfig
+    from xbench.errors import XBenchWarning
+    from xbench.runner import run
+
+    models = ["center_prior", {"name": "clip", "params": {"random_init": True}},
+              {"name": "kad", "params": {"random_init": True}}]
+    outs = {}
+    for path in ("cpu", "device"):
+        raw = tiny_run(tmp_path / path, cases=6, models=models, device=str(DEVICE), preprocess_device=path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", XBenchWarning)
+            outs[path] = run(RunConfig.from_dict(raw), progress=False)
+    cpu, dev = (_store(outs[p]) for p in ("cpu", "device"))
+    assert cpu.keys() == dev.keys() and len(cpu) == 3
+    for name in cpu:
+        for key in cpu[name]:
+            np.testing.assert_array_equal(cpu[name][key], dev[name][key], err_msg=f"{name}:{key}")
+    log = json.loads((outs["device"] / "run_log.json").read_text())
+    assert log[-1]["preprocessed_on"] == {"device": str(DEVICE), "inputs": 12}  # 6 images x 2 distinct plans
+    assert "preprocessed_on" not in json.loads((outs["cpu"] / "run_log.json").read_text())[-1]
