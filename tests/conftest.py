@@ -79,7 +79,7 @@ def phantom_run(tmp_path_factory, phantom_cache) -> Path:
 
     from xbench.config import RunConfig
     from xbench.errors import XBenchWarning
-    from xbench.runner import run
+    from xbench.pipeline import run
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

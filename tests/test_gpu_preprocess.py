@@ -176,7 +176,7 @@ def test_runner_stores_identical_with_device_preprocessing(tmp_path):
 
     from xbench.config import RunConfig
     from xbench.errors import XBenchWarning
-    from xbench.runner import run
+    from xbench.pipeline import run
 
     models = ["center_prior", {"name": "clip", "params": {"random_init": True}},
               {"name": "kad", "params": {"random_init": True}}]

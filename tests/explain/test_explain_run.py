@@ -21,7 +21,7 @@ from xbench.explain.summary import (faithfulness_summary, plausibility_faithfuln
 from xbench.figures import visual_comparison
 from xbench.models import create_model
 from xbench.explain import explained
-from xbench.runner import run
+from xbench.pipeline import run
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.usefixtures("phantom_cache")

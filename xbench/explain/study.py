@@ -49,7 +49,8 @@ def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequen
     The study's run config is ``cfg`` with these model entries, ``output_dir`` and, for datasets with a ``cases``
     option (the phantom), ``cases`` cases; ``n_boot`` defaults to the config's bootstrap replicates.
     """
-    from ..runner import open_model, run
+    from ..pipeline import run
+    from ..runner import open_model
 
     from ..registry import model_config
     from .methods import EXPLAINERS
