@@ -347,12 +347,15 @@ def _clip_plan(adapter: Any) -> CodePlan | None:
 
 
 def _resample_of(resize: Any) -> int:
-    """The Pillow filter a module's ``resize_uint8`` uses (MedKLIP/MAVL bind BILINEAR with a partial; KAD and
-    DeViDe use the shared default, BICUBIC)."""
+    """The Pillow filter a module's ``resize_uint8`` uses: a ``partial`` binding it, the ``RESAMPLE`` of the module
+    that defines the function (the MedKLIP/MAVL family's BILINEAR), or the shared helper's default (BICUBIC: KAD,
+    DeViDe)."""
     if isinstance(resize, functools.partial):
         if "resample" in resize.keywords:
             return int(resize.keywords["resample"])
         resize = resize.func
+    if "RESAMPLE" in getattr(resize, "__globals__", {}):
+        return int(resize.__globals__["RESAMPLE"])
     return int(inspect.signature(resize).parameters["resample"].default)
 
 
@@ -362,7 +365,7 @@ def plan_for(adapter: Any) -> CodePlan | None:
     Found by the adapter's ``preprocess`` function itself (a subclass that overrides it has no plan), and for
     the open_clip family by its transform's steps.
     """
-    from .models.carzero import CROP, RESIZE, CARZeroAdapter
+    from .models.carzero import RESIZE, CARZeroAdapter
     from .models.clip import PromptPairCLIP
     from .models.devide import DeViDeAdapter
     from .models.kad import KADAdapter
@@ -376,7 +379,7 @@ def plan_for(adapter: Any) -> CodePlan | None:
         resample = _resample_of(sys.modules[square[fn].__module__].resize_uint8)
         return CodePlan("square", int(adapter.input_size), int(adapter.input_size), resample, "linear")
     if fn is CARZeroAdapter.preprocess:
-        return CodePlan("carzero", RESIZE, CROP, int(Image.BOX), "opencv")  # resample unused
+        return CodePlan("carzero", RESIZE, int(adapter.input_size), int(Image.BOX), "opencv")  # resample unused
     if fn is PromptPairCLIP.preprocess:  # CLIP, BiomedCLIP
         return _clip_plan(adapter)
     return None
@@ -398,6 +401,7 @@ def preprocess_standins() -> dict[str, Any]:
     import open_clip
 
     from .models._common import IMAGENET_MEAN, IMAGENET_STD
+    from .registry import model_config
     from .models.carzero import CARZeroAdapter
     from .models.clip import PromptPairCLIP
     from .models.devide import DeViDeAdapter
@@ -410,14 +414,17 @@ def preprocess_standins() -> dict[str, Any]:
 
     transform = open_clip.image_transform(224, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
                                           std=open_clip.OPENAI_DATASET_STD)
-    return {"medklip": make("medklip", MedKLIPAdapter, MedKLIPAdapter.preprocess, input_size=224),
-            "mavl": make("mavl", MAVLAdapter, MAVLAdapter.preprocess, input_size=224),
-            "kad": make("kad", KADAdapter, KADAdapter.preprocess, input_size=224),
-            "kad_512": make("kad_512", KADAdapter, KADAdapter.preprocess, input_size=512),
-            "devide": make("devide", DeViDeAdapter, DeViDeAdapter.preprocess, input_size=224,
+    def size(name: str) -> int:  # the model YAML's input size (the one place it is written)
+        return int(model_config(name)["input_size"])
+
+    return {"medklip": make("medklip", MedKLIPAdapter, MedKLIPAdapter.preprocess, input_size=size("medklip")),
+            "mavl": make("mavl", MAVLAdapter, MAVLAdapter.preprocess, input_size=size("mavl")),
+            "kad": make("kad", KADAdapter, KADAdapter.preprocess, input_size=size("kad")),
+            "kad_512": make("kad_512", KADAdapter, KADAdapter.preprocess, input_size=size("kad_512")),
+            "devide": make("devide", DeViDeAdapter, DeViDeAdapter.preprocess, input_size=size("devide"),
                            mean=IMAGENET_MEAN, std=IMAGENET_STD),
             "clip": make("clip", PromptPairCLIP, PromptPairCLIP.preprocess, transform=transform),
-            "carzero": make("carzero", CARZeroAdapter, CARZeroAdapter.preprocess)}
+            "carzero": make("carzero", CARZeroAdapter, CARZeroAdapter.preprocess, input_size=size("carzero"))}
 
 
 def probe_images() -> list[np.ndarray]:

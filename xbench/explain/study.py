@@ -16,6 +16,7 @@ import pandas as pd
 
 from ..atomic import write_frame
 from ..config import DatasetSpec, ModelSpec, RunConfig, dataset_options
+from ..datasets import open_dataset
 from ..evaluate import load_tables
 from .faithfulness import faithfulness_table
 from .summary import faithfulness_summary, plausibility_vs_faithfulness
@@ -65,7 +66,7 @@ def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequen
     run(study_cfg, progress=progress)
     tables = load_tables(study_cfg.output_dir)
     dspec = study_cfg.datasets[0]
-    dataset = dspec.open()
+    dataset = open_dataset(dspec)
     device = study_cfg.resolved_device()
     faith = pd.concat([faithfulness_table(open_model(s, device, dspec, study_cfg.output_dir), dataset, cases=cases,
                                           steps=steps, road=road) for s in specs], ignore_index=True)
