@@ -6,7 +6,7 @@ import pytest
 
 from xbench.metrics import upsample_maps
 from xbench.models.base import resize_crop_window
-from xbench.models.carzero import CARZeroAdapter
+from xbench.models.carzero import CARZeroAdapter, crop_size
 from xbench.windows import is_whole_image, place_maps
 
 
@@ -42,7 +42,8 @@ def test_resize_crop_windows_by_hand():
 
 
 def test_carzero_window_is_the_central_seven_eighths():
-    adapter = object.__new__(CARZeroAdapter)  # the window needs no weights
+    adapter = object.__new__(CARZeroAdapter)  # the window needs no weights, only the YAML's crop (input_size)
+    adapter.input_size = crop_size()
     assert adapter.input_window((512, 512)) == pytest.approx((32.0, 32.0, 480.0, 480.0))
     # 1024 x 512: width 512 -> 128 px, padded by 64 each side; crop starts 16 px into the padded square
     y0, x0, y1, x1 = adapter.input_window((1024, 512))
