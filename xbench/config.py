@@ -34,7 +34,7 @@ non-empty path. Dataset keys other than ``name, root, split`` are the loader's k
 an unknown one is an error with "did you mean"; a model's ``params`` must be keys of its YAML's
 ``params:`` section (the declared parameter set). A model entry may say ``explainer: NAME`` (the saliency method of its maps) and ``optional: true``: when
 its weights are absent it is left out of the run (one log line, a note in ``models.csv``) instead
-of failing it. ``explainer: gradcam`` (one of :data:`xbench.explain.EXPLAINERS`) replaces the model's own maps by
+of failing it. ``explainer: gradcam`` (one of :data:`xbench.registry.EXPLAINERS`) replaces the model's own maps by
 a post-hoc explainer's; the entry is stored and reported as ``<name>+<explainer>`` (``kad+gradcam``), beside a
 plain ``{name: kad}`` entry if there is one. A model that would run random-init (no weights, ``random_init`` in its params) is
 refused unless the run sets ``allow_random_init: true`` or the entry sets ``params: {random_init: true}``.
@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from .errors import FormatError, XBenchError
-from .registry import dataset_manifest, import_target, model_config, read_yaml
+from .registry import EXPLAINERS, dataset_manifest, import_target, model_config, read_yaml
 from .schema import check_type, check_value, did_you_mean, fields_of, load as load_schema, unknown_keys
 
 _DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
@@ -171,8 +171,6 @@ def _model_spec(where: str, item: Any, index: int) -> ModelSpec:
         _typed_like(where, f"{key}.params.{k}", v, declared[k])
     spec.weights = None if spec.weights is None else str(spec.weights)
     if spec.explainer is not None:
-        from .explain.methods import EXPLAINERS
-
         if spec.explainer not in EXPLAINERS:
             raise unknown_keys(where, "explainer", [spec.explainer], sorted(EXPLAINERS), f"{key}.explainer")
     return spec

@@ -264,6 +264,18 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+#: Explainer name → ``"module:Class"`` of its implementation (:mod:`xbench.explain`), the names a run config's model
+#: entry may give as ``explainer:``. Read here, where configs are checked, without importing the explainers (they
+#: sit above the models); ``xbench.explain.EXPLAINERS`` is built from this table.
+EXPLAINERS: dict[str, str] = {
+    "gradcam": "xbench.explain.methods:GradCAM",
+    "gradcampp": "xbench.explain.methods:GradCAMPlusPlus",
+    "gradxinput": "xbench.explain.methods:GradientXInput",
+    "ig": "xbench.explain.methods:IntegratedGradients",
+    "attngrad": "xbench.explain.methods:AttentionGrad",
+}
+
+
 def list_models() -> list[str]:
     """Names of every registered model config."""
     return sorted(_scan(MODEL_CONFIG_DIRS))

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import XBenchError
+from ..registry import EXPLAINERS as _REGISTERED
 from ..models.base import Adapter, Prediction
 from .base import Explainer, class_gradients, explain_fact, forward_logits, module_at, tokens_to_grid
 
@@ -191,5 +192,9 @@ def _need_weights(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]
     return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
 
 
-EXPLAINERS: dict[str, type[Explainer]] = {cls.name: cls for cls in
-                                          (GradCAM, GradCAMPlusPlus, GradientXInput, IntegratedGradients, AttentionGrad)}
+#: Explainer name → class, as :data:`xbench.registry.EXPLAINERS` names them (the one table of explainer names).
+EXPLAINERS: dict[str, type[Explainer]] = {name: globals()[target.rpartition(":")[2]]
+                                          for name, target in _REGISTERED.items()}
+_wrong = {name: cls.name for name, cls in EXPLAINERS.items() if cls.name != name}
+if _wrong:  # a class renamed without its registry row
+    raise XBenchError(f"explainer names in xbench.registry.EXPLAINERS differ from the classes' names: {_wrong}")
