@@ -1,4 +1,4 @@
-"""One dataset checker (xbench.manifests.check) behind `xbench check` and `xbench manifest check`; one root."""
+"""One dataset checker (xbench.datasets.checks.check) behind `xbench check` and `xbench manifest check`; one root."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import shared_path
 
-from xbench import manifests, preflight
+from xbench import preflight
+from xbench.datasets import checks
 from xbench.config import RunConfig
 from xbench.datasets import data_root
 from xbench.errors import XBenchError
@@ -26,8 +27,8 @@ def test_one_root_resolution(monkeypatch, tmp_path):
 def test_preflight_reads_the_manifest_checker(tmp_path, monkeypatch):
     os.symlink(shared_path("annotations", "chestx_det10", "test.json"), tmp_path / "test.json")
     calls = []
-    real = manifests.check
-    monkeypatch.setattr(manifests, "check", lambda *a, **k: calls.append((a, k)) or real(*a, **k))
+    real = checks.check
+    monkeypatch.setattr(checks, "check", lambda *a, **k: calls.append((a, k)) or real(*a, **k))
     cfg = RunConfig.from_dict({"output_dir": str(tmp_path / "o"), "models": ["center_prior"],
                                "datasets": [{"name": "chestx_det10", "root": str(tmp_path)}]})
     found = preflight.preflight(cfg, decode=False).datasets[0]
@@ -41,7 +42,7 @@ def test_preflight_reads_the_manifest_checker(tmp_path, monkeypatch):
 
 
 def test_manifest_check_of_a_generated_source_looks_in_the_generated_folder(phantom_cache):
-    report = manifests.check("phantom", None, "test", options={"cases": 22})
+    report = checks.check("phantom", None, "test", options={"cases": 22})
     assert report.opened and Path(report.root).parent == phantom_cache / "phantom"
     assert {f.key: f.exists for f in report.files} == {"annotations": True, "images": True}
     assert report.images_present == 22 and report.mismatches == ["cases: found 22, expected 300"]

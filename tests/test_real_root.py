@@ -98,7 +98,7 @@ def test_preflight_and_manifest_check_count_the_missing_images(nih_root):
     strict = preflight(config(root, root.parent / "out", on_missing_image="raise"))
     assert any("878 of 880 image files are missing" in p for p in strict.problems)
 
-    from xbench.manifests import check
+    from xbench.datasets.checks import check
 
     checked = check("nih_bbox", root)
     assert not checked.ok and "image files: 2 of 880 present, 878 missing" in checked.format()

@@ -247,14 +247,14 @@ def _list(args: argparse.Namespace) -> int:
 
 def _deep_check(cfg: "RunConfig") -> int:
     """Decode every present image of every dataset of ``cfg``; print the unreadable ones; 1 if any."""
-    from . import manifests
+    from .datasets import checks
     from .datasets import open_dataset
     from .skips import decode_all
 
     bad_total = 0
     for spec in cfg.datasets:
         ds = open_dataset(spec)
-        _, missing = manifests.image_files(ds)
+        _, missing = checks.image_files(ds)
         decoded, bad = decode_all(ds, spec.name, missing=set(missing))
         bad_total += len(bad)
         print(f"dataset {spec.name} [{ds.split}]: decoded {decoded} of {decoded + len(bad)} present images, "
@@ -278,14 +278,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(report.format())
         return 0 if report.ok else 1
     if args.command == "manifest":
-        from . import manifests
+        from .datasets import checks
 
         if args.action == "check":
-            report = manifests.check(args.dataset, args.root)
+            report = checks.check(args.dataset, args.root)
             print(report.format())
             return 0 if report.ok else 1
         out = args.out or f"{args.dataset}_cases.csv"
-        manifests.build(args.dataset, args.root, out)
+        checks.build(args.dataset, args.root, out)
         print(f"wrote {out}")
         return 0
 

@@ -142,9 +142,9 @@ def _fit_split_problems(cfg: RunConfig, manifest: dict[str, Any], split: str) ->
 
 def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], split: str, out: DatasetCheck, *,
                  hashes: bool, decode: bool) -> None:
-    """The dataset part of the preflight: :func:`xbench.manifests.check` (the one dataset checker) with the
+    """The dataset part of the preflight: :func:`xbench.datasets.checks.check` (the one dataset checker) with the
     run's loader options, read into ``out``; then the fit splits' files and one decoded image."""
-    from . import manifests
+    from .datasets import checks
     from .datasets import data_root
 
     try:
@@ -152,7 +152,7 @@ def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], sp
     except XBenchError as exc:
         out.problems.append(str(exc))
         return
-    report = manifests.check(spec.name, spec.root, split, hashes=hashes, options=spec.options, measure=False)
+    report = checks.check(spec.name, spec.root, split, hashes=hashes, options=spec.options, measure=False)
     out.root = "" if report.root is None else str(report.root)
     for f in report.files:
         if f.key == "images":
@@ -171,7 +171,7 @@ def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], sp
     for m in () if manifest.get("generated") else cfg.models:  # the fit split's own annotation files
         if m.fit_split is None or m.fit_split == split or m.fit_split not in (manifest.get("splits") or {}):
             continue
-        for f in manifests.file_status(manifest, Path(out.root), m.fit_split, hashes=False):
+        for f in checks.file_status(manifest, Path(out.root), m.fit_split, hashes=False):
             if f.key != "images" and not f.exists:
                 out.problems.append(f"model {m.name!r} is fitted on split {m.fit_split!r}, whose {f.key} file "
                                     f"{f.path} is missing")

@@ -290,7 +290,8 @@ def test_missing_files(root):
 
 
 def test_manifest_valid_and_counts(root):
-    from xbench.manifests import counts, validate
+    from xbench.manifests import validate
+    from xbench.datasets.checks import counts
 
     validate(dataset_manifest("chexlocalize"))
     found = counts(open_ds(root))

@@ -9,7 +9,8 @@ from conftest import shared_path
 
 from xbench.errors import FormatError, UnknownNameError
 from xbench.findings import CANONICAL, canonical, display_name
-from xbench.manifests import build, check, class_lookup, file_entries, validate
+from xbench.manifests import class_lookup, file_entries, validate
+from xbench.datasets.checks import build, check
 from xbench.registry import dataset_manifest, list_datasets
 
 MINE = ["nih_bbox", "rsna_pneumonia", "siim_acr", "chestx_det10", "chestx_det"]

@@ -12,7 +12,7 @@ from PIL import Image
 
 from xbench.datasets.nih_bbox import NIHBoxes
 from xbench.errors import FormatError, MissingFileError
-from xbench.manifests import counts
+from xbench.datasets.checks import counts
 from xbench.registry import dataset_manifest
 
 HEADER = "Image Index,Finding Label,Bbox [x,y,w,h],,,\n"

@@ -10,7 +10,7 @@ from conftest import shared_path
 
 from xbench.datasets.rsna import RSNAPneumonia
 from xbench.errors import FormatError, MissingFileError
-from xbench.manifests import counts
+from xbench.datasets.checks import counts
 from xbench.registry import dataset_manifest
 
 HEADER = "patientId,x,y,width,height,Target\n"

@@ -14,7 +14,7 @@ from xbench.datasets.base import EncodedMask
 from xbench.datasets.regions import decode_siim_rle
 from xbench.datasets.siim import SIIMPneumothorax
 from xbench.errors import FormatError, MissingFileError
-from xbench.manifests import counts
+from xbench.datasets.checks import counts
 from xbench.registry import dataset_manifest
 
 RLE_NAME = "siim-pneumothorax-train-rle.csv"
