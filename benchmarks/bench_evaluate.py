@@ -12,7 +12,7 @@ and class, written and read back as one ``.npz`` per (dataset, model) like the
 results store; ground truth is a random box per pair at 224×224; probabilities
 are random, shifted up for positives.
 
-For each (dataset, model) it times what :func:`xbench.evaluate.evaluate_pair`
+For each (dataset, model) it times what :func:`xbench.evaluation.evaluate.evaluate_pair`
 does after reading the store: ``grounding_scores`` of every pair (upsample,
 normalise, pointing, Dice/IoU at τ = 0.5 and over the 101-point grid) and
 ``score_table`` (class / dataset / pooled values, best τ per class, 1,000
@@ -55,9 +55,9 @@ import pandas as pd
 import torch
 from threadpoolctl import threadpool_info
 
-from xbench.errors import XBenchWarning
+from xbench.core.errors import XBenchWarning
 from xbench.metrics import ScoredTable, compare_models, grounding_scores, scored_table
-from xbench.registry import dataset_manifest
+from xbench.spec.registry import dataset_manifest
 
 GRID, NATIVE, MODELS_IN_PAPER = (224, 224), (14, 14), 7
 

@@ -143,7 +143,7 @@ def generate(root: Path, *, scale: float = 1.0, size_div: int = 1, workers: int 
     """Write every stand-in under ``root/<name>/`` plus ``root/manifests/standin_<name>.yaml``; returns counts."""
     import yaml
 
-    from xbench.registry import dataset_manifest
+    from xbench.spec.registry import dataset_manifest
 
     started = time.perf_counter()
     (root / "manifests").mkdir(parents=True, exist_ok=True)
@@ -201,9 +201,9 @@ def _decode_profile(log: list[dict[str, Any]]) -> dict[str, float]:
 
 def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
     """``xbench.run`` (inference only), then the evaluation timed apart; per-model rates from the run log."""
-    from xbench.config import RunConfig
-    from xbench.evaluate import evaluate_run
-    from xbench.pipeline import run
+    from xbench.spec.config import RunConfig
+    from xbench.evaluation.evaluate import evaluate_run
+    from xbench.workflows.run import run
 
     cfg = RunConfig.from_dict(raw)
     shutil.rmtree(cfg.output_dir, ignore_errors=True)
@@ -243,7 +243,7 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
 
 def stores(out: Path) -> dict[tuple[str, str], dict[str, np.ndarray]]:
     """(dataset, model) → {case_id: (scores, maps)} of a run's store."""
-    from xbench.results import ResultStore
+    from xbench.store.results import ResultStore
 
     found = {}
     root = ResultStore(out)
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         log(f"generated: {result['generate']}")
         save()
     os.environ["XBENCH_MANIFESTS"] = str(args.root / "manifests")
-    import xbench.registry as registry
+    import xbench.spec.registry as registry
 
     registry.MANIFEST_DIRS[:] = [args.root / "manifests"]
     common = {"device": args.device, "precision": "fp32", "models": models}
@@ -476,8 +476,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                        "--quiet", "--no-eval"], env=env, capture_output=True, text=True)
                 infer_wall = time.perf_counter() - started
                 if proc.returncode == 0:  # the tables, timed apart as for one GPU
-                    from xbench.config import RunConfig
-                    from xbench.evaluate import evaluate_run
+                    from xbench.spec.config import RunConfig
+                    from xbench.evaluation.evaluate import evaluate_run
 
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")

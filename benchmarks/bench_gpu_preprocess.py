@@ -1,4 +1,4 @@
-"""Randomised proof that the GPU preprocessing kernels (xbench/gpu_preprocess.py) are bit-identical to the CPU path.
+"""Randomised proof that the GPU preprocessing kernels (xbench/inference/gpu_preprocess.py) are bit-identical to the CPU path.
 
 Each case draws an image (64–3,072 px per side, independently: up- and down-scales, non-square), a content kind
 (noise, constant, gradient, 0/255 spikes, smooth blobs) and a source kind (8-bit file, 16-bit file, windowed
@@ -60,7 +60,7 @@ def run_cases(rank: int, world: int, args: dict[str, Any], queue: Any) -> None:
     from PIL import Image
 
     from xbench.datasets.images import read_image
-    from xbench.gpu_preprocess import check_plan, plan_for, preprocess_standins, resize_area, resize_pillow, source_array
+    from xbench.inference.gpu_preprocess import check_plan, plan_for, preprocess_standins, resize_area, resize_pillow, source_array
     from xbench.models.carzero import resize_area as resize_area_cpu
 
     torch.set_num_threads(1)

@@ -77,9 +77,9 @@ def phantom_run(tmp_path_factory, phantom_cache) -> Path:
 
     import torch
 
-    from xbench.config import RunConfig
-    from xbench.errors import XBenchWarning
-    from xbench.pipeline import run
+    from xbench.spec.config import RunConfig
+    from xbench.core.errors import XBenchWarning
+    from xbench.workflows.run import run
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

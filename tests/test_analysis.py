@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from xbench.analysis import calibration_gap, fit_line, metric_pairs, size_bins
+from xbench.outputs.analysis import calibration_gap, fit_line, metric_pairs, size_bins
 from xbench.metrics import DATASET_LEVEL, POOLED
 
 

@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
 
 @pytest.fixture()
 def bench(monkeypatch):
-    import xbench.registry as registry
+    import xbench.spec.registry as registry
 
     monkeypatch.setattr(registry, "MANIFEST_DIRS", list(registry.MANIFEST_DIRS))  # the bench swaps them
     spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)

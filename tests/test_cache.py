@@ -1,6 +1,6 @@
-"""Decode once (xbench/cache.py): every model input rebuilt from the cache equals the adapter's own
+"""Decode once (xbench/inference/cache.py): every model input rebuilt from the cache equals the adapter's own
 ``preprocess`` bit for bit; the runner gives byte-identical stores with and without it; the disk cache
-is reused, never stale, and safe for concurrent writers; TF32 and map_dtype switches (xbench/speed.py)."""
+is reused, never stale, and safe for concurrent writers; TF32 and map_dtype switches (xbench/inference/speed.py)."""
 from __future__ import annotations
 
 import json
@@ -17,12 +17,12 @@ from PIL import Image
 
 import xbench
 from conftest import tiny_run
-from xbench.cache import InputFeed, model_input
-from xbench.config import RunConfig
-from xbench.errors import XBenchWarning
-from xbench.results import ResultStore
-from xbench.pipeline import run
-from xbench.speed import precision_mode
+from xbench.inference.cache import InputFeed, model_input
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchWarning
+from xbench.store.results import ResultStore
+from xbench.workflows.run import run
+from xbench.inference.speed import precision_mode
 
 QUANTISING = ["clip", "medklip", "mavl", "kad", "carzero", "devide"]  # preprocess starts with round(x * 255)
 FLOAT_INPUT = ["center_prior", "ref_xattn"]
@@ -199,7 +199,7 @@ def test_a_missing_image_is_a_counted_skip_in_the_feed(adapters, tmp_path):
     feed = InputFeed(Files(paths), [adapters["kad"]], skip_missing=True)
     items = [it for items, _ in feed.batches(adapters["kad"], [[0, 1, 2]], torch.device("cpu")) for it in items]
     assert [it[2] is None for it in items] == [True, True, False] and "MissingFileError" in items[2][2]
-    with pytest.raises(xbench.errors.MissingFileError):
+    with pytest.raises(xbench.core.errors.MissingFileError):
         InputFeed(Files(paths), [adapters["kad"]]).ensure([2])
 
 

@@ -12,8 +12,8 @@ import torch
 import yaml
 
 from xbench.cli import main
-from xbench.errors import XBenchWarning
-from xbench.registry import list_datasets, list_models
+from xbench.core.errors import XBenchWarning
+from xbench.spec.registry import list_datasets, list_models
 
 CASES = 22
 

@@ -1,4 +1,4 @@
-"""Paired model comparisons (xbench.metrics.compare, xbench.comparisons): known answers.
+"""Paired model comparisons (xbench.metrics.compare, xbench.evaluation.comparisons): known answers.
 
 * null data: two / three models with the same per-case distribution — the Holm-corrected test rejects at
   ≤ 5 % + 2 points (family-wise) and the difference CIs cover the true difference 93–97 % of the time, also
@@ -17,13 +17,13 @@ from scipy.stats import norm
 
 from conftest import tiny_run
 from xbench.datasets import open_dataset
-from xbench.comparisons import compare_dataset, comparisons_blocks, load_comparisons, pairwise_matrix
-from xbench.config import RunConfig
-from xbench.errors import XBenchError
-from xbench.evaluate import load_tables
+from xbench.evaluation.comparisons import compare_dataset, comparisons_blocks, load_comparisons, pairwise_matrix
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchError
+from xbench.evaluation.evaluate import load_tables
 from xbench.metrics import DATASET_LEVEL, ScoredTable, bootstrap_ci, compare_models
 from xbench.metrics.compare import COMPARISON_COLUMNS, RANK_COLUMNS, bootstrap_p_value, holm, rank_intervals
-from xbench.pipeline import run
+from xbench.workflows.run import run
 
 N_CASES, N_BOOT, SIMS_PER_BLOCK = 150, 1000, 50  # each block of 50 simulations has its own resamples
 
@@ -133,8 +133,8 @@ def test_phantom_reference_model_beats_random_prior(phantom):
 
 def _evaluated(phantom, model: str):
     """A stored model evaluated again by evaluate_pair (its scored table, replicates and rescore)."""
-    from xbench.evaluate import evaluate_pair, ground_truth
-    from xbench.results import ResultStore
+    from xbench.evaluation.evaluate import evaluate_pair, ground_truth
+    from xbench.store.results import ResultStore
 
     cfg = phantom["cfg"]
     dataset = open_dataset(cfg.datasets[0])
@@ -153,7 +153,7 @@ def test_copy_of_a_model_is_never_significant(phantom):
     assert (ranks.dropna(subset=["rank"])["rank"] == 1).all()  # tied: both first
 
 
-@pytest.mark.filterwarnings("ignore::xbench.errors.XBenchWarning")  # dropped replicates of the small phantom
+@pytest.mark.filterwarnings("ignore::xbench.core.errors.XBenchWarning")  # dropped replicates of the small phantom
 def test_models_on_different_cases_are_compared_on_the_shared_ones(phantom):
     a, b = _evaluated(phantom, "ref_patchsim"), _evaluated(phantom, "random_prior")
     keep = a.scored.cases[5:]  # model b "skipped" its first five cases at inference
@@ -169,7 +169,7 @@ def test_models_on_different_cases_are_compared_on_the_shared_ones(phantom):
 
 
 def test_paper_tables_mark_only_significant_orders(phantom):
-    from xbench import tables
+    from xbench.outputs import tables
 
     tidy, comp = phantom["tables"]["metrics"], phantom["compared"][0]
     plain = tables.paper_table1(tidy)
@@ -186,7 +186,7 @@ def test_paper_tables_mark_only_significant_orders(phantom):
 
 
 def test_report_section(phantom, tmp_path):
-    from xbench.report import build_report
+    from xbench.outputs.report import build_report
 
     blocks = comparisons_blocks(phantom["out"])
     titles = [b["text"] for b in blocks if b["kind"] == "h3"]
@@ -205,7 +205,7 @@ def test_notebook_draws_a_pairwise_matrix_per_dataset(phantom, tmp_path):
     import papermill as pm
     import yaml
 
-    from xbench.reproduce import notebook_paths
+    from xbench.workflows.reproduce import notebook_paths
 
     nb = next(p for p in notebook_paths() if p.name.startswith("12_"))
     config = tmp_path / "run.yaml"
@@ -214,7 +214,7 @@ def test_notebook_draws_a_pairwise_matrix_per_dataset(phantom, tmp_path):
                         parameters={"config": str(config), "output_dir": str(phantom["out"]), "device": "cpu"})
     assert (phantom["out"] / "figures" / "pairwise_phantom.png").stat().st_size > 1000
     marked = (phantom["out"] / "tables" / "paper_table1_significant.md").read_text()
-    from xbench.tables import SIGNIFICANCE_RULE
+    from xbench.outputs.tables import SIGNIFICANCE_RULE
 
     assert SIGNIFICANCE_RULE in marked
     executed = nbformat.read(tmp_path / nb.name, as_version=4)
@@ -228,7 +228,7 @@ def test_score_compares_user_maps_with_a_runs_models(phantom, tmp_path):
     import warnings
 
     import xbench
-    from xbench.errors import XBenchWarning
+    from xbench.core.errors import XBenchWarning
 
     files = sorted((phantom["out"] / "store" / "phantom" / "random_prior").glob("chunk-*.npz"))
     parts = [dict(np.load(f)) for f in files]

@@ -7,8 +7,8 @@ import pytest
 import torch
 import yaml
 
-from xbench.config import DatasetSpec, ModelSpec, RunConfig
-from xbench.errors import FormatError, MissingFileError
+from xbench.spec.config import DatasetSpec, ModelSpec, RunConfig
+from xbench.core.errors import FormatError, MissingFileError
 
 MINIMAL = {"output_dir": "out", "datasets": ["phantom"], "models": ["center_prior"]}
 

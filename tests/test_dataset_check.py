@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from conftest import shared_path
 
-from xbench import preflight
+from xbench.inference import preflight
 from xbench.datasets import checks
-from xbench.config import RunConfig
+from xbench.spec.config import RunConfig
 from xbench.datasets import data_root
-from xbench.errors import XBenchError
+from xbench.core.errors import XBenchError
 
 
 def test_one_root_resolution(monkeypatch, tmp_path):

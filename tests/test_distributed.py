@@ -17,8 +17,8 @@ import torch
 import yaml
 
 from test_runner import MODELS, _free_port, assert_same_tables, quiet_run, run_log, tiny_config, tiny_raw
-from xbench.config import RunConfig
-from xbench.pipeline import run
+from xbench.spec.config import RunConfig
+from xbench.workflows.run import run
 
 pytestmark = [pytest.mark.usefixtures("phantom_cache"),
               pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
@@ -32,7 +32,7 @@ def _rank(rank: int, port: int, config: str, cache: str, crash: bool, errors: st
                            "MASTER_PORT": str(port), "XBENCH_CACHE": cache, "XBENCH_BARRIER_TIMEOUT": "8"})
         warnings.simplefilter("ignore")
         if crash:  # this rank dies after its first model, before the barrier (as an OOM kill would)
-            import xbench.runner as runner
+            import xbench.inference.runner as runner
 
             real = runner.infer
 

@@ -16,9 +16,9 @@ from sklearn.metrics import roc_auc_score
 
 import xbench
 from conftest import tiny_run
-from xbench.config import RunConfig
-from xbench.errors import XBenchError, XBenchWarning
-from xbench.evaluate import evaluate_run, load_tables
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchError, XBenchWarning
+from xbench.evaluation.evaluate import evaluate_run, load_tables
 from xbench.metrics import DATASET_LEVEL, POOLED, TIDY_COLUMNS
 from xbench.models.priors import CenterPrior, RandomPrior
 

@@ -10,9 +10,9 @@ import pytest
 import xbench
 from xbench.datasets.base import Box
 from xbench.datasets.regions import rasterize
-from xbench.errors import XBenchError
-from xbench.evaluate import load_tables
-from xbench.exports import export_run, mask_boxes
+from xbench.core.errors import XBenchError
+from xbench.evaluation.evaluate import load_tables
+from xbench.outputs.exports import export_run, mask_boxes
 
 CASES, GRID = 22, (64, 64)
 pytestmark = pytest.mark.usefixtures("phantom_cache")

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import xbench
-from xbench import figures
-from xbench.config import RunConfig
-from xbench.errors import XBenchWarning
-from xbench.evaluate import load_tables
+from xbench.outputs import figures
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchWarning
+from xbench.evaluation.evaluate import load_tables
 from xbench.metrics import DATASET_LEVEL
-from xbench.pipeline import run
+from xbench.workflows.run import run
 
 MODELS = ["center_prior", "random_prior"]
 CASES = 22
@@ -156,7 +156,7 @@ def test_visual_comparison_takes_case_ids_and_refuses_unevaluated_cases(done):
 
 
 def test_paper_fig3_one_point_per_model_with_groups_fit_and_residuals(tmp_path):
-    from xbench.analysis import model_correlation
+    from xbench.outputs.analysis import model_correlation
     from xbench.paper import synthetic_results
 
     tidy = synthetic_results()
@@ -186,7 +186,7 @@ def test_fig4_states_the_averaging_rule_and_uses_paper_names():
 
 
 def test_difference_heatmap(tmp_path):
-    from xbench.analysis import compare_with_paper
+    from xbench.outputs.analysis import compare_with_paper
     from xbench.paper import synthetic_results
 
     fig = figures.difference_heatmap(compare_with_paper(synthetic_results()), title="synthetic vs paper")
@@ -199,7 +199,7 @@ def test_importing_figures_keeps_the_backend():
     import subprocess
     import sys
 
-    code = ("import matplotlib; matplotlib.use('svg'); import xbench.figures; "
+    code = ("import matplotlib; matplotlib.use('svg'); import xbench.outputs.figures; "
             "import matplotlib.pyplot as plt; print(matplotlib.get_backend())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "svg"

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from conftest import tiny_run
-from xbench.config import RunConfig
-from xbench.errors import XBenchWarning
-from xbench.pipeline import run
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchWarning
+from xbench.workflows.run import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 FUSION = ["medklip", "mavl", "kad", "carzero", "devide"]

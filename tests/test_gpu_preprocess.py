@@ -1,4 +1,4 @@
-"""GPU preprocessing kernels (xbench/gpu_preprocess.py) are bit-identical to Pillow, to CARZero's INTER_AREA and
+"""GPU preprocessing kernels (xbench/inference/gpu_preprocess.py) are bit-identical to Pillow, to CARZero's INTER_AREA and
 to every ported adapter's own CPU ``preprocess`` — run here on the CPU device (``XBENCH_TEST_DEVICE`` picks another).
 
 The large randomised comparison on the GPU is ``benchmarks/bench_gpu_preprocess.py`` (docs/perf/).
@@ -14,9 +14,9 @@ import torch
 from conftest import TEST_DEVICE, shared_path
 from PIL import Image
 
-from xbench.cache import ModelInput
+from xbench.inference.cache import ModelInput
 from xbench.datasets.images import read_image
-from xbench.gpu_preprocess import (PILLOW_VERTICAL_FIRST, CodePlan, check_plan, plan_for, preprocess_standins,
+from xbench.inference.gpu_preprocess import (PILLOW_VERTICAL_FIRST, CodePlan, check_plan, plan_for, preprocess_standins,
                                    resize_area, resize_pillow, source_array)
 from xbench.models.carzero import resize_area as resize_area_cpu
 from xbench.models.priors import CenterPrior
@@ -174,9 +174,9 @@ def test_runner_stores_identical_with_device_preprocessing(tmp_path):
 
     from conftest import tiny_run
 
-    from xbench.config import RunConfig
-    from xbench.errors import XBenchWarning
-    from xbench.pipeline import run
+    from xbench.spec.config import RunConfig
+    from xbench.core.errors import XBenchWarning
+    from xbench.workflows.run import run
 
     models = ["center_prior", {"name": "clip", "params": {"random_init": True}},
               {"name": "kad", "params": {"random_init": True}}]

@@ -102,3 +102,63 @@ def test_import_graph_has_no_cycle():
 
 def test_the_check_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+# The stages of the pipeline, lowest first. A module may import its own folder and any folder of a LOWER rank;
+# folders that share a rank are independent of each other (datasets, models, metrics and the paper's numbers
+# never import one another). The top-level modules (the public face, the command line, the notebook session)
+# sit above everything. README "Layout" describes the same order.
+LAYERS: dict[str, int] = {
+    "core": 0,          # errors, atomic writer, logging
+    "spec": 1,          # schema, registry, findings, manifests, run configs
+    "datasets": 2, "models": 2, "metrics": 2, "paper": 2,
+    "store": 3, "explain": 3,  # results store, fingerprints; post-hoc explainers over any adapter
+    "inference": 4,     # preflight, input feed, precision, runner
+    "evaluation": 5,    # metric tables of a run
+    "outputs": 6,       # tables, figures, analyses, exports, report
+    "workflows": 7,     # run = inference + evaluation, score, reproduce, training the reference models
+}
+TOP = {"xbench", "xbench.cli", "xbench.session"}
+
+
+def stage(module: str) -> str | None:
+    """The stage folder of an ``xbench`` module (None for the top-level modules)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that run up the stages, or sideways between two folders of one rank, or from a stage to the top."""
+    bad = []
+    for a, targets in sorted(graph.items()):
+        sa = stage(a)
+        for b in sorted(targets):
+            sb = stage(b)
+            if sa is None or sa == sb:
+                continue  # the top may import anything; a folder may import itself
+            if sb is None or LAYERS[sb] > LAYERS[sa] or (LAYERS[sb] == LAYERS[sa]):
+                bad.append(f"{a} → {b}")
+    return bad
+
+
+def test_every_import_runs_downhill():
+    bad = upward_imports(import_graph())
+    assert not bad, "imports that run up the pipeline's stages:\n  " + "\n  ".join(bad)
+
+
+def test_every_module_lives_in_a_stage_folder_or_is_the_top():
+    modules = set(import_graph())
+    loose = sorted(m for m in modules if stage(m) is None and m not in TOP)
+    assert not loose, f"modules outside the stage folders (add them to a stage, or to TOP with a reason): {loose}"
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(LAYERS), f"stage folders {sorted(folders)} differ from LAYERS {sorted(LAYERS)}"
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"xbench.store.results": {"xbench.evaluation.evaluate", "xbench.core.errors"},
+             "xbench.datasets.base": {"xbench.models.base"},
+             "xbench.inference.runner": {"xbench"},
+             "xbench.cli": {"xbench.workflows.run"}}
+    assert upward_imports(graph) == ["xbench.datasets.base → xbench.models.base",
+                                     "xbench.inference.runner → xbench",
+                                     "xbench.store.results → xbench.evaluation.evaluate"]

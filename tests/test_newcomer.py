@@ -15,9 +15,9 @@ import yaml
 
 import xbench
 from xbench.cli import main
-from xbench.config import RunConfig
-from xbench.errors import UnknownNameError, XBenchError, XBenchWarning
-from xbench.logs import setup_logging
+from xbench.spec.config import RunConfig
+from xbench.core.errors import UnknownNameError, XBenchError, XBenchWarning
+from xbench.core.logs import setup_logging
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -85,7 +85,7 @@ def test_list_models_and_datasets_are_tables_from_the_yamls(capsys):
 
 
 def test_missing_weights_problem_names_where_to_get_each_file(tmp_path, monkeypatch):
-    from xbench.preflight import preflight
+    from xbench.inference.preflight import preflight
 
     monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
     monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
@@ -154,8 +154,8 @@ def test_check_deep_decodes_every_image_and_lists_unreadable(damaged_dataset, ca
 
 
 def test_run_keep_going_runs_the_other_pairs_and_lists_failures(damaged_dataset, monkeypatch, capsys):
-    import xbench.pipeline as pipeline
-    import xbench.runner as runner
+    import xbench.workflows.run as pipeline
+    import xbench.inference.runner as runner
 
     real = runner.infer
 
@@ -189,7 +189,7 @@ def _notebook(path: Path, source: str, params: str = 'config = ""\noutput_dir = 
 
 def test_reproduce_writes_relative_paths_under_output_dir_relays_progress_and_takes_parameters(tmp_path, capfd,
                                                                                               monkeypatch):
-    from xbench.reproduce import reproduce
+    from xbench.workflows.reproduce import reproduce
 
     nbs = tmp_path / "nbs"
     nbs.mkdir()
@@ -219,7 +219,7 @@ def test_figures_are_byte_identical_and_carry_no_creation_date(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from xbench.figures import save_figure
+    from xbench.outputs.figures import save_figure
 
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1, 0])
@@ -231,7 +231,7 @@ def test_figures_are_byte_identical_and_carry_no_creation_date(tmp_path):
 
 # -- 10: -q silences third-party warnings, -v shows debug detail -----------------------------------------------------
 def test_quiet_silences_third_party_warnings_but_not_xbench_ones():
-    code = ("import logging, warnings\nfrom xbench.logs import setup_logging\nfrom xbench.errors import XBenchWarning\n"
+    code = ("import logging, warnings\nfrom xbench.core.logs import setup_logging\nfrom xbench.core.errors import XBenchWarning\n"
             "setup_logging(-1)\nlogging.warning('No pretrained weights loaded')\n"
             "warnings.warn('third-party', FutureWarning)\nwarnings.warn('counted skip', XBenchWarning)\n")
     err = _python(code).stderr
@@ -260,7 +260,7 @@ def test_dev_extra_holds_opencv_and_no_test_skips_for_it():
 # -- 14: Table 2 in the paper's layout; the paper's own underline slip ------------------------------------------------
 def test_table2_prints_two_rows_per_model_like_the_paper(tmp_path):
     from xbench.paper import TABLE_CLASSES, synthetic_results
-    from xbench.tables import paper_class_table
+    from xbench.outputs.tables import paper_class_table
 
     t = paper_class_table(synthetic_results(), "vindr_cxr")
     classes = list(TABLE_CLASSES[2])

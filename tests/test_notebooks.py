@@ -15,9 +15,9 @@ import nbformat
 import pandas as pd
 import pytest
 
-from xbench.config import RunConfig
+from xbench.spec.config import RunConfig
 from xbench.metrics import DATASET_LEVEL
-from xbench.reproduce import notebook_paths, reproduce
+from xbench.workflows.reproduce import notebook_paths, reproduce
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "xbench" / "configs" / "runs" / "phantom.yaml"

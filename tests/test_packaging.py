@@ -43,7 +43,7 @@ def test_wheel_install_lists_datasets_and_carries_notebooks(tmp_path):
     assert data <= shipped, sorted(map(str, data - shipped))
     assert {Path("xbench/data_manifests") / p.name for p in (REPO / "data_manifests").glob("*.yaml")} <= shipped
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    code = ("import xbench, xbench.reproduce as r; print(xbench.__file__); "
+    code = ("import xbench, xbench.workflows.reproduce as r; print(xbench.__file__); "
             "print(len(r.notebook_paths())); print(r.NOTEBOOKS_DIR)")
     info = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
     where, n_notebooks, notebooks = info.stdout.split("\n")[:3]

@@ -21,7 +21,7 @@ from xbench.paper import (
     synthetic_results,
 )
 from xbench.paper.transcribe import transcribe
-from xbench.registry import dataset_manifest
+from xbench.spec.registry import dataset_manifest
 
 REF = load_reference()
 
@@ -126,7 +126,7 @@ def test_synthetic_results_cover_every_model_dataset_and_class():
 
 
 def test_compare_with_paper_matches_cells_and_checks_the_ci():
-    from xbench.analysis import compare_with_paper, comparison_status, comparison_summary
+    from xbench.outputs.analysis import compare_with_paper, comparison_status, comparison_summary
 
     tidy = synthetic_results()
     # make one published cell exact: KAD's Table 3 CARD pointing 90.41
@@ -150,7 +150,7 @@ def test_compare_with_paper_matches_cells_and_checks_the_ci():
 
 
 def test_model_level_means_use_datasets_where_both_metrics_are_defined():
-    from xbench.analysis import calibration_by_model, dataset_means, model_correlation
+    from xbench.outputs.analysis import calibration_by_model, dataset_means, model_correlation
 
     tidy = synthetic_results(datasets=["nih_bbox", "covid_rural"])
     covid_auc = (tidy.dataset == "covid_rural") & (tidy.metric == "auc")
@@ -169,8 +169,8 @@ def test_model_level_means_use_datasets_where_both_metrics_are_defined():
 def test_paper_names_and_groups_come_from_the_model_yamls(tmp_path, monkeypatch):
     """MODELS / GROUPS are the YAMLs' ``paper:`` sections, in row order; a clash or a bad section is one clear error."""
     import xbench.paper as paper
-    from xbench import registry
-    from xbench.errors import FormatError
+    from xbench.spec import registry
+    from xbench.core.errors import FormatError
 
     models, groups = paper.paper_models()
     for name in models:

@@ -16,13 +16,13 @@ import torch
 import yaml
 
 from conftest import tiny_run
-from xbench import registry
+from xbench.spec import registry
 from xbench.cli import main
-from xbench.config import RunConfig
-from xbench.errors import UnknownNameError, XBenchError, XBenchWarning
+from xbench.spec.config import RunConfig
+from xbench.core.errors import UnknownNameError, XBenchError, XBenchWarning
 from xbench.models.priors import CenterPrior
-from xbench.preflight import PreflightError, preflight
-from xbench.pipeline import run
+from xbench.inference.preflight import PreflightError, preflight
+from xbench.workflows.run import run
 
 REPO = Path(__file__).resolve().parents[1]
 MINIMAL = {"output_dir": "out", "datasets": ["phantom"], "models": ["center_prior"]}
@@ -190,7 +190,7 @@ def _notebook(path: Path, source: str) -> None:
 
 @pytest.mark.slow
 def test_reproduce_keep_going_runs_the_rest_and_lists_failures(tmp_path):
-    from xbench.reproduce import reproduce
+    from xbench.workflows.reproduce import reproduce
 
     nbs = tmp_path / "nbs"
     nbs.mkdir()
@@ -208,7 +208,7 @@ def test_reproduce_keep_going_runs_the_rest_and_lists_failures(tmp_path):
 
 
 def test_reproduce_preflights_before_any_notebook(tmp_path, monkeypatch):
-    from xbench.reproduce import reproduce
+    from xbench.workflows.reproduce import reproduce
 
     monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
     cfg = tmp_path / "run.yaml"
@@ -271,7 +271,7 @@ def test_installed_packages_add_config_folders_through_entry_points(user_configs
 
 # -- logging and progress -----------------------------------------------------------------------------------
 def test_progress_is_a_few_log_lines_when_not_a_terminal(caplog):
-    from xbench.logs import progress_bar
+    from xbench.core.logs import progress_bar
 
     bar = progress_bar(total=1000, desc="m × d", unit="img")
     with caplog.at_level("INFO", logger="xbench"):

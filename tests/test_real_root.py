@@ -19,11 +19,11 @@ import pytest
 
 import xbench
 from conftest import shared_path
-from xbench.config import RunConfig
-from xbench.errors import XBenchError, XBenchWarning
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchError, XBenchWarning
 from xbench.models.priors import CenterPrior, RandomPrior
-from xbench.preflight import preflight
-from xbench.pipeline import run
+from xbench.inference.preflight import preflight
+from xbench.workflows.run import run
 
 CASES = 880  # boxed images of the official BBox_List_2017.csv
 MODELS = ["center_prior", "random_prior"]
@@ -143,7 +143,7 @@ def test_skip_then_add_images_infers_only_the_skipped_cases_and_equals_a_clean_r
     a, b = tables(out), tables(clean)
     for key in a:
         pd.testing.assert_frame_equal(a[key], b[key])
-    stored = xbench.results.ResultStore(out).read("nih_bbox", "center_prior", expected_chunks=4)
+    stored = xbench.store.results.ResultStore(out).read("nih_bbox", "center_prior", expected_chunks=4)
     assert stored.case_ids.tolist() == ids[:5] and len(stored.skipped) == CASES - 5
 
     # a third run with nothing new infers nothing, and still reports the skipped cases truthfully

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import copy_run
 from xbench.cli import main
-from xbench.evaluate import load_tables
-from xbench.report import SIZE_EDGES, build_report
+from xbench.evaluation.evaluate import load_tables
+from xbench.outputs.report import SIZE_EDGES, build_report
 
 CASES, PER_CLASS = 22, 3
 pytestmark = pytest.mark.usefixtures("phantom_cache")
@@ -127,7 +127,7 @@ def test_in_headless_chromium(report, tmp_path):
 
 
 def test_paper_form_tables_are_included(report, tmp_path):
-    from xbench.score import write_paper_tables
+    from xbench.workflows.score import write_paper_tables
 
     written = write_paper_tables(report["out"])
     text = build_report(report["out"], tmp_path / "r.html", max_cases_per_class=1).read_text()

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from xbench.errors import XBenchError
-from xbench.results import STORE_VERSION, ResultStore, write_table
+from xbench.core.errors import XBenchError
+from xbench.store.results import STORE_VERSION, ResultStore, write_table
 
 FINDINGS = ["Nodule", "Effusion"]
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from xbench.config import RunConfig
-from xbench.registry import list_datasets, list_models, model_config
+from xbench.spec.config import RunConfig
+from xbench.spec.registry import list_datasets, list_models, model_config
 
 RUNS = sorted((Path(__file__).resolve().parents[1] / "xbench" / "configs" / "runs").glob("*.yaml"))
 
@@ -36,7 +36,7 @@ def test_every_model_config_names_its_weights_and_rules():
 
 
 def test_weight_files_take_the_config_name_and_publisher(tmp_path):
-    from xbench.errors import MissingFileError
+    from xbench.core.errors import MissingFileError
     from xbench.models.base import resolve_weight_files
 
     config = {"weights": {"checkpoint": {"path": "renamed.pt", "source": "https://publisher.example/ckpt"},

@@ -21,11 +21,11 @@ import yaml
 
 import xbench
 from conftest import tiny_run
-from xbench.config import RunConfig
-from xbench.errors import MissingFileError, XBenchError, XBenchWarning
+from xbench.spec.config import RunConfig
+from xbench.core.errors import MissingFileError, XBenchError, XBenchWarning
 from xbench.models.priors import AnatomicalPrior, CenterPrior, RandomPrior
-from xbench.results import ResultStore
-from xbench.pipeline import merge, run
+from xbench.store.results import ResultStore
+from xbench.workflows.run import merge, run
 
 CASES, CHUNK = 22, 8  # 3 chunks: rows 0-7, 8-15, 16-21 (a short last chunk); batch 3 does not divide the chunk
 MODELS = ["center_prior", "random_prior", "anatomical_prior"]

@@ -1,4 +1,4 @@
-"""One schema for the three YAML kinds: run config, model YAML, dataset manifest (xbench.schema)."""
+"""One schema for the three YAML kinds: run config, model YAML, dataset manifest (xbench.spec.schema)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xbench import registry, schema
+from xbench.spec import registry, schema
 from xbench.cli import main
-from xbench.config import RunConfig
-from xbench.errors import FormatError
+from xbench.spec.config import RunConfig
+from xbench.core.errors import FormatError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import xbench
-from xbench.errors import FormatError, XBenchError, XBenchWarning
-from xbench.evaluate import load_tables
-from xbench.score import RECOGNITION_METRICS, MapSet, load_maps, read_chexlocalize, read_chexlocalize_pickle
+from xbench.core.errors import FormatError, XBenchError, XBenchWarning
+from xbench.evaluation.evaluate import load_tables
+from xbench.workflows.score import RECOGNITION_METRICS, MapSet, load_maps, read_chexlocalize, read_chexlocalize_pickle
 
 CASES = 22
 pytestmark = pytest.mark.usefixtures("phantom_cache")
@@ -182,7 +182,7 @@ def test_tolerance_margins_add_named_rows(done, tmp_path):
     base = m[m["metric"] == "pointing"].set_index("finding")["value"]
     wide = m[m["metric"] == "pointing@6px"].set_index("finding")["value"]
     assert (wide.reindex(base.index) >= base).all() and (wide > base).any()
-    from xbench.exports import pointing_tolerance_table
+    from xbench.outputs.exports import pointing_tolerance_table
 
     score(np.zeros_like(st["maps"]), tmp_path / "flat", case_ids=st["case_ids"].tolist())  # all pixels tied
     with pytest.raises(XBenchError, match="pointing_ties"):

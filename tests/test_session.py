@@ -8,9 +8,9 @@ import yaml
 from conftest import tiny_run
 
 import xbench
-from xbench.config import RunConfig
-from xbench.errors import XBenchError, XBenchWarning
-from xbench.pipeline import run
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchError, XBenchWarning
+from xbench.workflows.run import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

@@ -1,11 +1,11 @@
-"""Ranks get store chunks balanced by decode cost (pixels), not rotated by count (xbench.runner.assign_chunks)."""
+"""Ranks get store chunks balanced by decode cost (pixels), not rotated by count (xbench.inference.runner.assign_chunks)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from xbench.runner import assign_chunks, chunk_costs
+from xbench.inference.runner import assign_chunks, chunk_costs
 
 
 class _Table:

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from xbench.metrics import DATASET_LEVEL
-from xbench.tables import model_flags, model_notes, per_class, pick_datasets, render, wide, write_table
+from xbench.outputs.tables import model_flags, model_notes, per_class, pick_datasets, render, wide, write_table
 
 METRICS = ["pointing", "dice@best", "best_tau"]
 VALUES = {  # (model, dataset, metric) → value; the baseline has the highest pointing on d1
@@ -172,7 +172,7 @@ def test_model_notes_label_random_init_models(table):
 
 # -- the paper's form ------------------------------------------------------------------------------------------------
 from xbench.paper import MODELS, TABLE_CLASSES, load_reference, synthetic_results  # noqa: E402
-from xbench.tables import MIN_PAIRS_TO_RANK, cell_counts, paper_class_table, paper_table1, skipped_note  # noqa: E402
+from xbench.outputs.tables import MIN_PAIRS_TO_RANK, cell_counts, paper_class_table, paper_table1, skipped_note  # noqa: E402
 
 PAPER_ROWS = ["CLIP", "BiomedCLIP", "MedKLIP", "KAD", "MAVL", "CARZero", "DeViDe"]
 PAPER_GROUPS = ["COVID-19", "RSNA Pneumonia", "SIIM Pneumothorax", "CheXDet-10", "CheXlocalize", "VinDr-CXR",
@@ -261,7 +261,7 @@ def test_the_paper_itself_renders_in_paper_form():
 
 def test_undefined_note_names_metrics_undefined_when_every_image_is_positive():
     from xbench.metrics import score_table
-    from xbench.tables import undefined_note
+    from xbench.outputs.tables import undefined_note
 
     labels = pd.DataFrame({"COVID-19 opacity": [1.0, 1.0, 1.0]}, index=["a", "b", "c"])
     scores = pd.DataFrame({"COVID-19 opacity": [0.9, 0.4, 0.7]}, index=labels.index)

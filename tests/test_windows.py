@@ -7,7 +7,7 @@ import pytest
 from xbench.metrics import upsample_maps
 from xbench.models.base import resize_crop_window
 from xbench.models.carzero import CARZeroAdapter, crop_size
-from xbench.windows import is_whole_image, place_maps
+from xbench.models.windows import is_whole_image, place_maps
 
 
 def test_whole_image_window_equals_plain_upsampling():

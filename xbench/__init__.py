@@ -12,27 +12,27 @@ import importlib
 import os
 from typing import Any
 
-from .version import __version__ as __version__  # cheap: no torch
+from .core.version import __version__ as __version__  # cheap: no torch
 
 #: public name → (module, attribute or None for the module itself)
 _LAZY = {
-    "analysis": ("xbench.analysis", None),
+    "analysis": ("xbench.outputs.analysis", None),
     "metrics": ("xbench.metrics", None),
-    "tables": ("xbench.tables", None),
+    "tables": ("xbench.outputs.tables", None),
     "load_dataset": ("xbench.datasets", "load_dataset"),
     "create_model": ("xbench.models", "create_model"),
-    "add_config_path": ("xbench.registry", "add_config_path"),
-    "list_datasets": ("xbench.registry", "list_datasets"),
-    "list_models": ("xbench.registry", "list_models"),
+    "add_config_path": ("xbench.spec.registry", "add_config_path"),
+    "list_datasets": ("xbench.spec.registry", "list_datasets"),
+    "list_models": ("xbench.spec.registry", "list_models"),
     "open_run": ("xbench.session", "open_run"),
-    "evaluate_maps": ("xbench.score", "evaluate_maps"),
+    "evaluate_maps": ("xbench.workflows.score", "evaluate_maps"),
 }
 
 __all__ = list(_LAZY)
 
 
 if "XBENCH_LOG_LEVEL" in os.environ:  # a kernel started by `xbench reproduce`: log (and relay) progress there
-    from .logs import setup_logging_from_env
+    from .core.logs import setup_logging_from_env
 
     setup_logging_from_env()
 

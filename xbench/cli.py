@@ -25,10 +25,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .errors import XBenchError
+from .core.errors import XBenchError
 
 if TYPE_CHECKING:  # the CLI imports the library (and torch) only once a command needs it
-    from .config import RunConfig
+    from .spec.config import RunConfig
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -118,7 +118,7 @@ def _add_beyond_commands(add: "Callable[..., argparse.ArgumentParser]") -> None:
     """`xbench score` (your own maps → the run tables) and `xbench report` (HTML report of a run)."""
     p = add("score", help="score your own saliency maps (folder of .npz/.npy/.safetensors, one .npz, "
                      "or a cheXlocalize *_map.pkl folder)")
-    p.add_argument("--maps", required=True, help="folder or .npz file of maps (see xbench.score)")
+    p.add_argument("--maps", required=True, help="folder or .npz file of maps (see xbench.workflows.score)")
     p.add_argument("--dataset", required=True)
     p.add_argument("--split")
     p.add_argument("--root", help="dataset folder (default: $XBENCH_DATA/<dataset>)")
@@ -151,20 +151,20 @@ def _add_beyond_commands(add: "Callable[..., argparse.ArgumentParser]") -> None:
 
 def _score_or_report(args: argparse.Namespace) -> int:
     if args.command == "export":
-        from .exports import export_run
+        from .outputs.exports import export_run
 
         tau = args.tau if args.tau == "best" else float(args.tau)
         files = export_run(args.run, args.out, tau=tau, grid=args.grid, margin=args.margin)
         print(f"{len(files)} files under {args.out or str(args.run) + '/exports'}")
         return 0
     if args.command == "report":
-        from .report import build_report
+        from .outputs.report import build_report
 
         print(f"report in {build_report(args.run, args.out, grid=args.grid, max_cases_per_class=args.cases_per_class)}")
         return 0
     import yaml
 
-    from .score import evaluate_maps, read_chexlocalize
+    from .workflows.score import evaluate_maps, read_chexlocalize
 
     options = {}
     for item in args.option:
@@ -189,12 +189,12 @@ def _score_or_report(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .logs import setup_logging
+    from .core.logs import setup_logging
 
     setup_logging(-1 if args.quiet else 1 if args.verbose else 0)
     _debug_context(args)
     try:
-        from .registry import add_search_dir
+        from .spec.registry import add_search_dir
 
         for folder in args.config_path:
             add_search_dir(folder)
@@ -213,7 +213,7 @@ def _debug_context(args: argparse.Namespace) -> None:
     if not log.isEnabledFor(logging.DEBUG):
         return
     from . import __version__
-    from .registry import MANIFEST_DIRS, MODEL_CONFIG_DIRS
+    from .spec.registry import MANIFEST_DIRS, MODEL_CONFIG_DIRS
 
     log.debug("xbench %s (%s) on Python %s", __version__, __file__, sys.version.split()[0])
     log.debug("arguments: %s", vars(args))
@@ -230,8 +230,8 @@ def _parameters(pairs: list[list[str]]) -> dict[str, object]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from .listing import DATASET_COLUMNS, MODEL_COLUMNS, dataset_rows, format_table, model_rows
-    from .registry import list_datasets, list_models
+    from .spec.listing import DATASET_COLUMNS, MODEL_COLUMNS, dataset_rows, format_table, model_rows
+    from .spec.registry import list_datasets, list_models
 
     if args.names:
         print("\n".join(list_models() if args.what == "models" else list_datasets()))
@@ -249,7 +249,7 @@ def _deep_check(cfg: "RunConfig") -> int:
     """Decode every present image of every dataset of ``cfg``; print the unreadable ones; 1 if any."""
     from .datasets import checks
     from .datasets import open_dataset
-    from .skips import decode_all
+    from .inference.skips import decode_all
 
     bad_total = 0
     for spec in cfg.datasets:
@@ -265,7 +265,7 @@ def _deep_check(cfg: "RunConfig") -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from .config import RunConfig
+    from .spec.config import RunConfig
 
     if args.command in ("score", "report", "export"):
         return _score_or_report(args)
@@ -295,7 +295,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     logging.getLogger("xbench.cli").debug("run config %s: %s", cfg.source, cfg.to_dict())
     if args.command == "check":
-        from .preflight import preflight
+        from .inference.preflight import preflight
 
         report = preflight(cfg, hashes=not args.no_hash)
         print(report.format())
@@ -304,26 +304,26 @@ def _dispatch(args: argparse.Namespace) -> int:
         deep = _deep_check(cfg) if args.deep else 0
         return 0 if report.ok and not deep else 1
     if args.command == "run":
-        from .pipeline import run
+        from .workflows.run import run
 
         out = run(cfg, shard=args.shard, overwrite=args.overwrite, progress=not args.quiet, evaluate=not args.no_eval,
                   check=not args.no_check, keep_going=args.keep_going)
         print(f"results in {out}" + ("" if args.no_eval or args.shard else f" (tables in {out}/tables, paper form "
                                                                             "in tables/paper)"))
     elif args.command == "merge":
-        from .pipeline import merge
+        from .workflows.run import merge
 
         print(f"results in {merge(cfg, args.sources)}")
     elif args.command == "evaluate":
-        from .evaluate import evaluate_run
+        from .evaluation.evaluate import evaluate_run
 
-        from .score import write_paper_tables
+        from .workflows.score import write_paper_tables
 
         evaluate_run(cfg)
         write_paper_tables(cfg.output_dir)
         print(f"tables in {cfg.output_dir}/tables (paper form in tables/paper)")
     elif args.command == "reproduce":
-        from .reproduce import reproduce
+        from .workflows.reproduce import reproduce
 
         out = reproduce(args.config, output_dir=cfg.output_dir, device=cfg.device, notebooks=args.notebooks,
                         timeout=args.timeout, kernel=args.kernel, figures_dir=args.figures_dir,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from .config import RunConfig
+from .spec.config import RunConfig
 
 
 @dataclass
@@ -34,27 +34,27 @@ class Run:
     @property
     def baselines(self) -> list[str]:
         """Prior baselines (never ranked)."""
-        from .tables import model_flags
+        from .outputs.tables import model_flags
 
         return model_flags(self.models)[0]
 
     @property
     def unverified(self) -> list[str]:
         """Models without verified code or weights (dagger)."""
-        from .tables import model_flags
+        from .outputs.tables import model_flags
 
         return model_flags(self.models)[1]
 
     @property
     def notes(self) -> dict[str, str]:
         """Model → note (e.g. ``random-init weights``)."""
-        from .tables import model_notes
+        from .outputs.tables import model_notes
 
         return model_notes(self.models)
 
     @property
     def flags(self) -> dict[str, Any]:
-        """``baselines``, ``unverified`` and ``notes`` as keyword arguments for :mod:`xbench.tables`."""
+        """``baselines``, ``unverified`` and ``notes`` as keyword arguments for :mod:`xbench.outputs.tables`."""
         return {"baselines": self.baselines, "unverified": self.unverified, "notes": self.notes}
 
     @property
@@ -64,7 +64,7 @@ class Run:
     @property
     def label(self) -> str:
         """Figure-title fragment naming the run's datasets (the phantom flagged as synthetic)."""
-        from .figures import data_label
+        from .outputs.figures import data_label
 
         return data_label(sorted(self.datasets))
 
@@ -78,7 +78,7 @@ class Run:
 def open_run(config: str | Path | RunConfig, *, output_dir: str | Path | None = None, device: str | None = None) -> Run:
     """The evaluated run of ``config`` (a run YAML or a :class:`RunConfig`): its tables must exist
     (``xbench run`` / ``xbench evaluate`` or notebook 00 wrote them)."""
-    from .evaluate import load_tables
+    from .evaluation.evaluate import load_tables
 
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_yaml(
         config, output_dir=None if output_dir is None else str(output_dir), device=device)

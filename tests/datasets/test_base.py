@@ -11,8 +11,8 @@ import pytest
 import xbench.datasets.regions as regions
 from xbench.datasets.base import Box
 from xbench.datasets.chestx_det import ChestXDet10
-from xbench.errors import FormatError, UnknownNameError
-from xbench.registry import dataset_manifest
+from xbench.core.errors import FormatError, UnknownNameError
+from xbench.spec.registry import dataset_manifest
 
 
 def det10(root: Path, split: str = "test") -> ChestXDet10:
@@ -43,7 +43,7 @@ def test_regions_module_does_not_import_base():
 
 
 def test_open_dataset_opens_a_run_config_entry(phantom_cache):
-    from xbench.config import DatasetSpec
+    from xbench.spec.config import DatasetSpec
     from xbench.datasets import open_dataset
 
     spec = DatasetSpec("phantom", split="test", options={"cases": 5})

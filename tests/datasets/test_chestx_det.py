@@ -13,9 +13,9 @@ from PIL import Image
 from xbench.datasets.base import Box, Polygon
 from xbench.datasets.chestx_det import ChestXDet, ChestXDet10
 from xbench.datasets.regions import polygon_mask
-from xbench.errors import FormatError, MissingFileError
+from xbench.core.errors import FormatError, MissingFileError
 from xbench.datasets.checks import counts
-from xbench.registry import dataset_manifest
+from xbench.spec.registry import dataset_manifest
 
 DET10 = ["Atelectasis", "Calcification", "Consolidation", "Effusion", "Emphysema", "Fibrosis", "Fracture", "Mass", "Nodule",
          "Pneumothorax"]

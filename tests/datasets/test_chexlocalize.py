@@ -16,8 +16,8 @@ from pycocotools import mask as coco
 
 import xbench
 from xbench.datasets.chexlocalize import CheXlocalize, rle_length
-from xbench.errors import FormatError, MissingFileError, XBenchWarning
-from xbench.registry import dataset_manifest
+from xbench.core.errors import FormatError, MissingFileError, XBenchWarning
+from xbench.spec.registry import dataset_manifest
 
 COLUMNS = ["No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity", "Lung Lesion", "Edema",
            "Consolidation", "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion", "Pleural Other",
@@ -290,7 +290,7 @@ def test_missing_files(root):
 
 
 def test_manifest_valid_and_counts(root):
-    from xbench.manifests import validate
+    from xbench.spec.manifests import validate
     from xbench.datasets.checks import counts
 
     validate(dataset_manifest("chexlocalize"))

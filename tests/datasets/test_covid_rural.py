@@ -13,8 +13,8 @@ from PIL import Image
 
 import xbench
 from xbench.datasets.covid_rural import COVIDRural
-from xbench.errors import FormatError, MissingFileError, XBenchWarning
-from xbench.registry import dataset_manifest
+from xbench.core.errors import FormatError, MissingFileError, XBenchWarning
+from xbench.spec.registry import dataset_manifest
 
 P1, P2 = "COVID-19-AR-16406505_01-14-2012-XR", "COVID-19-AR-16406505_01-09-2012-XR"
 SIZE = (24, 32)  # (H, W); the real JPEGs are e.g. 1760 x 2140
@@ -185,7 +185,7 @@ def test_missing_files(root):
 
 
 def test_manifest_valid_and_counts(root):
-    from xbench.manifests import validate
+    from xbench.spec.manifests import validate
     from xbench.datasets.checks import counts
 
     validate(dataset_manifest("covid_rural"))
@@ -195,7 +195,7 @@ def test_manifest_valid_and_counts(root):
 
 def test_only_images_with_an_opacity_are_positive_pairs(root):
     """Both images are labelled positive; only P1's non-empty mask makes a grounding pair (P2's is counted, not scored)."""
-    from xbench.evaluate import ground_truth
+    from xbench.evaluation.evaluate import ground_truth
 
     ds = open_ds(root)
     assert ds.labels()[:, 0].tolist() == [1.0, 1.0]

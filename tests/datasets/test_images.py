@@ -12,7 +12,7 @@ from pydicom.dataset import FileDataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 
 from xbench.datasets.images import ImageFolder, image_size, read_image
-from xbench.errors import FormatError, MissingFileError
+from xbench.core.errors import FormatError, MissingFileError
 
 
 def write_dicom(path: Path, pixels: np.ndarray, *, bits: int = 8, photometric: str = "MONOCHROME2", **extra) -> Path:

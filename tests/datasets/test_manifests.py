@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 from conftest import shared_path
 
-from xbench.errors import FormatError, UnknownNameError
-from xbench.findings import CANONICAL, canonical, display_name
-from xbench.manifests import class_lookup, file_entries, validate
+from xbench.core.errors import FormatError, UnknownNameError
+from xbench.spec.findings import CANONICAL, canonical, display_name
+from xbench.spec.manifests import class_lookup, file_entries, validate
 from xbench.datasets.checks import build, check
-from xbench.registry import dataset_manifest, list_datasets
+from xbench.spec.registry import dataset_manifest, list_datasets
 
 MINE = ["nih_bbox", "rsna_pneumonia", "siim_acr", "chestx_det10", "chestx_det"]
 

@@ -11,9 +11,9 @@ from conftest import shared_path
 from PIL import Image
 
 from xbench.datasets.nih_bbox import NIHBoxes
-from xbench.errors import FormatError, MissingFileError
+from xbench.core.errors import FormatError, MissingFileError
 from xbench.datasets.checks import counts
-from xbench.registry import dataset_manifest
+from xbench.spec.registry import dataset_manifest
 
 HEADER = "Image Index,Finding Label,Bbox [x,y,w,h],,,\n"
 

@@ -12,7 +12,7 @@ from scipy.ndimage import binary_dilation
 import xbench
 from xbench.datasets.chestx_det import ChestXDet
 from xbench.datasets.phantom import FINDINGS, PhantomParams, ensure_split, render_case
-from xbench.errors import UnknownNameError, XBenchError
+from xbench.core.errors import UnknownNameError, XBenchError
 
 
 def _digest(folder):

@@ -9,9 +9,9 @@ import pytest
 from conftest import shared_path
 
 from xbench.datasets.rsna import RSNAPneumonia
-from xbench.errors import FormatError, MissingFileError
+from xbench.core.errors import FormatError, MissingFileError
 from xbench.datasets.checks import counts
-from xbench.registry import dataset_manifest
+from xbench.spec.registry import dataset_manifest
 
 HEADER = "patientId,x,y,width,height,Target\n"
 

@@ -13,9 +13,9 @@ from test_images import write_dicom
 from xbench.datasets.base import EncodedMask
 from xbench.datasets.regions import decode_siim_rle
 from xbench.datasets.siim import SIIMPneumothorax
-from xbench.errors import FormatError, MissingFileError
+from xbench.core.errors import FormatError, MissingFileError
 from xbench.datasets.checks import counts
-from xbench.registry import dataset_manifest
+from xbench.spec.registry import dataset_manifest
 
 RLE_NAME = "siim-pneumothorax-train-rle.csv"
 SIX_ROWS = "1.2.276.0.7230010.3.1.4.8323329.2878.1517875175.188420"  # 6 RLE rows, in the LoVT test split

@@ -9,8 +9,8 @@ import pytest
 
 import xbench
 from xbench.datasets.vindr import VinDrCXR
-from xbench.errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
-from xbench.registry import dataset_manifest
+from xbench.core.errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
+from xbench.spec.registry import dataset_manifest
 
 # image_labels_test.csv header: the 28 VinDr labels, test-file spelling ("Other disease").
 LABELS = ["Aortic enlargement", "Atelectasis", "Calcification", "Cardiomegaly", "Clavicle fracture", "Consolidation",
@@ -221,7 +221,7 @@ def test_unknown_split(root):
 
 
 def test_manifest_is_valid_and_counts(root):
-    from xbench.manifests import validate
+    from xbench.spec.manifests import validate
     from xbench.datasets.checks import counts
 
     validate(dataset_manifest("vindr_cxr"))

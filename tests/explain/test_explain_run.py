@@ -8,20 +8,20 @@ import pandas as pd
 import pytest
 
 from conftest import tiny_run
-from xbench.atomic import write_frame
-from xbench.config import RunConfig
-from xbench.exports import export_run
+from xbench.core.atomic import write_frame
+from xbench.spec.config import RunConfig
+from xbench.outputs.exports import export_run
 from xbench.explain.report_section import STUDY_TABLE
-from xbench.report import build_report
+from xbench.outputs.report import build_report
 from xbench.datasets import load_dataset
-from xbench.evaluate import load_tables
+from xbench.evaluation.evaluate import load_tables
 from xbench.explain.faithfulness import faithfulness_table
 from xbench.explain.summary import (faithfulness_summary, plausibility_faithfulness_figure,
                                     plausibility_vs_faithfulness)
-from xbench.figures import visual_comparison
+from xbench.outputs.figures import visual_comparison
 from xbench.models import create_model
 from xbench.explain import explained
-from xbench.pipeline import run
+from xbench.workflows.run import run
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.usefixtures("phantom_cache")

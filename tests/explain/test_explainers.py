@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from xbench.config import RunConfig
-from xbench.errors import FormatError, XBenchError, XBenchWarning
+from xbench.spec.config import RunConfig
+from xbench.core.errors import FormatError, XBenchError, XBenchWarning
 from xbench.explain import EXPLAINERS, explained, gradients_through_adapters
 from xbench.explain.base import forward_logits
 from xbench.models import create_model

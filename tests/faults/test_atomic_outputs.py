@@ -1,6 +1,6 @@
 """Issue 12 item 10 (outputs): a read-only output folder is a clear error naming it before any inference, and a
 full disk while `evaluate` writes its tables leaves no truncated file (every table goes through
-`xbench.atomic`). (Old main: a raw PermissionError / OSError, and `curves.csv` left truncated.)"""
+`xbench.core.atomic`). (Old main: a raw PermissionError / OSError, and `curves.csv` left truncated.)"""
 from __future__ import annotations
 
 import errno
@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from conftest import tiny_run
 
-from xbench.config import RunConfig
-from xbench.errors import OutputError, XBenchError, XBenchWarning
-from xbench.evaluate import evaluate_run
+from xbench.spec.config import RunConfig
+from xbench.core.errors import OutputError, XBenchError, XBenchWarning
+from xbench.evaluation.evaluate import evaluate_run
 from xbench.models.priors import CenterPrior
-from xbench.pipeline import run
+from xbench.workflows.run import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

@@ -14,13 +14,13 @@ import pytest
 import torch
 from conftest import tiny_run
 
-from xbench.config import RunConfig
-from xbench.errors import XBenchError, XBenchWarning
-from xbench.evaluate import evaluate_run
-from xbench.fingerprint import file_sha256
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchError, XBenchWarning
+from xbench.evaluation.evaluate import evaluate_run
+from xbench.store.fingerprint import file_sha256
 from xbench.models.priors import RandomPrior
-from xbench.results import ResultStore
-from xbench.pipeline import run
+from xbench.store.results import ResultStore
+from xbench.workflows.run import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

@@ -1,5 +1,5 @@
 """Issue 12 item 9: a run config is typed and validated when it is read — a wrong type, a typo'd key or model
-parameter, a non-UTF-8 file is a :class:`~xbench.errors.FormatError` naming the file and the field, never a raw
+parameter, a non-UTF-8 file is a :class:`~xbench.core.errors.FormatError` naming the file and the field, never a raw
 traceback or a silently changed value (``batch_size: 4.7`` used to become 4, ``fixed_threshold: yes`` 1.0,
 ``datasets: phantom`` "Unknown dataset 'p'", ``params: {sigmaa: 0.3}`` was ignored)."""
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from xbench.config import RunConfig
-from xbench.errors import FormatError
+from xbench.spec.config import RunConfig
+from xbench.core.errors import FormatError
 
 MINIMAL = {"output_dir": "out", "datasets": ["phantom"], "models": ["center_prior"]}
 

@@ -12,10 +12,10 @@ import pytest
 from conftest import tiny_run
 
 import xbench
-from xbench.config import RunConfig
-from xbench.errors import XBenchWarning
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchWarning
 from xbench.models.priors import PRIOR_FILE, AnatomicalPrior
-from xbench.pipeline import run
+from xbench.workflows.run import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

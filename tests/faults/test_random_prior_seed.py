@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from conftest import tiny_run
-from xbench.config import RunConfig
+from xbench.spec.config import RunConfig
 from xbench.datasets.base import Sample
-from xbench.errors import XBenchWarning
-from xbench.results import ResultStore
-from xbench.pipeline import run
+from xbench.core.errors import XBenchWarning
+from xbench.store.results import ResultStore
+from xbench.workflows.run import run
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

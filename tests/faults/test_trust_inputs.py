@@ -14,12 +14,12 @@ import pytest
 import torch
 from conftest import tiny_run
 
-from xbench import registry
-from xbench.config import RunConfig
-from xbench.errors import FormatError, XBenchError, XBenchWarning
-from xbench.evaluate import evaluate_run
-from xbench.results import ResultStore
-from xbench.pipeline import merge, run
+from xbench.spec import registry
+from xbench.spec.config import RunConfig
+from xbench.core.errors import FormatError, XBenchError, XBenchWarning
+from xbench.evaluation.evaluate import evaluate_run
+from xbench.store.results import ResultStore
+from xbench.workflows.run import merge, run
 
 
 def quiet(fn, *args, **kwargs):

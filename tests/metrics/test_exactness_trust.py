@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xbench.errors import XBenchWarning
-from xbench.exports import tau_mask
+from xbench.core.errors import XBenchWarning
+from xbench.outputs.exports import tau_mask
 from xbench.metrics import best_threshold, grounding_scores, normalize_maps
 
 

@@ -12,10 +12,10 @@ import pytest
 from conftest import copy_run, tiny_run
 
 import xbench
-from xbench import analysis, report, tables
-from xbench.config import RunConfig
-from xbench.errors import XBenchWarning
-from xbench.evaluate import evaluate_run, load_tables
+from xbench.outputs import analysis, report, tables
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchWarning
+from xbench.evaluation.evaluate import evaluate_run, load_tables
 from xbench.metrics import DATASET_LEVEL, POOLED, normalize_maps, upsample_maps
 from xbench.metrics import table as metric_table
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from xbench.errors import XBenchWarning
+from xbench.core.errors import XBenchWarning
 from xbench.metrics import (
     DEFAULT_GRID,
     THRESHOLDS,

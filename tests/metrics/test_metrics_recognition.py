@@ -7,7 +7,7 @@ import pytest
 import torch
 from sklearn.metrics import accuracy_score, average_precision_score, f1_score, hamming_loss, roc_auc_score
 
-from xbench.errors import XBenchWarning
+from xbench.core.errors import XBenchWarning
 from xbench.metrics import accuracy, auc, auprc, f1, hamming_accuracy, recognition_scores
 from xbench.metrics.recognition import weighted_auc_ap, weighted_f1_accuracy
 

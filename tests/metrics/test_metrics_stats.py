@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from xbench.errors import XBenchWarning
+from xbench.core.errors import XBenchWarning
 from xbench.metrics import (
     DATASET_LEVEL,
     METRICS,

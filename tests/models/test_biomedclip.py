@@ -15,10 +15,10 @@ import transformers
 import transformers.utils.hub as transformers_hub
 
 import xbench.models.biomedclip as biomedclip_module
-from xbench.errors import CheckpointError, FormatError, MissingFileError
+from xbench.core.errors import CheckpointError, FormatError, MissingFileError
 from xbench.models.base import create_model
 from xbench.models.biomedclip import BiomedCLIP, BiomedCLIPAdapter
-from xbench.registry import model_config
+from xbench.spec.registry import model_config
 from biomedclip_folder import OPEN_CLIP_CONFIG, VOCAB, write_folder
 
 PROMPTS = ["pneumonia", "pleural effusion", "cardiomegaly"]

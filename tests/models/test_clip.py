@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 import xbench.models.clip as clip_module
-from xbench.errors import CheckpointError, MissingFileError
+from xbench.core.errors import CheckpointError, MissingFileError
 from xbench.models.base import create_model
 from xbench.models.clip import CLIPAdapter, build_clip, read_clip_checkpoint
-from xbench.registry import model_config
+from xbench.spec.registry import model_config
 
 WEIGHTS_SOURCE = model_config("clip")["weights"]["checkpoint"]["source"]
 

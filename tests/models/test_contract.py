@@ -17,10 +17,10 @@ import pytest
 import torch
 from biomedclip_folder import write_folder
 
-from xbench.errors import XBenchWarning
+from xbench.core.errors import XBenchWarning
 from xbench.models import Adapter, list_models
 from xbench.models.priors import AnatomicalPrior
-from xbench.registry import import_target, model_config
+from xbench.spec.registry import import_target, model_config
 
 PROMPTS = ["cardiomegaly", "pleural effusion"]  # known to every model (entities, phantom vocabulary, open vocabulary)
 REAL_SIZE = (1024, 1024)  # NIH ChestX-ray14 PNGs
@@ -269,7 +269,7 @@ def test_the_fact_scan_finds_planted_restatements():
 
 def test_a_network_that_disagrees_with_its_yaml_is_a_clear_error():
     """Shape facts the network fixes are checked, never overwritten: a YAML grid the network cannot give fails."""
-    from xbench.errors import CheckpointError, FormatError
+    from xbench.core.errors import CheckpointError, FormatError
 
     for name, error in (("ref_patchsim", FormatError), ("ref_xattn", CheckpointError)):
         cfg = {**model_config(name), "grid": [8, 8]}
@@ -279,7 +279,7 @@ def test_a_network_that_disagrees_with_its_yaml_is_a_clear_error():
 
 def test_a_partial_config_gets_the_facts_of_the_yaml_it_agrees_with():
     """KAD-224/512/1024 share one class: a partial config takes the facts of the YAML whose values it agrees with."""
-    from xbench.errors import XBenchError
+    from xbench.core.errors import XBenchError
     from xbench.models.base import with_yaml_facts
 
     assert with_yaml_facts("kad", {"input_size": 512, "params": {"trunk": "layer4"}})["grid"] == [16, 16]

@@ -7,7 +7,7 @@ import torch
 
 import xbench
 import xbench.models.devide as devide_module
-from xbench.errors import CheckpointError, MissingFileError, XBenchWarning
+from xbench.core.errors import CheckpointError, MissingFileError, XBenchWarning
 from xbench.models.devide import DeViDeAdapter
 
 PROMPTS = ["pneumonia", "pleural effusion", "cardiomegaly"]

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from xbench import registry
-from xbench.errors import MissingFileError
+from xbench.spec import registry
+from xbench.core.errors import MissingFileError
 from xbench.models import create_model
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"

@@ -21,7 +21,7 @@ from transformers import BertTokenizer
 
 from conftest import shared_path
 from xbench.datasets.images import read_image
-from xbench.errors import CheckpointError, MissingFileError
+from xbench.core.errors import CheckpointError, MissingFileError
 from xbench.models.base import create_model, load_checkpoint
 from xbench.models.checkpoint import CheckpointWarning
 from xbench.models.carzero import (

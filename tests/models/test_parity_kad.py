@@ -20,7 +20,7 @@ from parity_recipe import build_state
 from safetensors.torch import load_file
 
 import xbench
-from xbench.errors import CheckpointError, MissingFileError
+from xbench.core.errors import CheckpointError, MissingFileError
 from xbench.models.kad import OFFICIAL_TEXT, HashWordTokenizer, KADAdapter, MedKEBERTTokenizer, prompt_text, resize_uint8
 
 CLASSES = ["pneumonia", "pneumothorax", "cardiomegaly", "pleural effusion"]

@@ -21,10 +21,10 @@ from parity_recipe import build_state
 from safetensors.torch import load_file
 
 import xbench
-from xbench.errors import CheckpointError, FormatError, MissingFileError, XBenchWarning
+from xbench.core.errors import CheckpointError, FormatError, MissingFileError, XBenchWarning
 from xbench.models.mavl import (ASPECTS, ENTITIES, MAVLAdapter, assemble_concept_book, bert_from_state,
                                 canonical_class, read_texts, resize_uint8, text_mode_scores)
-from xbench.registry import model_config
+from xbench.spec.registry import model_config
 
 CLASSES = ["pneumonia", "pneumothorax", "cardiomegaly", "pleural effusion"]
 SAMPLES = ["00000001_000.png", "00027426_000.png"]

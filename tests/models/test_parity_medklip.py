@@ -18,10 +18,10 @@ from parity_recipe import build_state
 from safetensors.torch import load_file
 
 import xbench
-from xbench.errors import CheckpointError, MissingFileError, UnknownNameError, XBenchWarning
+from xbench.core.errors import CheckpointError, MissingFileError, UnknownNameError, XBenchWarning
 from xbench.models.medklip import (ENTITIES, MedKLIPAdapter, bert_from_state, canonical_class, read_descriptions,
                                    resize_uint8, toy_token_ids)
-from xbench.registry import model_config
+from xbench.spec.registry import model_config
 
 CLASSES = ["pneumonia", "pneumothorax", "cardiomegaly", "pleural effusion"]
 SAMPLES = ["00000001_000.png", "00027426_000.png"]
@@ -189,7 +189,7 @@ def test_read_descriptions_maps_misspelt_pneumonia_and_reports_missing(tmp_path)
     assert read_descriptions(path)["pneumonia"] == "about pneumonia"
     del book["edema"]
     path.write_text(json.dumps(book))
-    with pytest.raises(xbench.errors.FormatError, match="missing entity descriptions: edema"):
+    with pytest.raises(xbench.core.errors.FormatError, match="missing entity descriptions: edema"):
         read_descriptions(path)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from xbench.datasets.base import BaseDataset, Box
-from xbench.errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
+from xbench.core.errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
 from xbench.models.base import create_model
 from xbench.models.priors import (
     PRIOR_FILE,

@@ -1,7 +1,7 @@
 """The committed reference models as known-answer tests of the pipeline (phantom test split, 100 cases).
 
 The grounding / recognition targets are asserted with the very evaluation that
-writes ``train_config.yaml`` (:func:`xbench.train_reference.evaluate`), on a
+writes ``train_config.yaml`` (:func:`xbench.workflows.train_reference.evaluate`), on a
 100-case test split generated here; the pointing game is cross-checked with
 :func:`xbench.metrics.pointing_game`.
 """
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import xbench
-from xbench.errors import CheckpointError, MissingFileError, XBenchWarning
+from xbench.core.errors import CheckpointError, MissingFileError, XBenchWarning
 from xbench.metrics import pointing_game
 from xbench.models.reference import PatchSimAdapter, XAttnAdapter, preprocess, tokenize
-from xbench.registry import model_config
-from xbench.train_reference import evaluate, evaluate_centre_prior
+from xbench.spec.registry import model_config
+from xbench.workflows.train_reference import evaluate, evaluate_centre_prior
 
 CASES = 100
 INPUT_SIZE = model_config("ref_xattn")["input_size"]  # the facts of both reference models' YAMLs

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from xbench.errors import CheckpointError, FormatError, MissingFileError
+from xbench.core.errors import CheckpointError, FormatError, MissingFileError
 from xbench.models.kad import MedKEBERTTokenizer
 from xbench.models.medklip import load_text_encoder
 

@@ -1,7 +1,7 @@
 """Worker of the fuzz tests (tests/security/test_fuzz_inputs.py): reads one crafted file per request, under a memory
 ceiling. Started as a subprocess; after its imports it sets ``RLIMIT_AS`` to its current address space plus
 ``XBENCH_FUZZ_HEADROOM`` bytes, then answers JSON lines ``{"kind", "path"}`` with ``{"status", "detail"}``:
-``ok`` (read), ``refused`` (an :class:`~xbench.errors.XBenchError`), ``bad`` (anything else: the test fails)."""
+``ok`` (read), ``refused`` (an :class:`~xbench.core.errors.XBenchError`), ``bad`` (anything else: the test fails)."""
 from __future__ import annotations
 
 import json
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from xbench.config import RunConfig
-from xbench.errors import XBenchError
-from xbench.manifests import validate
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchError
+from xbench.spec.manifests import validate
 from xbench.models.base import load_checkpoint
-from xbench.registry import read_yaml
-from xbench.score import load_maps, read_chexlocalize_pickle
+from xbench.spec.registry import read_yaml
+from xbench.workflows.score import load_maps, read_chexlocalize_pickle
 
 
 def _manifest(path: Path) -> None:

@@ -14,11 +14,11 @@ from pydicom.dataset import FileDataset, FileMetaDataset
 from pydicom.uid import RLELossless, generate_uid
 
 import xbench
-from xbench.config import RunConfig
+from xbench.spec.config import RunConfig
 from xbench.datasets.images import image_size, read_image
-from xbench.errors import FormatError, XBenchWarning
-from xbench.results import ResultStore
-from xbench.pipeline import run
+from xbench.core.errors import FormatError, XBenchWarning
+from xbench.store.results import ResultStore
+from xbench.workflows.run import run
 
 
 def png_bomb(path: Path, side: int = 14000) -> Path:

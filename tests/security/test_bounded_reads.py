@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from xbench.errors import CheckpointError, FormatError, XBenchError
+from xbench.core.errors import CheckpointError, FormatError, XBenchError
 from xbench.models.base import load_checkpoint
 from xbench.models.checkpoint import read_torchscript_state_dict
-from xbench.score import load_maps
+from xbench.workflows.score import load_maps
 
 
 class Sized:
@@ -72,7 +72,7 @@ def test_legacy_checkpoint_bytearray_and_oversized_storage_are_refused(tmp_path)
 
 def test_chexlocalize_nested_legacy_bytearray_is_refused(tmp_path):
     """A cheXlocalize pickle whose nested ``_load_from_bytes`` payload asks for ``bytearray(n)``."""
-    from xbench.score import read_chexlocalize_pickle
+    from xbench.workflows.score import read_chexlocalize_pickle
 
     inner = io.BytesIO()
     torch.save(Sized(bytearray, 10**8), inner, _use_new_zipfile_serialization=False)

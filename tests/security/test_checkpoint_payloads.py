@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from xbench.errors import CheckpointError
+from xbench.core.errors import CheckpointError
 from xbench.models.base import load_checkpoint
 
 

@@ -16,13 +16,13 @@ import torch
 from conftest import tiny_run
 from safetensors.torch import load_file, save_file
 
-from xbench.config import RunConfig
+from xbench.spec.config import RunConfig
 from xbench.datasets.chestx_det import ChestXDet10
-from xbench.errors import XBenchError, XBenchWarning
-from xbench.fingerprint import run_fingerprint
-from xbench.registry import dataset_manifest
-from xbench.results import ResultStore
-from xbench.pipeline import merge, run
+from xbench.core.errors import XBenchError, XBenchWarning
+from xbench.store.fingerprint import run_fingerprint
+from xbench.spec.registry import dataset_manifest
+from xbench.store.results import ResultStore
+from xbench.workflows.run import merge, run
 
 REFERENCE = Path(__file__).resolve().parents[2] / "xbench" / "reference_weights" / "ref_xattn"
 KEY = "fingerprint.weights.model.safetensors"

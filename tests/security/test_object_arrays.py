@@ -41,7 +41,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def test_chexlocalize_pickle_with_a_forged_object_array_is_refused(tmp_path):
     path = tmp_path / "patient1_study1_view1_frontal_Edema_map.pkl"
     path.write_bytes(pickle.dumps({"map": ForgedObjectArray(), "prob": 0.5}, protocol=4))
-    done = _run(f"from xbench.score import read_chexlocalize_pickle\nfrom xbench.errors import XBenchError\n"
+    done = _run(f"from xbench.workflows.score import read_chexlocalize_pickle\nfrom xbench.core.errors import XBenchError\n"
                 f"try:\n    read_chexlocalize_pickle({str(path)!r})\nexcept XBenchError as e:\n    print('REFUSED', e)\n")
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # -11 on a7aa795
     assert "REFUSED" in done.stdout and path.name in done.stdout and "is not admitted" in done.stdout, done.stdout
@@ -50,7 +50,7 @@ def test_chexlocalize_pickle_with_a_forged_object_array_is_refused(tmp_path):
 def test_checkpoint_with_a_forged_object_array_is_refused(tmp_path):
     path = tmp_path / "model.pth"
     torch.save({"w": torch.ones(2), "extra": ForgedObjectArray()}, path)
-    done = _run(f"from xbench.models.base import load_checkpoint\nfrom xbench.errors import CheckpointError\n"
+    done = _run(f"from xbench.models.base import load_checkpoint\nfrom xbench.core.errors import CheckpointError\n"
                 f"try:\n    load_checkpoint({str(path)!r})\n    print('LOADED')\n"
                 f"except CheckpointError as e:\n    print('REFUSED', e)\n")
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])

@@ -14,11 +14,11 @@ import torch
 
 from conftest import tiny_run
 from test_report import chromium
-from xbench.config import RunConfig
-from xbench.errors import XBenchWarning
-from xbench.report import build_report
-from xbench.pipeline import run
-from xbench.tables import PaperTable
+from xbench.spec.config import RunConfig
+from xbench.core.errors import XBenchWarning
+from xbench.outputs.report import build_report
+from xbench.workflows.run import run
+from xbench.outputs.tables import PaperTable
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 SCRIPT = "<script>document.body.setAttribute('data-owned', 'yes-' + 'ran')</script>"

@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from xbench.datasets.chestx_det import ChestXDet
-from xbench.errors import FormatError
-from xbench.registry import dataset_manifest
+from xbench.core.errors import FormatError
+from xbench.spec.registry import dataset_manifest
 
 
 def record(file_name: str) -> dict:

@@ -9,8 +9,8 @@ import pytest
 
 from xbench.datasets.regions import decode_siim_rle, siim_rle_runs
 from xbench.datasets.siim import SIIMPneumothorax
-from xbench.errors import FormatError
-from xbench.registry import dataset_manifest
+from xbench.core.errors import FormatError
+from xbench.spec.registry import dataset_manifest
 
 RLE_NAME = "siim-pneumothorax-train-rle.csv"
 HOSTILE = {

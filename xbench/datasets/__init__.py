@@ -5,12 +5,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import XBenchError
-from ..registry import dataset_manifest, import_target, list_datasets
+from ..core.errors import XBenchError
+from ..spec.registry import dataset_manifest, import_target, list_datasets
 from .base import BaseDataset, Box, EncodedMask, Polygon, Region, Sample
 
 if TYPE_CHECKING:
-    from ..config import DatasetSpec
+    from ..spec.config import DatasetSpec
 
 __all__ = ["BaseDataset", "Box", "EncodedMask", "Polygon", "Region", "Sample", "load_dataset", "open_dataset", "list_datasets",
            "data_root"]

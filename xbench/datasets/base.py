@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
+from ..core.errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
 from .images import ImageFolder, read_image
 from .regions import Box, EncodedMask, Polygon, Region, rasterize
 
@@ -90,7 +90,7 @@ class BaseDataset(Sequence[Sample], ABC):
     manifest : dict
         Parsed manifest (``xbench.load_dataset`` passes it).
     on_error : {"raise", "skip"}, default="raise"
-        Malformed rows raise :class:`~xbench.errors.FormatError` naming file and line,
+        Malformed rows raise :class:`~xbench.core.errors.FormatError` naming file and line,
         or are skipped and counted in :attr:`skipped`.
 
     The base owns what every loader shares: the split is checked against the manifest's
@@ -99,7 +99,7 @@ class BaseDataset(Sequence[Sample], ABC):
     by :meth:`read_image` (``nested_images = True``: found by file name below the images folder).
 
     Root containment: every file a loader reads is resolved (symlinks too) and refused with a
-    :class:`~xbench.errors.FormatError` when it lies outside the dataset root and outside every folder
+    :class:`~xbench.core.errors.FormatError` when it lies outside the dataset root and outside every folder
     of the manifest's ``files`` (so ``../../x.png`` or an absolute path in an annotation is refused,
     while a root or an images folder that is itself a symlink to another disk is fine).
     """
@@ -146,7 +146,7 @@ class BaseDataset(Sequence[Sample], ABC):
 
     def fail(self, path: str | Path, message: str, *, line: int | None = None, field: str | None = None,
              reason: str | None = None) -> None:
-        """One malformed record: raise :class:`~xbench.errors.FormatError` naming ``path``, ``line`` and
+        """One malformed record: raise :class:`~xbench.core.errors.FormatError` naming ``path``, ``line`` and
         ``field`` when ``on_error="raise"``, else count it under ``reason`` (default: ``message``)."""
         if self.on_error == "raise":
             raise FormatError(path, message, line=line, field=field)
@@ -160,7 +160,7 @@ class BaseDataset(Sequence[Sample], ABC):
     def file(self, key: str) -> Path:
         """Local path of the manifest's ``files[key]`` (``{split}`` in its path is filled in).
 
-        Raises :class:`~xbench.errors.MissingFileError` naming the path and the entry's
+        Raises :class:`~xbench.core.errors.MissingFileError` naming the path and the entry's
         ``source`` (the publisher's page) when it does not exist.
         """
         path = self.folder(key)
@@ -179,7 +179,7 @@ class BaseDataset(Sequence[Sample], ABC):
 
     def contained(self, path: str | Path) -> Path:
         """``path`` unchanged if it resolves (symlinks too) inside the root or a manifest folder, else
-        :class:`~xbench.errors.FormatError` naming it (the one root-containment check of every loader)."""
+        :class:`~xbench.core.errors.FormatError` naming it (the one root-containment check of every loader)."""
         if self._bases is None:
             folders = [self.folder(key) for key in (self.manifest.get("files") or {})]
             self._bases = [p.resolve() for p in (self.root, *folders)]
@@ -191,7 +191,7 @@ class BaseDataset(Sequence[Sample], ABC):
 
     def locate_image(self, path: str | Path) -> Path:
         """Where the image of a case table ``image_path`` is: the path itself, or with :attr:`nested_images`
-        the file of that name below the images folder (:class:`~xbench.errors.MissingFileError` if none)."""
+        the file of that name below the images folder (:class:`~xbench.core.errors.MissingFileError` if none)."""
         if not self.nested_images:
             return Path(path)
         if self._image_folder is None:

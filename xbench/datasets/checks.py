@@ -2,7 +2,7 @@
 
 The one dataset checker: ``xbench manifest check`` and the preflight of ``xbench check`` / ``xbench run`` both call
 :func:`check` (files present and their SHA-256, image files counted per split, counts compared with the manifest).
-The manifest itself (schema, lookups) is :mod:`xbench.manifests`.
+The manifest itself (schema, lookups) is :mod:`xbench.spec.manifests`.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..atomic import write_frame
-from ..errors import UnknownNameError
-from ..manifests import COUNT_KEYS, file_entries, sha256
-from ..registry import dataset_manifest
+from ..core.atomic import write_frame
+from ..core.errors import UnknownNameError
+from ..spec.manifests import COUNT_KEYS, file_entries, sha256
+from ..spec.registry import dataset_manifest
 from .base import BaseDataset
 
 __all__ = ["counts", "case_table", "image_files", "check", "build", "file_status", "CheckReport", "FileStatus"]
@@ -65,7 +65,7 @@ def image_files(ds: BaseDataset) -> tuple[int, list[str]]:
     A case's image is present when :meth:`~xbench.datasets.base.BaseDataset.locate_image` finds it (its
     ``image_path``, or for loaders with nested image folders the file of that name below them).
     """
-    from ..errors import MissingFileError
+    from ..core.errors import MissingFileError
 
     missing = []
     for case_id, path in zip(ds.cases["case_id"].astype(str), ds.cases["image_path"].astype(str)):
@@ -177,7 +177,7 @@ def file_status(manifest: Mapping[str, Any], base: Path, split: str, *, hashes: 
 def check(name: str, root: str | Path | None, split: str | None = None, *, hashes: bool = True,
           options: Mapping[str, Any] | None = None, measure: bool = True) -> CheckReport:
     """Check a user's local copy of dataset ``name`` against its manifest: the one dataset checker, behind
-    ``xbench manifest check`` and the dataset part of ``xbench check`` (:mod:`xbench.preflight`).
+    ``xbench manifest check`` and the dataset part of ``xbench check`` (:mod:`xbench.inference.preflight`).
 
     Parameters
     ----------

@@ -21,7 +21,7 @@ Conventions
 * Errors: a record that is not an object, lacks a key, has parallel lists of
   different lengths, an unknown class, a non-numeric box, or a box outside
   the image (:func:`~xbench.datasets.regions.validate_box`) raises
-  :class:`~xbench.errors.FormatError` naming the file, the 1-based record and
+  :class:`~xbench.core.errors.FormatError` naming the file, the 1-based record and
   the field, or with ``on_error="skip"`` drops the whole record and counts it.
 
 Subclassing: the JSON path and image folder come from the manifest's
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import FormatError
-from ..manifests import class_lookup
+from ..core.errors import FormatError
+from ..spec.manifests import class_lookup
 from .base import BaseDataset, Box, Polygon, Region
 from .images import image_size
 from .regions import validate_box
@@ -51,7 +51,7 @@ __all__ = ["ChestXDet10", "ChestXDet", "read_det_json"]
 def read_det_json(path: str | Path) -> list[Any]:
     """The list of records of a Deepwise detection JSON file.
 
-    Raises :class:`~xbench.errors.FormatError` (with the line of a syntax
+    Raises :class:`~xbench.core.errors.FormatError` (with the line of a syntax
     error) when the file is not JSON or its top level is not a list.
     """
     path = Path(path)

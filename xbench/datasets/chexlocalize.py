@@ -34,7 +34,7 @@ Conventions
   empty list instead).
 * Image size: from the JSON (``size`` / ``img_size``) for CXRs listed there,
   else from the JPEG header — those images must then be present to build the
-  table (:class:`~xbench.errors.MissingFileError` names the first one missing).
+  table (:class:`~xbench.core.errors.MissingFileError` names the first one missing).
 * Masks are decoded lazily; before decoding, the RLE run lengths are checked to
   sum to ``h * w``: pycocotools 2.0 rejects runs that cover too many pixels but
   silently decodes too few into a wrong mask (checked with a 30x40 mask
@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import FormatError, MissingFileError, UnknownNameError
+from ..core.errors import FormatError, MissingFileError, UnknownNameError
 from .base import BaseDataset, Box, EncodedMask, Polygon, Region
 from .images import image_size
 from .records import csv_records

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import FormatError, MissingFileError
+from ..core.errors import FormatError, MissingFileError
 from .base import BaseDataset, Box, EncodedMask, Polygon, Region
 from .images import image_size
 from .records import csv_records

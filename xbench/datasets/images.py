@@ -31,15 +31,15 @@ DICOM (pydicom)
        modality LUT (a constant image gives all zeros).
     5. ``MONOCHROME1`` (low values are bright) is inverted: ``1 - x``.
 
-A missing file raises :class:`~xbench.errors.MissingFileError`; a file that
-cannot be decoded raises :class:`~xbench.errors.FormatError` naming it.
+A missing file raises :class:`~xbench.core.errors.MissingFileError`; a file that
+cannot be decoded raises :class:`~xbench.core.errors.FormatError` naming it.
 
 Bounded decoding: before any pixel data is decoded, the pixel count the header
 claims (PNG/JPEG: width × height; DICOM: Rows × Columns × NumberOfFrames ×
 SamplesPerPixel) is checked against ``max_pixels`` (default :data:`MAX_PIXELS`
 = 100 million, e.g. 10000²; the environment variable ``XBENCH_MAX_PIXELS``
 overrides it). A larger claim (a decompression bomb) raises
-:class:`~xbench.errors.FormatError`, which the runner counts as a skip under
+:class:`~xbench.core.errors.FormatError`, which the runner counts as a skip under
 ``on_missing_image: skip``.
 A file is read as DICOM when its suffix is ``.dcm`` / ``.dicom`` or it has the
 ``DICM`` marker at byte 128; otherwise with Pillow.
@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import FormatError, MissingFileError
+from ..core.errors import FormatError, MissingFileError
 
 __all__ = ["read_image", "image_size", "is_dicom", "ImageFolder", "MAX_PIXELS", "max_pixels"]
 

@@ -31,7 +31,7 @@ Cases and labels
 Errors (``on_error``)
     A row with fewer than 6 fields, non-numeric box values, an unknown class,
     a box outside the image, a second box for the same (image, class), or an
-    image missing from ``Data_Entry`` raises :class:`~xbench.errors.FormatError`
+    image missing from ``Data_Entry`` raises :class:`~xbench.core.errors.FormatError`
     naming the box file and 1-based line, or drops the row / image and counts it.
 """
 from __future__ import annotations
@@ -40,8 +40,8 @@ from collections import defaultdict
 
 import pandas as pd
 
-from ..errors import FormatError
-from ..manifests import class_lookup
+from ..core.errors import FormatError
+from ..spec.manifests import class_lookup
 from .base import BaseDataset, Box, Region
 from .records import csv_records
 from .regions import validate_box

@@ -62,7 +62,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from scipy.ndimage import gaussian_filter, zoom
 
-from ..errors import UnknownNameError, XBenchError
+from ..core.errors import UnknownNameError, XBenchError
 from .chestx_det import ChestXDet
 
 GENERATOR_VERSION = 1  #: bump when the drawing changes (it is part of the cache hash)
@@ -314,7 +314,7 @@ def write_split(folder: str | Path, params: PhantomParams, progress: bool = Fals
     a reader never sees a half-written split; if another process wins the race the
     existing folder is kept.
     """
-    from ..logs import progress_iter
+    from ..core.logs import progress_iter
 
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)

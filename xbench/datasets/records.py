@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from ..errors import FormatError
+from ..core.errors import FormatError
 
 __all__ = ["csv_records"]
 

@@ -33,7 +33,7 @@ Union
 
 Boxes that lie outside the image by more than 1 px are malformed; loaders
 call :func:`validate_box` and re-raise its ``ValueError`` as a
-:class:`~xbench.errors.FormatError` naming file and line.
+:class:`~xbench.core.errors.FormatError` naming file and line.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ Labels: ``Pneumonia`` = ``Target`` (1 / 0). Size: the manifest's ``image_size``
 Errors (``on_error``): a row without 6 fields, a non-numeric or partial box,
 ``Target`` not 0/1, a positive row without a box, a negative row with one, a
 box outside the image, or a split ID missing from the labels file raises
-:class:`~xbench.errors.FormatError` naming file and 1-based line, or drops
+:class:`~xbench.core.errors.FormatError` naming file and 1-based line, or drops
 the row (the ID) and counts it.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import FormatError
-from ..manifests import file_entries
+from ..core.errors import FormatError
+from ..spec.manifests import file_entries
 from .base import BaseDataset, Box, Region
 from .records import csv_records
 from .regions import validate_box

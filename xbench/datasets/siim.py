@@ -24,7 +24,7 @@ Labels: 1 if any row of the image has a mask, else 0. Size: the manifest's
 
 Errors (``on_error``): a row without 2 fields or an RLE that does not parse
 (checked when the table is built, without decoding) raises
-:class:`~xbench.errors.FormatError` naming file and 1-based line, or drops
+:class:`~xbench.core.errors.FormatError` naming file and 1-based line, or drops
 the row and counts it; a split ID missing from the RLE file likewise.
 """
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import FormatError
-from ..manifests import file_entries
+from ..core.errors import FormatError
+from ..spec.manifests import file_entries
 from .base import BaseDataset, EncodedMask, Region
 from .records import csv_records
 from .regions import decode_siim_rle, siim_rle_runs

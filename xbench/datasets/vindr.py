@@ -28,7 +28,7 @@ Conventions
   ``stop_before_pixels``) while building the case table, because the table
   needs sizes and boxes are checked against them. So the images must be
   present even to build the table; a missing one raises
-  :class:`~xbench.errors.MissingFileError` naming it.
+  :class:`~xbench.core.errors.MissingFileError` naming it.
 * ``view`` is ``None`` (the annotation files do not give it).
 * Errors name the file, the 1-based line and the column. With
   ``on_error="skip"`` a bad label row drops that image (and then its boxes,
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import FormatError, MissingFileError, UnknownNameError
+from ..core.errors import FormatError, MissingFileError, UnknownNameError
 from .base import BaseDataset, Box, Region
 from .images import image_size
 from .records import csv_records

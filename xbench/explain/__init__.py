@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UnknownNameError
+from ..core.errors import UnknownNameError
 from ..models.base import Adapter
 from .base import ExplainedAdapter, Explainer, gradients_through_adapters, score_logits
 from .methods import EXPLAINERS

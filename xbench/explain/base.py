@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import XBenchError
+from ..core.errors import XBenchError
 from ..models.base import Adapter, Prediction
 
 _LOGIT_EPS = 1e-6

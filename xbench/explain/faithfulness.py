@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from ..datasets import BaseDataset
-from ..errors import XBenchWarning
+from ..core.errors import XBenchWarning
 from ..metrics.faithfulness import deletion_auc, insertion_auc, randomisation_similarity, road_gap
 from ..models import Adapter, create_model
 from ..models.base import weight_entries

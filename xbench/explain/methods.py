@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import XBenchError
-from ..registry import EXPLAINERS as _REGISTERED
+from ..core.errors import XBenchError
+from ..spec.registry import EXPLAINERS as _REGISTERED
 from ..models.base import Adapter, Prediction
 from .base import Explainer, class_gradients, explain_fact, forward_logits, module_at, tokens_to_grid
 
@@ -192,9 +192,9 @@ def _need_weights(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]
     return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
 
 
-#: Explainer name → class, as :data:`xbench.registry.EXPLAINERS` names them (the one table of explainer names).
+#: Explainer name → class, as :data:`xbench.spec.registry.EXPLAINERS` names them (the one table of explainer names).
 EXPLAINERS: dict[str, type[Explainer]] = {name: globals()[target.rpartition(":")[2]]
                                           for name, target in _REGISTERED.items()}
 _wrong = {name: cls.name for name, cls in EXPLAINERS.items() if cls.name != name}
 if _wrong:  # a class renamed without its registry row
-    raise XBenchError(f"explainer names in xbench.registry.EXPLAINERS differ from the classes' names: {_wrong}")
+    raise XBenchError(f"explainer names in xbench.spec.registry.EXPLAINERS differ from the classes' names: {_wrong}")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-#: where :func:`xbench.explain.study.explainer_study` writes its joined table inside a run folder (notebook 11)
+#: where :func:`xbench.workflows.explain_study.explainer_study` writes its joined table inside a run folder (notebook 11)
 STUDY_TABLE = Path("explain") / "tables" / "plausibility_vs_faithfulness.csv"
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from threadpoolctl import ThreadpoolController
 
-from ..errors import XBenchWarning
+from ..core.errors import XBenchWarning
 
 #: Pairs per chunk: small enough that a chunk's buffers (~0.4 MB per 224×224 map) stay in cache.
 CHUNK_SIZE = 16
@@ -257,7 +257,7 @@ def count_pairs(
     one threshold, ``thresholds`` the counts for a grid. A ``fixed`` τ that is a
     point of ``thresholds`` is read from the grid's counts (``v ≥ τ`` is the same
     test). Runs on one thread (:func:`single_threaded`). Emits one
-    :class:`~xbench.errors.XBenchWarning` with the number of skipped pairs.
+    :class:`~xbench.core.errors.XBenchWarning` with the number of skipped pairs.
     """
     if nonfinite not in ("raise", "skip"):
         raise ValueError(f"nonfinite must be 'raise' or 'skip'; got {nonfinite!r}")

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm, rankdata
 
-from ..errors import XBenchError
+from ..core.errors import XBenchError
 from .stats import AUC, AUPRC, BEST_TAU, DICE_BEST, IOU_BEST, POINTING, ScoredTable, dice_at, iou_at
 
 __all__ = [

@@ -30,7 +30,7 @@ Conventions shared by every function here (stated once, tested in
   With ``nonfinite="raise"`` (default) any of these raises ``ValueError``
   naming the pair (``case_ids``/``findings`` name it in the message); with
   ``nonfinite="skip"`` the pair scores ``NaN`` and one
-  :class:`~xbench.errors.XBenchWarning` gives the number of skipped pairs.
+  :class:`~xbench.core.errors.XBenchWarning` gives the number of skipped pairs.
 
 References
 ----------
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..errors import XBenchWarning
+from ..core.errors import XBenchWarning
 from . import _sweep
 from ._sweep import CHUNK_SIZE
 
@@ -141,7 +141,7 @@ def normalize_maps(
     nonfinite : {"raise", "skip"}, default="raise"
         What to do with a map holding NaN or inf (or whose ``max - min``
         overflows float32): raise ``ValueError`` naming it, or return it as all
-        NaN and report the count with an :class:`~xbench.errors.XBenchWarning`.
+        NaN and report the count with an :class:`~xbench.core.errors.XBenchWarning`.
     case_ids, findings : sequence of length N, optional
         Names used in error and warning messages.
 
@@ -602,7 +602,7 @@ def best_threshold(curves_dice, curves_iou=None, thresholds=THRESHOLDS) -> Thres
     The mean at each τ is NaN-skipping over pairs (all-NaN rows — empty masks,
     skipped maps — are excluded). Ties between thresholds go to the **smallest**
     τ (first maximum of the mean curve). With no finite row the result is NaN
-    with ``n = 0`` and an :class:`~xbench.errors.XBenchWarning`. τ is selected
+    with ``n = 0`` and an :class:`~xbench.core.errors.XBenchWarning`. τ is selected
     on the same pairs it is evaluated on, so the value is optimistic; the
     bootstrap in :mod:`xbench.metrics.stats` re-selects τ in every replicate.
 

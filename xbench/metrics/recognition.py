@@ -10,7 +10,7 @@ Conventions (tested in ``tests/metrics/test_metrics_recognition.py``):
 * A class is **defined** when its known labels hold at least one positive and
   one negative. For an undefined class every per-class metric (AUC, AUPRC, F1,
   accuracy) is NaN, and the class is counted in ``n_skipped`` and reported
-  with one :class:`~xbench.errors.XBenchWarning`; macro means run over the
+  with one :class:`~xbench.core.errors.XBenchWarning`; macro means run over the
   defined classes only.
 * F1 and accuracy binarise with ``y_score ≥ threshold`` (default 0.5, ``≥``):
   ``y_score`` must then be a probability (an adapter's ``to_probability``).
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from ..errors import XBenchWarning
+from ..core.errors import XBenchWarning
 from ._sweep import as_numpy
 
 __all__ = ["auc", "auprc", "f1", "accuracy", "hamming_accuracy", "RecognitionScores", "recognition_scores"]

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from ..errors import XBenchWarning
+from ..core.errors import XBenchWarning
 from ._sweep import as_thresholds
 from .grounding import THRESHOLDS, best_threshold
 from .recognition import recognition_scores, weighted_auc_ap, weighted_f1_accuracy
@@ -542,7 +542,7 @@ def score_table(
       so the CI includes the uncertainty of the selection.
     * Replicates where a value is undefined (a class with no resampled pair, a
       resample with a single label value for AUC, …) are dropped; the counts
-      are reported in one :class:`~xbench.errors.XBenchWarning`.
+      are reported in one :class:`~xbench.core.errors.XBenchWarning`.
     * Recognition metrics follow :func:`~xbench.metrics.recognition_scores`
       (classes without both label values are NaN and not averaged).
 

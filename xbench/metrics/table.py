@@ -2,8 +2,8 @@
 
 Every reader takes its metric names from here: the per-pair columns :func:`~xbench.metrics.score_table`
 aggregates (``_Grounding``), the extra per-pair values :func:`~xbench.metrics.grounding_scores` computes,
-the ranked / display names of :mod:`xbench.tables`, the summary of :mod:`xbench.report`, the grounding
-metrics of :mod:`xbench.analysis` and the short labels of :mod:`xbench.figures`.
+the ranked / display names of :mod:`xbench.outputs.tables`, the summary of :mod:`xbench.outputs.report`, the grounding
+metrics of :mod:`xbench.outputs.analysis` and the short labels of :mod:`xbench.outputs.figures`.
 
 A **grounding** metric with a ``per_pair`` function is a per-pair mean: the function gets the maps of N
 pairs upsampled to the evaluation grid and min–max normalised to [0, 1] (``float32 (N, H, W)``) and the

@@ -1,7 +1,7 @@
 """Model adapters behind one factory door, :func:`create_model`."""
 from __future__ import annotations
 
-from ..registry import list_models
+from ..spec.registry import list_models
 from .base import Adapter, Prediction, create_model
 
 __all__ = ["Adapter", "Prediction", "create_model", "list_models"]

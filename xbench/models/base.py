@@ -45,8 +45,8 @@ from typing import Any, ClassVar, final
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, FormatError, MissingFileError, XBenchError
-from ..registry import PACKAGE_DIR, import_target, list_models, model_config
+from ..core.errors import CheckpointError, FormatError, MissingFileError, XBenchError
+from ..spec.registry import PACKAGE_DIR, import_target, list_models, model_config
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Adapter(ABC):
     @final
     def from_config(cls, config: Mapping[str, Any], weights_dir: str | Path | None,
                     device: str | torch.device = "cpu") -> Adapter:
-        """Build from a model YAML (as :func:`~xbench.registry.model_config` returns it) and a weights folder.
+        """Build from a model YAML (as :func:`~xbench.spec.registry.model_config` returns it) and a weights folder.
 
         The folder is ``weights_dir``, else the YAML's ``bundled_weights`` (a folder inside the package).
         Files are the YAML's ``weights:`` entries (``path`` inside the folder, ``source`` = publisher;
@@ -140,7 +140,7 @@ class Adapter(ABC):
         config; see each adapter), ``options`` at least ``config`` (a partial config gets its missing facts from
         the YAML, :func:`with_yaml_facts`) and ``device``. Adapters whose weights come from files implement it and
         their ``_load`` reads the files and calls it; a mismatching checkpoint raises
-        :class:`~xbench.errors.CheckpointError` listing the keys.
+        :class:`~xbench.core.errors.CheckpointError` listing the keys.
         """
         raise NotImplementedError(f"{cls.__name__} has no in-memory constructor (its weights are not a checkpoint)")
 
@@ -188,7 +188,7 @@ class Adapter(ABC):
         ``(y0, x0, y1, x1)`` in original pixels; it may reach outside the image where the
         official transform pads. Default: the whole image (plain resize). Adapters whose
         transform crops (CLIP, BiomedCLIP, CARZero) override it, and the evaluation places
-        their maps into this window of the evaluation grid (:mod:`xbench.windows`).
+        their maps into this window of the evaluation grid (:mod:`xbench.models.windows`).
         """
         return (0.0, 0.0, float(size[0]), float(size[1]))
 

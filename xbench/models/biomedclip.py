@@ -61,7 +61,7 @@ from open_clip.timm_model import TimmModel
 from open_clip.tokenizer import HFTokenizer
 from transformers import BertConfig
 
-from xbench.errors import CheckpointError, FormatError
+from xbench.core.errors import CheckpointError, FormatError
 from xbench.models._common import seeded_build
 from xbench.models.base import load_checkpoint, load_state_strict, resize_crop_window
 from xbench.models.clip import PromptPairCLIP  # the shared prompt-pair score and similarity-map rules
@@ -229,7 +229,7 @@ class BiomedCLIPAdapter(PromptPairCLIP):
         """Adapter from a loaded checkpoint object (the path the official file takes); labelled ``"official"``.
 
         The text vocabulary size is read from the checkpoint's word embedding; a mismatching checkpoint raises
-        :class:`~xbench.errors.CheckpointError` listing missing / unexpected / mis-shaped keys.
+        :class:`~xbench.core.errors.CheckpointError` listing missing / unexpected / mis-shaped keys.
         """
         state = biomedclip_state_dict(checkpoint)
         words = state.get(WORD_EMBEDDING_KEY)

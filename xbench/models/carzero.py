@@ -83,8 +83,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertModel
 
-from ..errors import CheckpointError
-from ..registry import model_config
+from ..core.errors import CheckpointError
+from ..spec.registry import model_config
 from ._common import HashWordTokenizer, PromptCache, check_inputs, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, with_yaml_facts
 from .checkpoint import require_tensor_state

@@ -3,7 +3,7 @@
 :func:`read_checkpoint` is used by every adapter (through :func:`xbench.models.base.load_checkpoint`):
 
 1. ``.safetensors`` → :func:`safetensors.torch.load_file` (tensors only by design); a file that is not
-   safetensors raises :class:`~xbench.errors.CheckpointError` naming it.
+   safetensors raises :class:`~xbench.core.errors.CheckpointError` naming it.
 2. torch's zip archive (``.pt``/``.pth``/``.ckpt`` since torch 1.6) is opened with Python's ``zipfile``
    (:func:`_read_zip_archive`): members must be stored uncompressed and fit in the file, and each tensor
    storage's declared size must equal its member's size before the bytes are read. ``data.pkl`` goes
@@ -48,8 +48,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, MissingFileError, XBenchWarning
-from ..safe_arrays import array_from_bytes, plain_dtype
+from ..core.errors import CheckpointError, MissingFileError, XBenchWarning
+from ..core.safe_arrays import array_from_bytes, plain_dtype
 
 __all__ = [
     "CheckpointWarning",

@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from xbench.errors import CheckpointError
+from xbench.core.errors import CheckpointError
 from xbench.models._common import check_inputs, seeded_build
 from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict, resize_crop_window
 
@@ -266,7 +266,7 @@ class CLIPAdapter(PromptPairCLIP):
                         device: str | torch.device = "cpu", where: str = "CLIP checkpoint") -> CLIPAdapter:
         """Adapter from a loaded checkpoint object (the path every official file takes); labelled ``"official"``.
 
-        A checkpoint that does not match the architecture raises :class:`~xbench.errors.CheckpointError` listing the
+        A checkpoint that does not match the architecture raises :class:`~xbench.core.errors.CheckpointError` listing the
         missing / unexpected / mis-shaped keys.
         """
         model = build_clip(int(dict(config or {}).get("params", {}).get("seed", 0)))

@@ -7,7 +7,7 @@ Official code and weights
     **None public** (checked: no DeViDe repository in the code index). This adapter is built from the
     paper's description and the working assumption of XBench's research notes; every choice the
     paper leaves open is a config parameter. ``verified = False``; constructing it emits an
-    :class:`~xbench.errors.XBenchWarning`. Its numbers are not comparable to the paper's until a
+    :class:`~xbench.core.errors.XBenchWarning`. Its numbers are not comparable to the paper's until a
     real checkpoint and the authors' code confirm the layout.
 
 Architecture (assumed)
@@ -51,7 +51,7 @@ import torchvision
 from torch import nn
 from transformers import BertConfig
 
-from ..errors import XBenchWarning
+from ..core.errors import XBenchWarning
 from ._common import IMAGENET_MEAN, IMAGENET_STD, check_inputs, normalize_uint8, resize_uint8, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
 from .kad import (TQN, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state, build_uninitialised,

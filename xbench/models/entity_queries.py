@@ -20,8 +20,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from ..errors import UnknownNameError, XBenchWarning
-from ..registry import model_config
+from ..core.errors import UnknownNameError, XBenchWarning
+from ..spec.registry import model_config
 from . import _common
 from ._common import HashWordTokenizer, check_inputs, normalize_uint8, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
@@ -260,7 +260,7 @@ class EntityQueryAdapter(Adapter):
                         texts: Mapping[str, Sequence[str]] | None = None, config: Mapping[str, Any] | None = None,
                         device: str | torch.device = "cpu") -> EntityQueryAdapter:
         """Build from the loaded released checkpoint object (official key handling, :meth:`official_state`;
-        strict load). A wrong or truncated checkpoint raises :class:`~xbench.errors.CheckpointError` listing the
+        strict load). A wrong or truncated checkpoint raises :class:`~xbench.core.errors.CheckpointError` listing the
         missing / unexpected keys."""
         net = cls.build_network(with_yaml_facts(cls.config_name, config))
         load_state_strict(net, cls.official_state(checkpoint), f"{cls.__name__.removesuffix('Adapter')} checkpoint")

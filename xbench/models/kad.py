@@ -77,7 +77,7 @@ import torchvision
 from torch import nn
 from transformers import BertConfig, BertModel
 
-from ..errors import CheckpointError, MissingFileError
+from ..core.errors import CheckpointError, MissingFileError
 from ._common import HashWordTokenizer, PromptCache, check_inputs, normalize_uint8, resize_uint8, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict
 from .layers import QueryNetwork

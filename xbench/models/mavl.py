@@ -51,7 +51,7 @@ Prompts and unseen classes
     looked up by name in the two JSON files (``original_class.append('covid19')`` in the official
     COVID configs); appending changes the other diseases' outputs a little (self-attention).  A
     class without both texts falls back to ``tail_abnorm_obs`` with an
-    :class:`~xbench.errors.XBenchWarning` (``params.unseen_fallback: null`` raises instead).
+    :class:`~xbench.core.errors.XBenchWarning` (``params.unseen_fallback: null`` raises instead).
 Checkpoint
     ``{'model': state_dict, ...}``: ``module.`` removed (``k.replace('module.', '')``), every key
     containing ``temp`` dropped (the pre-training ``temp`` (9,)), strict load of the 352 keys
@@ -81,8 +81,8 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from ..errors import FormatError
-from ..registry import model_config
+from ..core.errors import FormatError
+from ..spec.registry import model_config
 from .entity_queries import (  # MAVL is built on MedKLIP's code base: the family's shared code
     D_MODEL, ENTITIES, SYNONYMS, TAIL_ENTITY, TEXT_LENGTH, EntityQueryAdapter, QueryDecoder, bert_from_state,
     canonical_class, encode_cls, layer_mean, load_text_encoder, resize_uint8, strip_state, toy_token_ids,

@@ -46,7 +46,7 @@ Prompts and unseen classes
     has the key, else from :data:`UNSEEN_DESCRIPTIONS`.  Appending a query slightly changes every
     other query's output.  A class with neither an entity nor a description falls back to the
     ``tail_abnorm_obs`` entity ("Some very rare diseases"), the official treatment of fibrosis in
-    the CXR14 zero-shot script, with an :class:`~xbench.errors.XBenchWarning`
+    the CXR14 zero-shot script, with an :class:`~xbench.core.errors.XBenchWarning`
     (``params.unseen_fallback: null`` raises instead).
 Checkpoint
     ``{'model': state_dict, 'optimizer', ...}`` saved from ``nn.DataParallel``: every key starts with
@@ -78,7 +78,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from ..errors import FormatError
+from ..core.errors import FormatError
 from ._common import normalize_uint8
 from .entity_queries import (  # the family's shared code; these names stay importable from here
     BERT_VOCAB, D_MODEL, ENTITIES, SYNONYMS, TAIL_ENTITY, TEXT_LENGTH, EntityQueryAdapter, QueryDecoder,

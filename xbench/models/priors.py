@@ -35,10 +35,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from xbench.errors import FormatError, UnknownNameError, XBenchWarning
+from xbench.core.errors import FormatError, UnknownNameError, XBenchWarning
 from xbench.models._common import check_inputs
 from xbench.models.base import Adapter, Prediction, require_file
-from xbench.registry import model_config
+from xbench.spec.registry import model_config
 
 
 def prior_file() -> str:
@@ -157,7 +157,7 @@ def fit_anatomical_prior(dataset: Any, grid: tuple[int, int] | None = None,
     Notes
     -----
     Cases contribute when the finding's label is 1.0 and at least one region is drawn for it; a positive case
-    without regions carries no location and is skipped, with one :class:`~xbench.errors.XBenchWarning` giving
+    without regions carries no location and is skipped, with one :class:`~xbench.core.errors.XBenchWarning` giving
     the count. A prompt with no contributing case gets no map (the adapter then refuses it).
     """
     chosen = _checked_findings(dataset, findings)
@@ -274,7 +274,7 @@ class AnatomicalPrior(_Prior):
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` = positive rates, maps ``(B, C, h, w)`` = fitted maps.
 
-        A prompt without a fitted map raises :class:`~xbench.errors.UnknownNameError` listing the fitted ones.
+        A prompt without a fitted map raises :class:`~xbench.core.errors.UnknownNameError` listing the fitted ones.
         """
         b, prompts = self._batch(pixels, prompts)
         for prompt in prompts:

@@ -1,7 +1,7 @@
 """XBench's two reference models: small CLIP-style models trained on the phantom.
 
 They are known-answer checks of the whole pipeline (data → model → maps → metrics):
-trained by ``python -m xbench.train_reference`` on the phantom training split with
+trained by ``python -m xbench.workflows.train_reference`` on the phantom training split with
 **image-level labels only**, their weights are committed under
 ``xbench/reference_weights/<name>/`` (safetensors + ``train_config.yaml`` with the
 seed and the exact command), so ``xbench.create_model("ref_xattn")`` works offline.
@@ -44,7 +44,7 @@ in [0, 1]) is resized to 128x128 with ``torch.nn.functional.interpolate``
     (the evidence then lived in the difference, not in the positive
     similarity that the map shows). Pooling each prompt's similarity
     separately makes the patches that raise the score exactly those with the
-    highest map values; with the recipe of :mod:`xbench.train_reference`
+    highest map values; with the recipe of :mod:`xbench.workflows.train_reference`
     (4,000 cases, 30 epochs) pointing on cardiomegaly and effusion was >= 0.85
     for each of seeds 0, 1 and 2 (300 test cases, CPU).
 
@@ -60,7 +60,7 @@ in [0, 1]) is resized to 128x128 with ``torch.nn.functional.interpolate``
 
 Scores are probabilities (``score_rule: probability``). Unseen classes: a prompt
 whose words are not in :data:`VOCAB` is still encoded (its unknown words as
-``[unk]``) and an :class:`~xbench.errors.XBenchWarning` says so — the output is
+``[unk]``) and an :class:`~xbench.core.errors.XBenchWarning` says so — the output is
 then meaningless by construction. The weights are XBench's own
 (``weights_label = "xbench-reference"``); no official weights exist.
 """
@@ -77,8 +77,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import FormatError, XBenchWarning
-from ..registry import model_config
+from ..core.errors import FormatError, XBenchWarning
+from ..spec.registry import model_config
 from ._common import check_inputs, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
 
@@ -96,7 +96,7 @@ NAMES = ("ref_patchsim", "ref_xattn")  # their YAMLs hold every fact (input size
 
 def yaml_fact(key: str) -> Any:
     """Fact ``key`` of the reference models' YAMLs (:data:`NAMES`), which must agree: the phantom is preprocessed
-    once for both (``input_size``) and :mod:`xbench.train_reference` writes one file name (``weights``)."""
+    once for both (``input_size``) and :mod:`xbench.workflows.train_reference` writes one file name (``weights``)."""
     values = {name: model_config(name)[key] for name in NAMES}
     if len({repr(v) for v in values.values()}) != 1:
         raise FormatError(model_config(NAMES[0])["config_path"], f"the reference models' YAMLs disagree: {values}",
@@ -294,7 +294,7 @@ class _ReferenceAdapter(Adapter):
                         device: str | torch.device = "cpu", where: str = "reference checkpoint") -> _ReferenceAdapter:
         """Build the adapter from a loaded state dict (the path a committed or user file takes).
 
-        Raises :class:`~xbench.errors.CheckpointError` listing missing / unexpected / mis-shaped keys.
+        Raises :class:`~xbench.core.errors.CheckpointError` listing missing / unexpected / mis-shaped keys.
         """
         model = cls.build_architecture(with_yaml_facts(cls.config_name, config))
         load_state_strict(model, checkpoint, where)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, FormatError, MissingFileError
+from ..core.errors import CheckpointError, FormatError, MissingFileError
 from .base import load_checkpoint, load_state_strict
 
 __all__ = ["BERT_TOKENIZER_CLASSES", "IGNORED_KEYS", "bert_state_from_file", "load_bert_folder", "load_bert_tokenizer",

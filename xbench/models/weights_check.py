@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import XBenchError
-from ..registry import model_config
+from ..core.errors import XBenchError
+from ..spec.registry import model_config
 
 __all__ = ["WeightsReport", "check_weights"]
 

@@ -80,7 +80,7 @@ def paper_models() -> tuple[dict[str, str], dict[str, str]]:
     """``(MODELS, GROUPS)`` from the ``paper:`` sections of the registered model YAMLs, ordered by ``row``.
 
     A section lacking ``name``, ``group`` or an integer ``row``, or two models on one row, raise
-    :class:`~xbench.errors.FormatError` naming the YAML.
+    :class:`~xbench.core.errors.FormatError` naming the YAML.
 
     Examples
     --------
@@ -88,8 +88,8 @@ def paper_models() -> tuple[dict[str, str], dict[str, str]]:
     >>> list(models.items())[:2], groups["carzero"]
     ([('clip', 'CLIP'), ('biomedclip', 'BiomedCLIP')], 'cross-attention')
     """
-    from ..errors import FormatError
-    from ..registry import list_models, model_config
+    from ..core.errors import FormatError
+    from ..spec.registry import list_models, model_config
 
     rows: dict[int, tuple[str, str, str]] = {}
     for model in list_models():
@@ -220,7 +220,7 @@ def expected_positive_pairs(dataset: str) -> dict[str, int | None]:
     single-class dataset falls back to ``positive_cases``. None where the manifest has no count (VinDr-CXR,
     CheXlocalize, COVID-19 Rural).
     """
-    from ..registry import dataset_manifest
+    from ..spec.registry import dataset_manifest
 
     manifest = dataset_manifest(dataset)
     expected = manifest["splits"][manifest["default_split"]].get("expected", {})
@@ -290,7 +290,7 @@ def synthetic_results(models: Sequence[str] | None = None, datasets: Sequence[st
 
     Only for exercising tables, figures and the comparison: the numbers mean nothing.
     """
-    from ..registry import dataset_manifest
+    from ..spec.registry import dataset_manifest
 
     models = list(paper_models()[0]) if models is None else models
     rng = np.random.default_rng(seed)

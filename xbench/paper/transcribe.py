@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..atomic import write_frame
+from ..core.atomic import write_frame
 from . import COLUMNS, DATASETS, MODELS, TABLE_CLASSES
 
 _U = re.compile(r"<u>\s*([^<]*?)\s*</u>")

@@ -1,0 +1,1 @@
+"""Metric tables of a run, computed from the results store alone."""

@@ -1,0 +1,241 @@
+"""Metric tables of a run, computed from the results store alone (no inference).
+
+For every (dataset, model) of a run config:
+
+* ground truth of each positive (case, finding) pair is rasterised at the
+  evaluation grid (``grid``, default 224×224) once per dataset; positives without
+  a drawn region (e.g. CheXlocalize classes that are recognition-only) and
+  negatives take no part in grounding; cases the runner skipped (missing image)
+  are left out of every metric and counted;
+* maps of models whose official transform crops are first placed in the part of
+  the image they cover (:mod:`xbench.models.windows`);
+* stored native-grid maps go through :func:`xbench.metrics.grounding_scores`
+  (bilinear upsampling, per-map min–max, pointing, Dice/IoU at the fixed τ and
+  over the τ grid) and :func:`xbench.metrics.score_table` (class / dataset /
+  pooled values, best τ per class, paired bootstrap CIs);
+* recognition uses the stored probabilities against the dataset labels.
+
+Written under ``<output_dir>/tables/``: ``metrics.{csv,parquet}`` (tidy: one row
+per model × dataset × finding × metric), ``pairs.parquet`` (one row per model ×
+positive pair, with GT area and Dice at the class's best τ), ``curves.csv`` (mean
+Dice / IoU per τ per class), ``models.csv`` (model metadata) and
+``evaluation_log.json`` (counts of pairs evaluated and excluded, and why), and the paired model
+comparisons ``comparisons.csv`` / ``ranks.csv`` (:mod:`xbench.evaluation.comparisons`: differences with CIs and
+Holm-corrected p-values, rank intervals, from the same bootstrap replicates as the CIs).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from ..core.atomic import atomic_write_bytes, write_frame
+from ..spec.config import RunConfig
+from ..datasets import BaseDataset, open_dataset
+from ..core.errors import XBenchError
+from ..core.logs import progress_iter
+from ..metrics import BEST_TAU, THRESHOLDS, ScoredTable, grounding_scores, scored_table
+from ..store.results import ResultStore, write_table
+from ..models.windows import is_whole_image, place_maps
+
+
+class GroundTruth(NamedTuple):
+    """Grounding pairs of one finding: dataset rows, their masks at the grid, positives left out."""
+
+    rows: np.ndarray  # (n,) int row indices into the dataset
+    masks: np.ndarray  # (n, *grid) bool
+    no_region: int  # positive cases without a region (or with one that vanishes at the grid)
+
+
+class PairEvaluation(NamedTuple):
+    """Tables of one (dataset, model) from :func:`evaluate_pair`."""
+
+    tidy: pd.DataFrame  # score_table output (TIDY_COLUMNS)
+    pairs: pd.DataFrame  # one row per evaluated positive pair (no curves), with dice@best
+    curves: pd.DataFrame  # mean Dice / IoU per τ per finding
+    counts: dict[str, Any]  # pairs evaluated / excluded and why (evaluation_log.json)
+    scored: ScoredTable | None = None  # tidy + its bootstrap replicates (paired model comparisons)
+    rescore: Callable[..., ScoredTable] | None = None  # scored_table of these inputs; `cases=` restricts / orders
+
+
+def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True) -> dict[str, GroundTruth]:
+    """Finding → :class:`GroundTruth` (row indices, bool masks ``(n, *grid)``, positives without a region).
+
+    Only positive cases whose region is non-empty at the grid are grounding pairs; positives with
+    no drawn region (or one that vanishes at the grid) are counted, not scored. Classes marked
+    ``localized: false`` in the manifest (recognition-only) have no entry.
+    """
+    labels = dataset.labels()
+    localized = {c["name"]: c.get("localized", True) for c in dataset.manifest.get("classes", [])}
+    rows = np.flatnonzero((labels == 1).any(axis=1))
+    found: dict[str, tuple[list[int], list[np.ndarray]]] = {f: ([], []) for f in dataset.findings if localized.get(f, True)}
+    for r in progress_iter(rows, desc=f"ground truth {dataset.name}", unit="case", disable=not progress):
+        sample = dataset[int(r)]
+        for f, (idx, masks) in found.items():
+            if sample.labels.get(f) == 1 and sample.regions.get(f):
+                mask = sample.mask(f, grid)
+                if mask.any():
+                    idx.append(int(r))
+                    masks.append(mask)
+    out: dict[str, GroundTruth] = {}
+    for f, (idx, masks) in found.items():
+        positives = int((labels[:, dataset.findings.index(f)] == 1).sum())
+        out[f] = GroundTruth(np.asarray(idx, int), np.stack(masks) if masks else np.zeros((0, *grid), bool),
+                             positives - len(idx))
+    return out
+
+
+def check_annotations(dataset: BaseDataset, model: str, meta: dict) -> None:
+    """Refuse to evaluate a store against annotation files other than those it was made with.
+
+    The store's ``meta.json`` records the sha256 of each annotation file (``fingerprint.annotations``); they are
+    hashed again here (at ``evaluate`` and at ``merge``, not only at resume). A file whose bytes changed (or
+    that appeared / vanished) → :class:`~xbench.core.errors.XBenchError` naming it; metrics are never computed from
+    a mix. Stores without a fingerprint (``xbench score`` of user maps) have nothing to compare.
+    """
+    from ..store.fingerprint import dataset_fingerprint
+    from ..spec.manifests import file_entries
+
+    stored = (meta.get("fingerprint") or {}).get("annotations")
+    if stored is None:
+        return
+    now = dataset_fingerprint(dataset)
+    changed = sorted(k for k in set(stored) | set(now) if stored.get(k) != now.get(k))
+    if changed:
+        entries = file_entries(dataset.manifest, dataset.split)
+        files = ", ".join(f"{k} ({Path(dataset.root) / entries[k]['path'] if k in entries else k})" for k in changed)
+        raise XBenchError(f"{dataset.name} × {model}: annotation file(s) changed since the maps were stored: {files} "
+                          f"(sha256 in store/{dataset.name}/{model}/meta.json differs). Refusing to compute metrics "
+                          "from a mix: restore the file, or re-run with --overwrite to rebuild the store.")
+
+
+def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str, GroundTruth],
+                  store: ResultStore) -> PairEvaluation:
+    """Tidy metrics, per-pair rows, τ curves and counts of one (dataset, model).
+
+    Curves are over :data:`xbench.metrics.THRESHOLDS` (the grid :func:`~xbench.metrics.score_table` chooses τ on).
+    """
+    preds = store.read(dataset.name, model, expected_chunks=math.ceil(len(dataset) / cfg.chunk_size))
+    check_annotations(dataset, model, preds.meta)
+    if preds.meta["findings"] != dataset.findings:
+        raise XBenchError(f"store for {dataset.name} × {model} was made with findings {preds.meta['findings']}, "
+                          f"the dataset now has {dataset.findings}; re-run with --overwrite")
+    case_ids = dataset.cases["case_id"].astype(str).to_numpy()
+    position = {cid: i for i, cid in enumerate(preds.case_ids.tolist())}
+    counts: dict[str, Any] = {"dataset": dataset.name, "model": model, "cases": len(dataset),
+                              "cases_skipped_at_inference": len(preds.skipped),
+                              "skip_reasons": dict(Counter(r.split(":")[0] for r in preds.skipped.values())), "pairs": {}}
+
+    frames = []
+    for c, finding in enumerate(dataset.findings):
+        if finding not in gt:
+            continue
+        rows, masks, no_region = gt[finding]
+        keep = np.array([case_ids[r] in position for r in rows], bool)
+        counts["pairs"][finding] = {"evaluated": int(keep.sum()), "missing_prediction": int((~keep).sum()),
+                                    "positive_without_region": no_region}
+        if not keep.any():
+            continue
+        ids = case_ids[rows[keep]]
+        at = [position[i] for i in ids]
+        maps = preds.maps[at, c].astype(np.float32)
+        windows, sizes = preds.windows[at], preds.sizes[at]
+        cropped = np.isfinite(windows).all(axis=1) & ~is_whole_image(np.nan_to_num(windows), sizes)
+        if cropped.any():  # the model saw only part of these images: place their maps (xbench.models.windows)
+            maps = place_maps(maps, np.where(cropped[:, None], windows, np.c_[np.zeros((len(at), 2)), sizes]), sizes,
+                              cfg.grid)
+        scores = grounding_scores(maps, masks[keep], grid=cfg.grid, threshold=cfg.fixed_threshold,
+                                  ties=cfg.pointing_ties, case_ids=list(ids), findings=[finding] * len(ids))
+        frame = scores.to_frame(list(ids), finding)
+        frame["area_fraction"] = frame["gt_area"] / float(cfg.grid[0] * cfg.grid[1])
+        frames.append(frame)
+    pairs = pd.concat(frames, ignore_index=True) if frames else None
+
+    inferred = np.array([cid in position for cid in case_ids], bool)
+    if not inferred.any():
+        reasons = sorted({r.split(":")[0] for r in preds.skipped.values()})
+        first = next(iter(preds.skipped.values()), "no chunk holds a prediction")
+        raise XBenchError(f"{dataset.name} × {model}: no case can be evaluated — {len(preds.skipped)} of {len(dataset)} "
+                          f"cases were skipped at inference ({', '.join(reasons) or 'none recorded'}; first: {first}). "
+                          "Place the missing files and run again: only the skipped cases are inferred.")
+    labels = pd.DataFrame(dataset.labels()[inferred], index=case_ids[inferred], columns=dataset.findings)
+    probs = pd.DataFrame(preds.probs[[position[i] for i in case_ids[inferred]]], index=labels.index, columns=dataset.findings)
+    rescore = functools.partial(scored_table, pairs, model=model, dataset=dataset.name, labels=labels, scores=probs,
+                                findings=dataset.findings, threshold=cfg.fixed_threshold,
+                                n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+    scored = rescore()
+    tidy = scored.table
+
+    curves, pair_rows = [], pd.DataFrame()
+    if pairs is not None:
+        taus = tidy[(tidy["metric"] == BEST_TAU)].set_index("finding")["value"]
+        thresholds = THRESHOLDS
+        for finding, sub in pairs.groupby("finding", sort=False):
+            dc, ic = np.stack(sub["dice_curve"].to_numpy()), np.stack(sub["iou_curve"].to_numpy())
+            curves.append(pd.DataFrame({"model": model, "dataset": dataset.name, "finding": finding, "tau": thresholds,
+                                        "mean_dice": np.nanmean(dc, axis=0), "mean_iou": np.nanmean(ic, axis=0),
+                                        "n": len(sub)}))
+        best_idx = pairs["finding"].map(lambda f: int(np.argmin(np.abs(thresholds - taus.get(f, np.nan))))
+                                        if np.isfinite(taus.get(f, np.nan)) else -1)
+        pair_rows = pairs.drop(columns=["dice_curve", "iou_curve"]).rename(columns={"dice_fixed": f"dice@{cfg.fixed_threshold:g}",
+                                                                                   "iou_fixed": f"iou@{cfg.fixed_threshold:g}"})
+        pair_rows["dice@best"] = [d[i] if i >= 0 else np.nan for d, i in zip(pairs["dice_curve"], best_idx)]
+        pair_rows.insert(0, "model", model)
+        pair_rows.insert(1, "dataset", dataset.name)
+    return PairEvaluation(tidy, pair_rows, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(), counts,
+                          scored, rescore)
+
+
+def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
+    """Compute and write every table of a run (see the module docstring); returns the tidy table."""
+    out = Path(cfg.output_dir) / "tables"
+    store = ResultStore(cfg.output_dir)
+    from ..inference.preflight import runnable_models
+
+    from .comparisons import compare_dataset, write_comparisons
+
+    tidy, pairs, curves, log, models, compared = [], [], [], [], {}, []
+    run_models, left_out = runnable_models(cfg, announce=False)
+    for dspec in cfg.datasets:
+        dataset = open_dataset(dspec)
+        gt = ground_truth(dataset, cfg.grid, progress=progress)
+        evaluated = {}
+        for mspec in run_models:
+            result = evaluated[mspec.label] = evaluate_pair(cfg, dataset, mspec.label, gt, store)
+            tidy.append(result.tidy)
+            pairs.append(result.pairs)
+            curves.append(result.curves)
+            log.append(result.counts)
+            models.setdefault(mspec.label, store.meta(dspec.name, mspec.label)["model_info"])
+        compared.append(compare_dataset(dataset.name, evaluated, threshold=cfg.fixed_threshold))
+    table = pd.concat(tidy, ignore_index=True)
+    write_table(table, out / "metrics")
+    pair_table = pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs) else pd.DataFrame()
+    write_frame(pair_table, out / "pairs.parquet")  # every table atomically: a full disk leaves no truncated file
+    write_frame(pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True), out / "curves.csv")
+    for name, why in left_out.items():  # optional models without weights: a row saying so
+        models[name] = {"model": name, "weights": "absent", "note": why}
+    write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
+    atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
+    write_comparisons(compared, out)
+    return table
+
+
+def load_tables(output_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The tables of an evaluated run: ``metrics``, ``pairs``, ``curves``, ``models``."""
+    folder = Path(output_dir) / "tables"
+    if not (folder / "metrics.parquet").exists():
+        raise XBenchError(f"{folder} has no metrics table: run `xbench run` (or `xbench evaluate`) first")
+    return {
+        "metrics": pd.read_parquet(folder / "metrics.parquet"),
+        "pairs": pd.read_parquet(folder / "pairs.parquet"),
+        "curves": pd.read_csv(folder / "curves.csv"),
+        "models": pd.read_csv(folder / "models.csv"),
+    }

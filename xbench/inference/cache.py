@@ -1,0 +1,457 @@
+"""Decode once, feed every model: each image is read once per run and kept as each model's exact input.
+
+Why: every adapter's ``preprocess`` starts from the float image at original size and ends with
+a per-pixel normalisation. Decoding a 1024² PNG or a 3000² DICOM once per *model* dominated the
+GPU run (issue 15). :class:`InputFeed` decodes each case once (parallel workers), runs every
+model's ``preprocess`` on that one decoded image, and keeps the results for the whole run.
+
+Exactness (the parity-proven numerics are kept bit for bit):
+
+* :func:`model_input` calibrates an adapter once: ``preprocess`` of constant images of every
+  grey level 0…255 gives a per-channel lookup table ``lut (3, 256)``. An input ``x =
+  preprocess(image)`` is stored as ``uint8 (S, S)`` codes ``u`` only when ``lut[c, u] == x[c]``
+  holds **exactly** for every pixel and channel (checked per entry); otherwise it is stored as
+  the float32 tensor itself. The seven paper adapters quantise to 8 bit first (``round(x·255)``),
+  so their inputs are always codes (≈ 12× smaller than float32); the priors and reference models
+  (float area/bilinear resizes) are kept as float32.
+* On the device a batch of codes becomes the model input by a table gather, ``lut[c, u]`` —
+  no arithmetic, so the GPU input equals the CPU ``preprocess`` output bit for bit.
+
+GPU preprocessing (``preprocess_device``, :mod:`xbench.inference.gpu_preprocess`): the decode workers return the
+image at native size as ``uint8``/``uint16`` (:func:`~xbench.inference.gpu_preprocess.source_array`) instead of
+running the resizes; this process uploads it once and computes every ported model's codes on the device.
+A model gets this path only when its kernel reproduces its own ``preprocess`` on probe images and its
+code table equals :class:`ModelInput`'s (checked once per adapter); its codes are then the same bytes
+as the CPU path's (``tests/test_gpu_preprocess.py``), so caches and stores do not depend on the path.
+
+Cache on disk (``cache_dir``; optional — without it the feed lives in memory for the run):
+
+* ``index/<sha1 of the absolute path>.json``: file size, mtime_ns, content hash (BLAKE2b-128 of
+  the file bytes) and the image's ``(H, W)``; a file whose size or mtime changed is hashed again
+  (git's rule), so an entry is never served for changed bytes.
+* ``entries/<transform key>/<hash[:2]>/<hash>.npy``: one model input. The transform key is a
+  hash of the adapter's ``preprocess`` outputs on two fixed probe images and of its table, so a
+  change of preprocessing code or parameters gives a new key (no stale entry), and models with
+  the same preprocessing (MedKLIP and MAVL) share entries.
+* Every file is written to a unique temporary name and renamed (atomic on POSIX): ranks of one
+  host that share the folder never read a half-written entry; ranks take disjoint chunks, so no
+  two ranks compute the same entry in a sharded run (a collision would write identical bytes).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Queue
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..core.errors import FormatError, MissingFileError
+
+__all__ = ["CaseItem", "Decoded", "ModelInput", "model_input", "InputFeed", "content_hash"]
+
+_PROBE_SHAPE = (301, 263)  # odd, non-square, larger than every input (CARZero only downscales)
+
+
+@dataclass
+class ModelInput:
+    """How one adapter's input is stored and rebuilt (see the module docstring)."""
+
+    key: str                 # transform identity: equal keys ⇔ equal preprocessing
+    lut: np.ndarray | None   # (3, 256) float32, or None when inputs are never 8-bit codes
+
+    def encode(self, x: torch.Tensor | np.ndarray) -> np.ndarray:
+        """``preprocess`` output ``(3, S, S)`` → uint8 codes ``(S, S)`` if exactly representable, else float32 copy."""
+        x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+        if self.lut is None or x.ndim != 3 or x.shape[0] != 3:
+            return x
+        ref = self.lut[0]
+        if not np.all(np.diff(ref) > 0):
+            return x
+        u = np.clip(np.searchsorted(ref, x[0]), 0, 255)
+        below = np.clip(u - 1, 0, 255)
+        u = np.where(np.abs(ref[below] - x[0]) < np.abs(ref[u] - x[0]), below, u).astype(np.uint8)
+        if np.array_equal(self.lut[:, u], x):
+            return u
+        return x
+
+    def decode(self, batch: torch.Tensor, lut: torch.Tensor | None = None,
+               channels_last: bool = False) -> torch.Tensor:
+        """A stacked batch (uint8 ``(B, S, S)`` or float32 ``(B, 3, S, S)``, any device) → float32 model input."""
+        if batch.dtype != torch.uint8:
+            return batch.contiguous(memory_format=torch.channels_last) if channels_last else batch
+        table = lut if lut is not None else torch.from_numpy(self.lut).to(batch.device)
+        out = torch.nn.functional.embedding(batch.long(), table.t())  # (B, S, S, 3): channels_last layout
+        out = out.permute(0, 3, 1, 2)
+        return out if channels_last else out.contiguous()
+
+
+_CALIBRATED: "weakref.WeakKeyDictionary[Any, ModelInput]" = weakref.WeakKeyDictionary()
+
+
+def model_input(adapter: Any) -> ModelInput:
+    """Calibrate ``adapter.preprocess`` once per adapter object: its transform key and 8-bit table (or None).
+
+    The key hashes the outputs on two fixed probe images (float-valued portrait, 8-bit-valued
+    landscape) and the table, not the class name: adapters with equal preprocessing share entries.
+    """
+    try:
+        return _CALIBRATED[adapter]
+    except (KeyError, TypeError):
+        pass
+    rng = np.random.default_rng(20251021)
+    probes = [rng.random(_PROBE_SHAPE, dtype=np.float32),
+              (rng.integers(0, 256, _PROBE_SHAPE[::-1]) / 255).astype(np.float32)]
+    outs = [np.asarray(adapter.preprocess(p), dtype=np.float32) for p in probes]
+    out = outs[0]
+    lut: np.ndarray | None = None
+    if out.ndim == 3 and out.shape[0] == 3:
+        h, w = out.shape[1:]
+        table = np.empty((3, 256), np.float32)
+        for v in range(256):
+            x = np.asarray(adapter.preprocess(np.full(_PROBE_SHAPE, v / 255.0, np.float32)), dtype=np.float32)
+            table[:, v] = x[:, h // 2, w // 2]
+        lut = table if np.all(np.diff(table[0]) > 0) else None
+    digest = hashlib.sha256(f"{out.shape}|{outs[1].shape}".encode())
+    for part in (*outs, lut if lut is not None else np.zeros(0, np.float32)):
+        digest.update(part.tobytes())
+    spec = ModelInput(digest.hexdigest()[:20], lut)
+    try:
+        _CALIBRATED[adapter] = spec
+    except TypeError:  # not weak-referenceable
+        pass
+    return spec
+
+
+# -- content addressing ------------------------------------------------------------------------
+def content_hash(path: str | Path) -> str:
+    """BLAKE2b-128 hex digest of a file's bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class _DiskCache:
+    """The on-disk layout of the module docstring."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    def _index_file(self, path: Path) -> Path:
+        return self.folder / "index" / f"{hashlib.sha1(str(path.resolve()).encode()).hexdigest()}.json"
+
+    def lookup(self, path: Path) -> dict[str, Any] | None:
+        """Index record of ``path`` if its size and mtime are unchanged, else None."""
+        file = self._index_file(path)
+        try:
+            rec = json.loads(file.read_text())
+            st = path.stat()
+        except (OSError, ValueError):
+            return None
+        if rec.get("bytes") != st.st_size or rec.get("mtime_ns") != st.st_mtime_ns:
+            return None
+        return rec
+
+    def record(self, path: Path, content: str, shape: tuple[int, int], st: os.stat_result) -> None:
+        rec = {"path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "content": content,
+               "shape": [int(shape[0]), int(shape[1])]}
+        _atomic_write(self._index_file(path), lambda h: h.write(json.dumps(rec).encode()))
+
+    def entry(self, key: str, content: str) -> Path:
+        return self.folder / "entries" / key / content[:2] / f"{content}.npy"
+
+    def load(self, key: str, content: str) -> np.ndarray | None:
+        try:
+            return np.load(self.entry(key, content), allow_pickle=False)
+        except (OSError, ValueError):
+            return None
+
+    def save(self, key: str, content: str, array: np.ndarray) -> None:
+        _atomic_write(self.entry(key, content), lambda h: np.save(h, array, allow_pickle=False))
+
+
+# -- decode stage ----------------------------------------------------------------------------
+class CaseItem(NamedTuple):
+    """One row of a model batch as both input pipelines yield it (the pixels travel apart, stacked per batch).
+
+    ``reason`` is why the case is skipped (None when its image was read); ``shape`` the image's ``(H, W)`` and
+    ``window`` the adapter's :meth:`input_window` of it (both None for a skipped case).
+    """
+
+    row: int
+    case_id: str
+    reason: str | None
+    shape: tuple[int, int] | None
+    window: tuple[float, float, float, float] | None
+
+
+@dataclass
+class Decoded:
+    """What the decode stage gives for one dataset row.
+
+    ``inputs``: stored input per transform key (codes or float32); ``reason``: why the case is skipped (None when
+    read); ``shape``: the image's ``(H, W)``; ``decoded``: the file was read (not served from the cache);
+    ``source``: the native-size ``uint8``/``uint16`` image when keys computed on the device still need it;
+    ``content``: the file's content hash when the disk cache is on (entries of device-computed keys are saved
+    under it).
+    """
+
+    row: int
+    case_id: str
+    inputs: dict[str, np.ndarray]
+    reason: str | None
+    shape: tuple[int, int] | None
+    decoded: bool
+    source: np.ndarray | None = None
+    content: str | None = None
+    read_seconds: float = 0.0  # in the worker: reading the file (decode)
+    prep_seconds: float = 0.0  # in the worker: CPU preprocess of the CPU-path keys and the upload array
+
+
+class _Decode(Dataset):
+    """Row → :class:`Decoded` — one decode for every model; keys in ``device_keys`` are left to the device."""
+
+    def __init__(self, dataset: Any, adapters: dict[str, Any], inputs: dict[str, ModelInput],
+                 cache: _DiskCache | None, skip_missing: bool, device_keys: frozenset[str] = frozenset()):
+        self.dataset, self.adapters, self.inputs, self.cache, self.skip_missing = (
+            dataset, adapters, inputs, cache, skip_missing)
+        self.device_keys = device_keys
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, row: int) -> Decoded:
+        sample = self.dataset[row]
+        out: dict[str, np.ndarray] = {}
+        rec = content = None
+        path = Path(sample.image_path)
+        folder = getattr(sample.reader, "__self__", None)
+        if self.cache is not None and hasattr(folder, "locate"):  # ImageFolder reader: the real file
+            try:
+                path = folder.locate(path.name)
+            except MissingFileError:
+                pass
+        if self.cache is not None and path.is_file():
+            rec = self.cache.lookup(path)
+            if rec is not None:
+                content = rec["content"]
+                for key in self.inputs:
+                    arr = self.cache.load(key, content)
+                    if arr is None:
+                        break
+                    out[key] = arr
+                else:
+                    return Decoded(row, sample.case_id, out, None, tuple(rec["shape"]), False)
+        started = time.perf_counter()
+        try:
+            st = path.stat() if self.cache is not None and path.is_file() else None
+            image = sample.image()
+        except (MissingFileError, FormatError) as exc:
+            if not self.skip_missing:
+                raise
+            return Decoded(row, sample.case_id, {}, f"{type(exc).__name__}: {exc}", None, True)
+        read = time.perf_counter() - started
+        if self.cache is not None and st is not None and content is None:
+            content = content_hash(path)
+            if path.stat().st_mtime_ns != st.st_mtime_ns:  # changed while we read it: do not cache
+                content = None
+        for key, spec in self.inputs.items():
+            if key in out or key in self.device_keys:
+                continue
+            out[key] = spec.encode(self.adapters[key].preprocess(image))
+            if content is not None:
+                self.cache.save(key, content, out[key])
+        if content is not None:  # lookup() serves a record only once every key's entry exists
+            self.cache.record(path, content, image.shape, st)
+        source = None
+        if any(key not in out for key in self.device_keys):
+            from .gpu_preprocess import source_array
+
+            source = source_array(image)
+        return Decoded(row, sample.case_id, out, None, tuple(image.shape), True, source, content, read,
+                       time.perf_counter() - started - read)
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+class InputFeed:
+    """Every model input of one dataset, decoded once (see the module docstring).
+
+    Parameters
+    ----------
+    dataset : BaseDataset
+    adapters : sequence of Adapter
+        The models of the run; adapters with equal preprocessing share entries.
+    cache_dir : path, optional
+        Persistent cache (second runs and other ranks reuse it); None keeps the feed in memory.
+    workers : int
+        Decoding processes (``DataLoader`` workers); 0 decodes in this process.
+    skip_missing : bool
+        A missing / undecodable image becomes a counted skip instead of an error.
+    preprocess_device : torch.device or str, optional
+        Where ported models' resizes run (module docstring); None: in the decode workers on the CPU.
+    """
+
+    def __init__(self, dataset: Any, adapters: Sequence[Any], *, cache_dir: str | Path | None = None,
+                 workers: int = 0, skip_missing: bool = False, preprocess_device: torch.device | str | None = None):
+        self.dataset = dataset
+        self.preprocess_device = torch.device(preprocess_device) if preprocess_device is not None else None
+        self.plans: dict[str, Any] = {}  # transform key -> CodePlan run on preprocess_device
+        self.workers = int(workers)
+        self.skip_missing = skip_missing
+        self.cache = _DiskCache(cache_dir) if cache_dir else None
+        self.specs: dict[int, ModelInput] = {}
+        self._by_key: dict[str, tuple[Any, ModelInput]] = {}
+        for adapter in adapters:
+            self.add(adapter)
+        self.rows: dict[int, tuple[str, dict[str, np.ndarray], str | None, tuple[int, int] | None]] = {}
+        self.stats = {"decoded": 0, "from_cache": 0, "skipped": 0}
+        self.device_inputs = 0  # model inputs computed on preprocess_device (equal plans counted once per image)
+        # seconds: worker time reading files and preprocessing on the CPU (summed over workers), this process's
+        # time in device preprocessing, and the wall time of the decode stage
+        self.profile = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0}
+        self.seconds = 0.0  # wall time spent decoding / reading the cache
+        self._luts: dict[tuple[str, str], torch.Tensor] = {}
+
+    def add(self, adapter: Any) -> ModelInput:
+        if id(adapter) not in self.specs:
+            spec = model_input(adapter)
+            self.specs[id(adapter)] = spec
+            if spec.key not in self._by_key:
+                self._by_key[spec.key] = (adapter, spec)
+                plan = self._device_plan(adapter, spec)
+                if plan is not None:
+                    self.plans[spec.key] = plan
+        return self.specs[id(adapter)]
+
+    def _device_plan(self, adapter: Any, spec: ModelInput) -> Any:
+        """The adapter's kernel if it is proven equal to its CPU path (module docstring), else None."""
+        if self.preprocess_device is None or spec.lut is None:
+            return None
+        from .gpu_preprocess import check_plan, plan_for
+
+        plan = plan_for(adapter)
+        if plan is None:
+            return None
+        table = check_plan(adapter, plan, self.preprocess_device)
+        return plan if table is not None and np.array_equal(table, spec.lut) else None
+
+    def ensure(self, rows: Iterable[int]) -> None:
+        """Decode (or read from the cache) every row not yet held, for every registered model."""
+        todo = sorted(set(rows) - set(self.rows))
+        if not todo:
+            return
+        started = time.perf_counter()
+        adapters = {k: a for k, (a, _) in self._by_key.items()}
+        inputs = {k: s for k, (_, s) in self._by_key.items()}
+        source = _Decode(self.dataset, adapters, inputs, self.cache, self.skip_missing, frozenset(self.plans))
+        loader = DataLoader(source, batch_size=None, sampler=todo, num_workers=self.workers,
+                            collate_fn=_identity, prefetch_factor=4 if self.workers else None)
+        for item in loader:
+            self.profile["read"] += item.read_seconds
+            self.profile["cpu_prep"] += item.prep_seconds
+            if item.source is not None:
+                t = time.perf_counter()
+                self._on_device(item)
+                self.profile["device_prep"] += time.perf_counter() - t
+            self.rows[item.row] = (item.case_id, item.inputs, item.reason, item.shape)
+            self.stats["skipped" if item.reason else ("decoded" if item.decoded else "from_cache")] += 1
+        self.seconds += time.perf_counter() - started
+        self.profile["wall"] = self.seconds
+
+    def _on_device(self, item: Decoded) -> None:
+        """One upload of ``item.source``; the codes of every device key it lacks (equal plans computed once)."""
+        image = torch.from_numpy(item.source).to(self.preprocess_device)
+        done: dict[Any, np.ndarray] = {}
+        for key, plan in self.plans.items():
+            if key in item.inputs:
+                continue
+            if plan not in done:
+                done[plan] = plan(image).cpu().numpy()
+                self.device_inputs += 1
+            item.inputs[key] = done[plan]
+            if self.cache is not None and item.content is not None:
+                self.cache.save(key, item.content, done[plan])
+        item.source = None
+
+    def release(self) -> None:
+        self.rows.clear()
+
+    def batches(self, adapter: Any, batches: Sequence[Sequence[int]], device: torch.device, *,
+                channels_last: bool = False, prefetch: int = 2) -> Iterator[tuple[list[CaseItem], torch.Tensor | None]]:
+        """Yield ``(items, pixels)`` per batch of rows: ``items`` are :class:`CaseItem`,
+        ``pixels`` the model input of the non-skipped rows on ``device`` (None if all were skipped).
+
+        Batches are stacked (and pinned for CUDA) in a background thread while the previous one runs.
+        """
+        spec = self.add(adapter)
+        self.ensure(r for b in batches for r in b)
+        pin = device.type == "cuda"
+
+        def host(rows: Sequence[int]) -> tuple[list[CaseItem], torch.Tensor | None]:
+            items, arrays = [], []
+            for r in rows:
+                case_id, out, reason, shape = self.rows[r]
+                window = adapter.input_window(shape) if reason is None else None
+                items.append(CaseItem(r, case_id, reason, shape, window))
+                if reason is None:
+                    arrays.append(out[spec.key])
+            if not arrays:
+                return items, None
+            stacked = torch.from_numpy(np.stack(arrays))
+            return items, stacked.pin_memory() if pin else stacked
+
+        queue: Queue = Queue(maxsize=max(prefetch, 1))
+
+        def produce() -> None:
+            try:
+                for rows in batches:
+                    queue.put(host(rows))
+            except BaseException as exc:  # re-raised in the consumer
+                queue.put(exc)
+            queue.put(None)
+
+        thread = threading.Thread(target=produce, daemon=True)
+        thread.start()
+        lut_key = (spec.key, str(device))
+        if spec.lut is not None and lut_key not in self._luts:
+            self._luts[lut_key] = torch.from_numpy(spec.lut).to(device)
+        while True:
+            got = queue.get()
+            if got is None:
+                break
+            if isinstance(got, BaseException):
+                raise got
+            items, stacked = got
+            pixels = None
+            if stacked is not None:
+                stacked = stacked.to(device, non_blocking=pin)
+                pixels = spec.decode(stacked, self._luts.get(lut_key), channels_last)
+            yield items, pixels
+        thread.join()

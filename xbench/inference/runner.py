@@ -1,0 +1,498 @@
+"""Inference runner: datasets × models → the results store, resumable and shardable.
+
+``run(config)`` loops over every (dataset, model) pair of a :class:`RunConfig`:
+it splits the dataset's rows into fixed chunks of ``chunk_size`` cases, skips the
+chunks already in the store (so an interrupted run resumes and a re-run with the
+same config is a no-op), and runs batched inference (DataLoader with workers,
+autocast on CUDA when ``precision`` asks) on the rest, writing each chunk
+atomically. Metrics are computed afterwards from the store alone
+(:mod:`xbench.evaluation.evaluate`), so re-scoring needs no inference.
+
+Scaling out: ``shard=(i, n)`` processes the chunks with ``(index + offset) % n == i`` (``offset``: the
+chunks of the run's earlier datasets, so shards stay balanced over many small datasets); under
+``torchrun`` (``RANK``/``WORLD_SIZE`` set) each rank takes its own shard and
+ranks meet at a barrier (gloo or nccl) before rank 0 evaluates. Shards written to
+separate folders are joined with :func:`merge`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..core.version import __version__
+from ..core.atomic import atomic_write_bytes, check_writable
+from ..spec.config import DatasetSpec, ModelSpec, RunConfig
+from ..datasets import BaseDataset, open_dataset
+from ..core.errors import FormatError, MissingFileError, XBenchError, XBenchWarning
+from ..store.fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
+from ..models import Adapter, create_model
+from ..spec.registry import dataset_manifest, import_target, model_config
+from ..core.logs import advance, progress_bar
+from .skips import first_examples, format_examples, skip_records, write_skips_csv
+from ..store.results import ResultStore
+from .cache import CaseItem
+from .speed import autocast, precision_mode, to_channels_last
+
+logger = logging.getLogger(__name__)
+
+
+class _Inputs(Dataset):
+    """Dataset row → ``(CaseItem, pixels or None)``: the per-model input pipeline (``decode_once: false``)."""
+
+    def __init__(self, dataset: BaseDataset, adapter: Adapter, skip_missing: bool):
+        self.dataset, self.adapter, self.skip_missing = dataset, adapter, skip_missing
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, row: int) -> tuple[CaseItem, torch.Tensor | None]:
+        sample = self.dataset[row]
+        try:
+            image = sample.image()
+        except (MissingFileError, FormatError) as exc:
+            if not self.skip_missing:
+                raise
+            return CaseItem(row, sample.case_id, f"{type(exc).__name__}: {exc}", None, None), None
+        item = CaseItem(row, sample.case_id, None, image.shape, self.adapter.input_window(image.shape))
+        return item, self.adapter.preprocess(image)
+
+
+def _preprocess_device(cfg: RunConfig, device: torch.device) -> torch.device | None:
+    """Where ported models' resizes run (``preprocess_device``: ``auto`` = the run device if CUDA, ``device`` = the
+    run device, ``cpu`` = the decode workers); None means the CPU path (:class:`xbench.inference.cache.InputFeed`)."""
+    if cfg.preprocess_device == "device" or (cfg.preprocess_device == "auto" and device.type == "cuda"):
+        return device
+    return None
+
+
+def _collate(items: list[Any]) -> list[Any]:
+    return items
+
+
+def open_model(spec: ModelSpec, device: torch.device, dspec: DatasetSpec | None = None,
+               output_dir: str | Path | None = None, *, overwrite: bool = False) -> Adapter:
+    """Build a model named in a run config.
+
+    A spec with ``fit_split`` (a baseline whose class has ``fit(dataset)`` and ``save(folder)``) is fitted
+    on that split of ``dspec``'s dataset and saved under ``<output_dir>/fitted/<dataset>/<model>/`` with a
+    ``fit.json`` of what it was fitted on (:func:`xbench.store.fingerprint.fit_key`); it is refitted when that
+    differs (other dataset options, root content, params) or with ``overwrite``.
+    """
+    if spec.explainer is not None:  # the model built as below, its maps made by a post-hoc explainer
+        from ..explain import explained
+
+        plain = ModelSpec(spec.name, spec.weights, spec.params, spec.fit_split, spec.optional)
+        return explained(open_model(plain, device, dspec, output_dir, overwrite=overwrite), spec.explainer)
+    if spec.fit_split is None:
+        return create_model(spec.name, weights=spec.weights, device=device, **spec.params)
+    if dspec is None or output_dir is None:
+        raise XBenchError(f"model {spec.name!r} has fit_split: it needs the dataset it is fitted on")
+    evaluated = dspec.split or dataset_manifest(dspec.name).get("default_split", "test")
+    if spec.fit_split == evaluated:
+        raise XBenchError(f"model {spec.name!r}: fit_split {spec.fit_split!r} is the evaluation split of "
+                          f"{dspec.name!r}; a baseline must be fitted on a disjoint split")
+    folder = fitted_folder(output_dir, dspec, spec)
+    fit_data = open_dataset(dspec, split=spec.fit_split)
+    key = fit_key(fit_data, dspec, spec)
+    if overwrite or not fitted_is_current(folder, key):
+        cls = import_target(model_config(spec.name)["class"])
+        refit(folder, lambda tmp: cls.fit(fit_data).save(tmp), key)
+    return create_model(spec.name, weights=folder, device=device, **spec.params)
+
+
+def fitted_folder(output_dir: str | Path, dspec: DatasetSpec, mspec: ModelSpec) -> Path:
+    """Where a ``fit_split`` baseline's fitted files live."""
+    return Path(output_dir) / "fitted" / dspec.name / mspec.name
+
+
+def _dist_shard() -> tuple[int, int] | None:
+    """(rank, world) under torchrun, else None."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return (int(os.environ.get("RANK", "0")), world) if world > 1 else None
+
+
+def barrier_timeout() -> float:
+    """Seconds a rank waits at the barrier for the others: ``$XBENCH_BARRIER_TIMEOUT`` (default 3600)."""
+    return float(os.environ.get("XBENCH_BARRIER_TIMEOUT", "3600"))
+
+
+_GLOO_GROUP: Any = None
+
+
+def _init_distributed(cfg: RunConfig) -> None:
+    """Join the torchrun group (NCCL on CUDA, else gloo), each rank on GPU ``LOCAL_RANK``, plus a gloo group
+    for the monitored barrier."""
+    global _GLOO_GROUP
+    from datetime import timedelta
+
+    cuda = cfg.resolved_device().type == "cuda"
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # "cuda" then means this rank's GPU
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=barrier_timeout()))
+        _GLOO_GROUP = None  # a group of an earlier, destroyed process group is unusable
+    if _GLOO_GROUP is None:
+        _GLOO_GROUP = (torch.distributed.new_group(backend="gloo")
+                       if torch.distributed.get_backend() != "gloo" else torch.distributed.group.WORLD)
+
+
+def _barrier(shard: tuple[int, int]) -> None:
+    """Wait for every rank; a rank that crashed or hangs is an error naming it after the timeout, never a hang."""
+    from datetime import timedelta
+
+    try:
+        torch.distributed.monitored_barrier(group=_GLOO_GROUP, timeout=timedelta(seconds=barrier_timeout()),
+                                            wait_all_ranks=True)
+    except RuntimeError as exc:
+        raise XBenchError(
+            f"rank {shard[0]} of {shard[1]}: not every rank reached the end of inference within "
+            f"{barrier_timeout():g} s (XBENCH_BARRIER_TIMEOUT) — a rank crashed or is stuck ({exc}). The chunks every "
+            "rank finished are in the store; run the same command again to resume, or evaluate with `xbench merge`."
+        ) from exc
+
+
+def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDataset, adapter: Adapter) -> dict[str, Any]:
+    return {
+        "dataset": dspec.name,
+        "split": dataset.split,
+        "dataset_root": str(dspec.root) if dspec.root else None,
+        "dataset_options": dspec.options,
+        "n_cases": len(dataset),
+        "findings": dataset.findings,
+        "prompts": [dataset.prompts[f] for f in dataset.findings],
+        "model": mspec.label,
+        "explainer": mspec.explainer,
+        "weights": mspec.weights,
+        "fit_split": mspec.fit_split,
+        "params": mspec.params,
+        "model_info": adapter.describe(),
+        "grid": list(adapter.grid),
+        "chunk_size": cfg.chunk_size,
+        "precision": cfg.precision,
+        "map_dtype": cfg.map_dtype,
+        "code_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "fingerprint": run_fingerprint(dataset, mspec.name, mspec.weights,
+                                       fitted=fitted_folder(cfg.output_dir, dspec, mspec) if mspec.fit_split else None),
+    }
+
+
+def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
+          adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
+          progress: bool = True, feed: Any = None, chunk_offset: int = 0,
+          chunks: Sequence[int] | None = None) -> dict[str, Any]:
+    """Run one (dataset, model) pair into the store; returns counts for the run log.
+
+    Steps: plan (:func:`_rows_to_infer`, :func:`_plan_batches`), stream (:func:`_stream`: :class:`CaseItem` records
+    and the batch's pixels), predict, and flush each chunk once its last planned row is seen (:func:`_flush`).
+
+    ``feed`` (an :class:`xbench.inference.cache.InputFeed` over ``dataset``) supplies inputs decoded once for
+    every model; without it (``decode_once: false``) each model decodes through its own DataLoader.
+    ``chunks`` (given by :func:`run`: its share of :func:`assign_chunks`) names this rank's chunks of the dataset;
+    without it, shard ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``.
+    """
+    device = cfg.resolved_device()
+    dataset = dataset if dataset is not None else open_dataset(dspec)
+    adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
+    store = ResultStore(cfg.output_dir)
+    store.prepare(dspec.name, mspec.label, _meta(cfg, dspec, mspec, dataset, adapter), overwrite=overwrite)
+
+    n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
+    index, count = shard
+    mine = (sorted(int(k) for k in chunks) if chunks is not None
+            else [k for k in range(n_chunks) if (k + chunk_offset) % count == index])
+    todo = _rows_to_infer(store, dspec.name, mspec.label, dataset, mine, cfg.chunk_size)
+    counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.label, "chunks_total": n_chunks,
+                              "chunks_done_before": len(mine) - len(todo), "chunks_written": 0, "cases_inferred": 0,
+                              "cases_retried": sum(len(r) for k, r in todo.items() if store.has_chunk(dspec.name, mspec.label, k)),
+                              "cases_skipped": 0, "skip_reasons": {}}
+    if not todo:
+        return counts
+
+    prompts = [dataset.prompts[f] for f in dataset.findings]
+    batches = _plan_batches(todo, cfg.batch_size)
+    remaining = {k: len(rows) for k, rows in todo.items()}
+    amp = autocast(cfg.precision, device)
+    if cfg.channels_last:
+        to_channels_last(adapter)
+    stream = _stream(cfg, dataset, adapter, batches, device, feed)
+    map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
+
+    decode_before = feed.seconds if feed is not None else 0.0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    pending: dict[int, dict[str, list]] = {}
+    reasons: Counter[str] = Counter()
+    bar = progress_bar(total=sum(len(b) for b in batches), desc=f"{mspec.label} × {dspec.name}", unit="img",
+                       disable=not progress)
+    started = time.perf_counter()
+    all_skipped: dict[str, str] = {}
+    for items, pixels in stream:
+        chunk = items[0].row // cfg.chunk_size
+        acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [], "windows": [],
+                                         "skipped": {}})
+        ok = [it for it in items if it.reason is None]
+        for it in items:
+            if it.reason is not None:
+                acc["skipped"][it.case_id] = all_skipped[it.case_id] = it.reason
+                reasons[it.reason.split(":")[0]] += 1
+        if ok:
+            with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if feed is not None else nullcontext()):
+                pred = adapter.predict_cases(pixels, prompts, [it.case_id for it in ok])
+            scores = pred.scores.float().cpu().numpy()
+            acc["ids"] += [it.case_id for it in ok]
+            acc["sizes"] += [it.shape for it in ok]
+            acc["windows"] += [it.window for it in ok]
+            acc["scores"].append(scores)
+            acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
+            acc["maps"].append(pred.maps.float().cpu().numpy().astype(map_dtype))
+        advance(bar, len(ok), len(items) - len(ok), started)
+        remaining[chunk] -= len(items)
+        if remaining[chunk] == 0:  # every planned row of the chunk seen: flush it
+            _flush(store, dspec.name, mspec.label, chunk, pending.pop(chunk), dataset, len(prompts), adapter.grid,
+                   map_dtype, counts)
+    bar.close()
+    counts["seconds"] = round(time.perf_counter() - started, 3)
+    if feed is not None:
+        counts["decode_seconds"] = round(feed.seconds - decode_before, 3)  # decoding for every model of the run
+    if device.type == "cuda":
+        counts["gpu_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
+    counts["skip_reasons"] = dict(reasons)
+    files = dict(zip(dataset.cases["case_id"].astype(str), dataset.cases["image_path"].astype(str)))
+    counts["skipped_cases"] = skip_records(dspec.name, mspec.label, all_skipped, files)  # run() moves them to a CSV
+    counts["skipped_examples"] = first_examples(counts["skipped_cases"])
+    if counts["cases_skipped"]:
+        warnings.warn(f"{mspec.label} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
+                      f"be read: {format_examples(counts['skipped_examples'], reasons)}; they are left out of every "
+                      "metric and stay missing in the store (all listed in skipped_cases.csv): a later run infers them "
+                      "once the files are present", XBenchWarning, stacklevel=2)
+    return counts
+
+
+def _plan_batches(todo: dict[int, list[int]], batch_size: int) -> list[list[int]]:
+    """Rows still to infer, per chunk, cut into batches that never straddle a chunk (so a chunk can be flushed as
+    soon as its last batch is seen)."""
+    return [rows[i:i + batch_size] for rows in todo.values() for i in range(0, len(rows), batch_size)]
+
+
+def _stream(cfg: RunConfig, dataset: BaseDataset, adapter: Adapter, batches: list[list[int]], device: torch.device,
+            feed: Any) -> Iterator[tuple[list[CaseItem], torch.Tensor | None]]:
+    """``(items, pixels on device)`` per planned batch, from the decode-once feed or the per-model loader."""
+    if feed is not None:
+        yield from feed.batches(adapter, batches, device, channels_last=cfg.channels_last)
+        return
+    loader = DataLoader(_Inputs(dataset, adapter, cfg.on_missing_image == "skip"), batch_sampler=batches,
+                        num_workers=cfg.num_workers, collate_fn=_collate)
+    for pairs in loader:
+        pixels = [x for _, x in pairs if x is not None]
+        yield [it for it, _ in pairs], torch.stack(pixels).to(device) if pixels else None
+
+
+def _flush(store: ResultStore, dataset_name: str, model: str, chunk: int, acc: dict[str, Any], dataset: BaseDataset,
+           n_classes: int, grid: tuple[int, int], map_dtype: Any, counts: dict[str, Any]) -> None:
+    """Write one finished chunk (joined with the stored one on a retry of skipped cases) and count it."""
+    h, w = grid
+    arrays = {
+        "case_ids": acc["ids"],
+        "scores": np.concatenate(acc["scores"]) if acc["scores"] else np.zeros((0, n_classes), np.float32),
+        "probs": np.concatenate(acc["probs"]) if acc["probs"] else np.zeros((0, n_classes), np.float32),
+        "maps": np.concatenate(acc["maps"]) if acc["maps"] else np.zeros((0, n_classes, h, w), map_dtype),
+        "sizes": np.asarray(acc["sizes"], np.int64).reshape(-1, 2),
+        "windows": np.asarray(acc["windows"], np.float64).reshape(-1, 4),
+    }
+    if store.has_chunk(dataset_name, model, chunk):  # a retry of formerly skipped cases: join the chunk
+        arrays = _join_chunk(store.load_chunk(store.chunk_path(dataset_name, model, chunk)), arrays, dataset)
+    store.write_chunk(dataset_name, model, chunk, skipped=acc["skipped"], **arrays)
+    counts["chunks_written"] += 1
+    counts["cases_inferred"] += len(acc["ids"])
+    counts["cases_skipped"] += len(acc["skipped"])
+
+
+def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: BaseDataset, chunks: list[int],
+                   chunk_size: int) -> dict[int, list[int]]:
+    """Chunk → dataset rows still to infer: every row of an absent chunk, the skipped rows of a present one.
+
+    A case skipped for a missing / unreadable image is recorded in its chunk as skipped, never as done,
+    so a later run infers exactly those cases.
+    """
+    ids = dataset.cases["case_id"].astype(str).tolist()
+    todo: dict[int, list[int]] = {}
+    for k in chunks:
+        rows = list(range(k * chunk_size, min((k + 1) * chunk_size, len(dataset))))
+        if not store.has_chunk(dataset_name, model, k):
+            todo[k] = rows
+            continue
+        skipped = set(store.load_chunk(store.chunk_path(dataset_name, model, k))["skipped_ids"].tolist())
+        if skipped:
+            todo[k] = [r for r in rows if ids[r] in skipped]
+    return todo
+
+
+def chunk_costs(dataset: BaseDataset, chunk_size: int) -> list[float]:
+    """Decode cost of each store chunk of ``dataset``: its images' pixels (``height × width`` of the case table),
+    or its case count when the table has no sizes."""
+    cases = dataset.cases
+    if {"height", "width"} <= set(cases.columns):
+        pixels = (cases["height"].astype(np.float64) * cases["width"].astype(np.float64)).fillna(0.0).to_numpy()
+    else:
+        pixels = np.ones(len(dataset))
+    return [float(pixels[k: k + chunk_size].sum()) for k in range(0, len(dataset), chunk_size)]
+
+
+def assign_chunks(costs: Sequence[Sequence[float]], ranks: int) -> dict[tuple[int, int], int]:
+    """Rank of every ``(dataset index, chunk)``: longest processing time first — chunks by decreasing cost (ties in
+    dataset, then chunk order), each to the rank with the least cost so far (ties: the lowest rank).
+
+    Deterministic from the costs alone, so independent shards (``--shard i/n``) agree without talking. A chunk is
+    written whole by one rank, so stores do not depend on the number of ranks.
+
+    >>> owner = assign_chunks([[9.0, 1.0, 1.0], [5.0, 4.0]], 2)
+    >>> [owner[(0, 0)], owner[(1, 0)], owner[(1, 1)], owner[(0, 1)], owner[(0, 2)]]
+    [0, 1, 1, 0, 1]
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks must be >= 1, got {ranks}")
+    order = sorted(((c, d, k) for d, row in enumerate(costs) for k, c in enumerate(row)), key=lambda t: (-t[0], t[1], t[2]))
+    load = [0.0] * ranks
+    owner: dict[tuple[int, int], int] = {}
+    for cost, d, k in order:
+        rank = min(range(ranks), key=lambda r: (load[r], r))
+        owner[(d, k)] = rank
+        load[rank] += cost
+    return owner
+
+
+def _join_chunk(old: dict[str, np.ndarray], new: dict[str, Any], dataset: BaseDataset) -> dict[str, Any]:
+    """The arrays of a stored chunk (checked by :meth:`ResultStore.load_chunk`) joined with newly inferred cases,
+    in dataset row order."""
+    order = {cid: i for i, cid in enumerate(dataset.cases["case_id"].astype(str))}
+    keys = ("case_ids", "scores", "probs", "maps", "sizes", "windows")
+    joined = {k: np.concatenate([np.asarray(old[k]), np.asarray(new[k]).astype(old[k].dtype)]) for k in keys}
+    at = np.argsort([order[c] for c in joined["case_ids"].tolist()], kind="stable")
+    return {k: v[at] for k, v in joined.items()}
+
+
+def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False,
+              progress: bool = True, check: bool = True,
+              keep_going: bool = False) -> tuple[Path, bool]:
+    """Infer every (dataset, model) of ``cfg`` into the store; the metric tables are computed above this layer
+    (:func:`xbench.workflows.run.run`).
+
+    ``keep_going``: a pair whose inference fails with an :class:`~xbench.core.errors.XBenchError` is logged, noted in
+    ``run_log.json`` (``failed``) and the run goes on with the other pairs; the failures are raised together at the
+    end (no tables are computed then: re-run once fixed, the finished pairs are not recomputed). Every skipped
+    case (``on_missing_image: skip``) is listed in ``<output_dir>/skipped_cases.csv``.
+
+    With ``check`` (default) :func:`xbench.inference.preflight.preflight` runs first and any problem stops the run before a
+    model is built. Optional models without weights are left out (logged; noted in ``run_log.json``).
+    Returns the output folder and whether this process should evaluate now: false for an independent shard (`xbench
+    merge` evaluates once all are present) and for every distributed rank but rank 0.
+    """
+    from .preflight import preflight, runnable_models, summary
+
+    report = preflight(cfg) if check else None
+    if report is not None:
+        report.raise_for_problems()
+    models, left_out = runnable_models(cfg, report.left_out if report is not None else None)
+    out = check_writable(cfg.output_dir, "output_dir")  # read-only / unwritable: a clear error before inference
+    dist = _dist_shard() if shard is None else None
+    if dist is not None:
+        shard = dist
+        _init_distributed(cfg)
+    shard = shard or (0, 1)
+    if not 0 <= shard[0] < shard[1]:
+        raise XBenchError(f"shard index must satisfy 0 <= i < n, got {shard[0]}/{shard[1]}")
+
+    device = cfg.resolved_device()
+    log: list[dict[str, Any]] = []
+    failures: list[str] = []
+    skipped_rows: list[dict[str, str]] = []
+    built: dict[int, Adapter] = {}  # models without fit_split are built once and serve every dataset
+    opened = []
+    for dspec in cfg.datasets:
+        dataset = open_dataset(dspec)
+        if not len(dataset):
+            raise XBenchError(f"dataset {dspec.name} [{dataset.split}] has no cases (check its root, split and options)")
+        opened.append(dataset)
+    owner = assign_chunks([chunk_costs(d, cfg.chunk_size) for d in opened], shard[1])  # same on every rank
+    for i, (dspec, dataset) in enumerate(zip(cfg.datasets, opened)):
+        mine = [k for (d, k), rank in owner.items() if d == i and rank == shard[0]]
+        adapters = []
+        for mspec in models:
+            key = id(mspec)
+            adapter = built.get(key) or open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
+            if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
+                raise XBenchError(f"model {mspec.name!r} was built random-init (no weights found) but this config does not "
+                                  "allow random-init models (allow_random_init: true, or params: {random_init: true})")
+            if mspec.fit_split is None:
+                built[key] = adapter
+            adapters.append(adapter)
+        feed = None
+        if cfg.decode_once:
+            from .cache import InputFeed
+
+            feed = InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
+                             skip_missing=cfg.on_missing_image == "skip",
+                             preprocess_device=_preprocess_device(cfg, device))
+        for mspec, adapter in zip(models, adapters):
+            try:
+                entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
+                              progress=progress, feed=feed, chunks=mine)
+            except XBenchError as exc:
+                if not keep_going:
+                    raise
+                logger.error("%s × %s failed: %s", mspec.label, dspec.name, exc)
+                failures.append(f"{mspec.label} × {dspec.name}: {exc}")
+                entry = {"dataset": dspec.name, "model": mspec.label, "failed": str(exc)}
+            skipped_rows += entry.pop("skipped_cases", [])
+            entry["dataset_skipped_records"] = dict(dataset.skipped)
+            entry["weights_label"] = adapter.weights_label
+            entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
+            if feed is not None:
+                entry["decode_profile"] = {k: round(v, 3) for k, v in feed.profile.items()}  # cumulative, seconds
+            if feed is not None and feed.plans:
+                entry["preprocessed_on"] = {"device": str(feed.preprocess_device), "inputs": feed.device_inputs}
+            if report is not None:
+                entry["preflight_images"] = summary(report).get(dspec.name)
+            log.append(entry)
+        log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
+                for name, why in left_out.items()]
+        del feed, adapters
+    suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
+    atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
+    write_skips_csv(out / f"skipped_cases{suffix}.csv", skipped_rows)
+    if failures:
+        raise XBenchError(f"{len(failures)} model × dataset pair(s) failed (the others ran; no tables computed):\n  - "
+                          + "\n  - ".join(failures))
+
+    if dist is not None:
+        _barrier(shard)
+        return out, shard[0] == 0
+    return out, shard == (0, 1)  # independent shards: `xbench merge` evaluates once all are present
+
+
+def merge_shards(cfg: RunConfig, sources: Sequence[str | Path]) -> Path:
+    """Copy chunk files of shards written to other folders into ``cfg.output_dir``.
+
+    The results store does the joining (:meth:`~xbench.store.results.ResultStore.merge_from`): shards made
+    from other inputs (meta keys, weights / annotation fingerprints) are refused naming what differs;
+    damaged chunks are refused naming the file. Missing chunks raise an error naming them when the
+    tables are computed.
+    """
+    target = ResultStore(check_writable(cfg.output_dir, "output_dir"))
+    for src in sources:
+        target.merge_from(src)
+    return Path(cfg.output_dir)

@@ -1,0 +1,1 @@
+"""The results store: per-case scores and maps in atomic, indexed chunks, with fingerprints of their inputs."""

@@ -1,0 +1,147 @@
+"""Content fingerprints of a run's inputs: weights files, annotation files, dataset and model options.
+
+A fingerprint is a JSON-able dict written into every store ``meta.json`` (and, as a digest, next to every
+chunk); resume and merge compare them, so results computed from other bytes are never mixed.
+
+* ``weights``: ``{relative path: sha256}`` of the files a model's YAML ``weights:`` entries name inside its
+  weights folder (a folder entry such as ``Med-KEBERT/`` contributes every file below it), or of every file
+  of a fitted baseline's folder. The folder is the one the model was loaded from (``weights=``,
+  ``$XBENCH_WEIGHTS/<name>``, or the packaged ``xbench/reference_weights/<name>``). Absent files are simply
+  not listed (the adapter already refused or chose random init, which ``model_info`` records).
+* ``annotations``: ``{manifest files key: sha256}`` of the dataset's annotation files for its split (the
+  manifest's ``files`` entries that are files; image folders are not hashed: image content is large and is
+  covered by the annotation files naming them).
+
+Hashing cache: within one process, a file's sha256 is computed once per ``(resolved path, size, mtime_ns,
+inode)``; a rewritten or replaced file (new size, mtime or inode) is hashed again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..spec.manifests import file_entries, sha256
+from ..spec.registry import model_config
+
+__all__ = ["file_sha256", "weight_files", "model_fingerprint", "dataset_fingerprint", "run_fingerprint", "digest",
+           "diff_keys", "fit_key", "fitted_is_current", "refit"]
+
+_CACHE: dict[tuple[str, int, int, int], str] = {}
+_REFERENCE_WEIGHTS = Path(__file__).resolve().parents[1] / "reference_weights"
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes, cached per (resolved path, size, mtime_ns, inode) for the life of the process."""
+    real = Path(path).resolve()
+    stat = real.stat()
+    key = (str(real), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _CACHE:
+        _CACHE[key] = sha256(real)
+    return _CACHE[key]
+
+
+def _files_under(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    return []
+
+
+def weight_files(name: str, weights: str | Path | None) -> list[Path]:
+    """The existing files a model's config names inside its weights folder (see the module docstring)."""
+    from ..models.base import weights_dir
+
+    folder = weights_dir(name, weights)
+    if folder is None and (_REFERENCE_WEIGHTS / name).is_dir():
+        folder = _REFERENCE_WEIGHTS / name
+    if folder is None:
+        return []
+    entries = (model_config(name).get("weights") or {}).values()
+    named = [folder / str(e["path"]) for e in entries if isinstance(e, dict) and e.get("path")]
+    return [f for p in named for f in _files_under(p)] if named else _files_under(folder)
+
+
+def model_fingerprint(name: str, weights: str | Path | None, *, fitted: str | Path | None = None) -> dict[str, str]:
+    """``{file relative to its weights folder: sha256}``; ``fitted`` (a fitted baseline's folder) replaces the
+    config's weights folder and every file in it is listed."""
+    if fitted is not None:
+        base, files = Path(fitted), _files_under(Path(fitted))
+    else:
+        files = weight_files(name, weights)
+        from ..models.base import weights_dir
+
+        base = weights_dir(name, weights) or _REFERENCE_WEIGHTS / name
+    return {_relative(f, base): file_sha256(f) for f in files}
+
+
+def dataset_fingerprint(dataset: Any) -> dict[str, str]:
+    """``{manifest files key: sha256}`` of a dataset's annotation files for its split (image folders skipped)."""
+    out: dict[str, str] = {}
+    for key, entry in sorted(file_entries(dataset.manifest, dataset.split).items()):
+        path = Path(dataset.root) / entry["path"]
+        if path.is_file():
+            out[key] = file_sha256(path)
+    return out
+
+
+def digest(value: Any) -> str:
+    """sha256 of a JSON-able value (keys sorted; non-JSON values by ``str``)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def diff_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys at which two nested dicts differ (``fingerprint.weights.model.safetensors``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += diff_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [] if json.dumps(old, sort_keys=True, default=str) == json.dumps(new, sort_keys=True, default=str) else [prefix]
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return Path(os.path.relpath(path, base)).as_posix()
+    except ValueError:
+        return path.name
+
+
+def run_fingerprint(dataset: Any, model: str, weights: str | Path | None, *,
+                    fitted: str | Path | None = None) -> dict[str, Any]:
+    """The ``fingerprint`` entry of a store ``meta.json``: weights files and annotation files by sha256."""
+    return {"weights": model_fingerprint(model, weights, fitted=fitted), "annotations": dataset_fingerprint(dataset)}
+
+
+# -- fitted baselines (``fit_split``) ---------------------------------------------------------------
+FIT_FILE = "fit.json"  #: what a fitted baseline's folder was fitted on
+
+
+def fit_key(fit_data: Any, dspec: Any, mspec: Any) -> dict[str, Any]:
+    """What a ``fit_split`` baseline is fitted from: dataset, split, options, annotation sha256, model params."""
+    return {"dataset": dspec.name, "fit_split": mspec.fit_split, "dataset_options": dspec.options,
+            "n_cases": len(fit_data), "annotations": dataset_fingerprint(fit_data), "model": mspec.name,
+            "params": mspec.params}
+
+
+def fitted_is_current(folder: str | Path, key: dict[str, Any]) -> bool:
+    """True when ``folder`` holds a fit made from exactly ``key`` (its ``fit.json`` says so)."""
+    path = Path(folder) / FIT_FILE
+    try:
+        return digest(json.loads(path.read_text(encoding="utf-8"))) == digest(key)
+    except (OSError, ValueError):
+        return False
+
+
+def refit(folder: str | Path, fit: Any, key: dict[str, Any]) -> Path:
+    """Fill a fresh folder with ``fit(tmp_folder)`` plus ``fit.json`` and swap it in for ``folder``."""
+    from ..core.atomic import atomic_write_text, replace_folder
+
+    def fill(tmp: Path) -> None:
+        fit(tmp)
+        atomic_write_text(tmp / FIT_FILE, json.dumps(key, indent=1, sort_keys=True, default=str))
+
+    return replace_folder(folder, fill)

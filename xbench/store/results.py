@@ -1,0 +1,322 @@
+"""The results store: per-case scores and native-grid maps, written atomically per chunk.
+
+Layout under a run's output folder::
+
+    store/<dataset>/<model>/meta.json               what produced the chunks (config, code version, findings,
+                                                     and ``fingerprint``: sha256 of weights / annotation files)
+    store/<dataset>/<model>/chunk-00003.npz         case_ids, scores (N, C) float32, probs (N, C) float32,
+                                                     maps (N, C, h, w) float16, sizes (N, 2), windows (N, 4),
+                                                     skipped_ids, skipped_reasons
+    store/<dataset>/<model>/chunk-00003.index.json  the chunk's size, sha256 and the digest of the inputs
+                                                     (:func:`inputs_digest` of meta.json) it was made from
+
+Cases are split into fixed chunks of ``chunk_size`` consecutive dataset rows.
+A chunk file is written to a temporary name and renamed (atomic on POSIX), then
+its index file likewise: a chunk counts as present only when its index exists and
+its size and sha256 match, so an interrupted run loses at most the chunk in flight,
+a damaged chunk (truncated, emptied, edited) is reported by name and recomputed,
+and a re-run skips every intact chunk. A chunk whose index names other inputs than
+``meta.json`` is refused (results of different inputs are never mixed). ``.npz``
+is plain NumPy, read with ``allow_pickle=False``: ``np.load(path)`` inspects it.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.atomic import atomic_write, atomic_write_bytes
+from ..core.errors import StoreError, XBenchError, XBenchWarning
+from .fingerprint import diff_keys, digest, file_sha256
+
+STORE_VERSION = 2
+
+#: meta keys not compared anywhere (they describe when / with which code, not what)
+UNCOMPARED_KEYS = ("code_version", "created")
+#: meta keys that name local paths: compared on resume (same machine), not between shards of other machines,
+#: where the ``fingerprint`` (content hashes) stands for them
+LOCAL_KEYS = ("dataset_root", "weights")
+_ARRAYS = {"case_ids": "U", "scores": "f", "probs": "f", "maps": "f", "skipped_ids": "U", "skipped_reasons": "U"}
+
+
+def inputs_digest(meta: dict[str, Any]) -> str:
+    """sha256 of the parts of a ``meta.json`` that say which inputs made the results (no paths, no dates)."""
+    return digest({k: v for k, v in meta.items() if k not in UNCOMPARED_KEYS + LOCAL_KEYS})
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], skip: tuple[str, ...]) -> list[str]:
+    keys = sorted((set(old) | set(new)) - set(skip))
+    return [d for k in keys for d in diff_keys(old.get(k), new.get(k), k)]
+
+
+@dataclass
+class StoredPredictions:
+    """All chunks of one (dataset, model), concatenated in dataset row order."""
+
+    case_ids: np.ndarray  # (N,) str
+    scores: np.ndarray  # (N, C) float32, the model's raw score
+    probs: np.ndarray  # (N, C) float32, probability used for F1 / accuracy
+    maps: np.ndarray  # (N, C, h, w) float16, native grid
+    sizes: np.ndarray  # (N, 2) int, (H, W) of each image as read
+    windows: np.ndarray  # (N, 4) float, (y0, x0, y1, x1): the part of the image the model input covers
+    skipped: dict[str, str]  # case_id -> reason
+    meta: dict[str, Any]
+
+
+class ResultStore:
+    """Read/write access to ``<output_dir>/store``."""
+
+    def __init__(self, output_dir: str | Path):
+        self.root = Path(output_dir) / "store"
+
+    def folder(self, dataset: str, model: str) -> Path:
+        """``<store>/<dataset>/<model>``: both names must be safe names, and the folder stays inside the store."""
+        from ..spec.names import contained
+
+        return contained(self.root, dataset, model, kind="dataset/model")
+
+    def chunk_path(self, dataset: str, model: str, chunk: int) -> Path:
+        return self.folder(dataset, model) / f"chunk-{chunk:05d}.npz"
+
+    @staticmethod
+    def index_path(chunk_file: Path) -> Path:
+        """The index file of a chunk file (``chunk-00003.npz`` → ``chunk-00003.index.json``)."""
+        return chunk_file.with_name(chunk_file.stem + ".index.json")
+
+    # -- meta --------------------------------------------------------------------------
+    def prepare(self, dataset: str, model: str, meta: dict[str, Any], *, overwrite: bool = False) -> None:
+        """Create the folder and write ``meta.json``; refuse to mix chunks from other inputs.
+
+        An existing ``meta.json`` that differs (content fingerprints included) is refused naming the
+        differing keys, unless ``overwrite`` (then the old chunks are deleted). A damaged ``meta.json`` is
+        reported by name and rewritten; the chunks are then kept only where their index names the same inputs.
+        """
+        folder = self.folder(dataset, model)
+        path = folder / "meta.json"
+        meta = {**meta, "store_version": STORE_VERSION}
+        if path.exists() and not overwrite:
+            try:
+                old = self._read_meta(path)
+            except StoreError as exc:
+                warnings.warn(f"{exc}; rewriting it (chunks are kept only where their index names the same inputs)",
+                              XBenchWarning, stacklevel=2)
+            else:
+                keys = _differences(old, meta, UNCOMPARED_KEYS)
+                if keys:
+                    raise StoreError(
+                        f"{folder} holds results of a different configuration or inputs (differs in {', '.join(keys)}); "
+                        "use another output_dir or pass overwrite=True / --overwrite to recompute."
+                    )
+                return
+        if overwrite and folder.exists():
+            for old_file in [*folder.glob("chunk-*.npz"), *folder.glob("chunk-*.index.json")]:
+                old_file.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(meta, indent=1, sort_keys=True, default=str).encode())
+
+    @staticmethod
+    def _read_meta(path: Path) -> dict[str, Any]:
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise StoreError(f"{path} is missing (ResultStore.prepare writes it before any chunk)") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{path} is damaged ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(meta, dict) or "findings" not in meta or "grid" not in meta:
+            raise StoreError(f"{path} is damaged (not an object with 'findings' and 'grid')")
+        return meta
+
+    def meta(self, dataset: str, model: str) -> dict[str, Any]:
+        path = self.folder(dataset, model) / "meta.json"
+        if not path.exists():
+            raise XBenchError(f"No results for dataset {dataset!r} × model {model!r} under {self.root} (missing {path}).")
+        try:
+            return self._read_meta(path)
+        except StoreError as exc:
+            raise StoreError(f"{exc}; run `xbench run` again to rewrite it") from exc
+
+    # -- chunks ------------------------------------------------------------------------
+    def check_chunk(self, path: Path, meta: dict[str, Any] | None = None) -> str | None:
+        """Why the chunk file ``path`` cannot be used (``None``: intact).
+
+        Damage (no index, size or sha256 mismatch) is returned as a reason; a chunk made from other inputs
+        than ``meta`` (default: the folder's ``meta.json``) raises :class:`~xbench.core.errors.StoreError`.
+        """
+        index = self.index_path(path)
+        if not path.exists():
+            return "missing"
+        if not index.exists():
+            return f"{path.name} has no index {index.name} (interrupted write or older store)"
+        try:
+            entry = json.loads(index.read_text(encoding="utf-8"))
+            size, sha, inputs = int(entry["size"]), str(entry["sha256"]), str(entry["inputs"])
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+            return f"{index.name} is damaged ({type(exc).__name__}: {exc})"
+        if path.stat().st_size != size:
+            return f"{path.name} has {path.stat().st_size} bytes, its index says {size} (truncated or replaced)"
+        if file_sha256(path) != sha:
+            return f"{path.name}'s sha256 differs from its index (damaged or replaced)"
+        meta = meta if meta is not None else self._read_meta(path.parent / "meta.json")
+        if inputs != inputs_digest(meta):
+            raise StoreError(f"{path} was made from other inputs than {path.parent / 'meta.json'} (its index's inputs "
+                             "digest differs); results of different inputs are never mixed — use --overwrite")
+        return None
+
+    def has_chunk(self, dataset: str, model: str, chunk: int) -> bool:
+        """True when the chunk is present and intact; a damaged one is reported (warning naming it) and False."""
+        path = self.chunk_path(dataset, model, chunk)
+        if not path.exists():
+            return False
+        problem = self.check_chunk(path)
+        if problem is not None:
+            warnings.warn(f"{self.folder(dataset, model)}: {problem}; it will be recomputed", XBenchWarning, stacklevel=2)
+        return problem is None
+
+    def write_chunk(self, dataset: str, model: str, chunk: int, *, case_ids: Iterable[str], scores: np.ndarray,
+                    probs: np.ndarray, maps: np.ndarray, skipped: dict[str, str], sizes: np.ndarray | None = None,
+                    windows: np.ndarray | None = None) -> Path:
+        """Write one chunk atomically (temporary file + rename), then its index (size, sha256, inputs digest).
+
+        Maps are stored as float16 unless given as float32 (run config ``map_dtype: float32``).
+
+        ``sizes`` / ``windows`` default to "unknown size, whole image" (NaN), which the
+        evaluation treats as a plain resize of the whole image.
+        """
+        path = self.chunk_path(dataset, model, chunk)
+        meta = self._read_meta(path.parent / "meta.json")
+        ids = np.asarray(list(case_ids), dtype=str)
+        sizes = np.full((len(ids), 2), -1, np.int64) if sizes is None else np.asarray(sizes, np.int64)
+        windows = np.full((len(ids), 4), np.nan) if windows is None else np.asarray(windows, np.float64)
+        arrays = dict(case_ids=ids, scores=np.asarray(scores, np.float32), probs=np.asarray(probs, np.float32),
+                      maps=np.asarray(maps, np.float32 if np.asarray(maps).dtype == np.float32 else np.float16), sizes=sizes, windows=windows,
+                      skipped_ids=np.asarray(list(skipped), dtype=str),
+                      skipped_reasons=np.asarray(list(skipped.values()), dtype=str))
+        self.index_path(path).unlink(missing_ok=True)  # a chunk without index counts as absent until both are written
+        atomic_write(path, lambda tmp: np.savez(tmp, **arrays))
+        self._write_index(path, meta)
+        return path
+
+    def _write_index(self, path: Path, meta: dict[str, Any]) -> None:
+        entry = {"file": path.name, "size": path.stat().st_size, "sha256": file_sha256(path),
+                 "inputs": inputs_digest(meta)}
+        atomic_write_bytes(self.index_path(path), json.dumps(entry, indent=1).encode())
+
+    def chunks(self, dataset: str, model: str) -> list[Path]:
+        return sorted(self.folder(dataset, model).glob("chunk-*.npz"))
+
+    def load_chunk(self, path: Path, meta: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """The arrays of one chunk, after checking its index; damage raises :class:`StoreError` naming the file."""
+        problem = self.check_chunk(path, meta)
+        if problem is not None:
+            raise StoreError(f"{path.parent}: {problem}; run `xbench run` again to recompute it")
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {key: data[key] for key in data.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+            raise StoreError(f"{path} cannot be read ({type(exc).__name__}: {exc}); delete it and run `xbench run` "
+                             "again to recompute it") from exc
+        for key, kind in _ARRAYS.items():
+            if key not in arrays or arrays[key].dtype.kind != kind:
+                got = "absent" if key not in arrays else f"dtype {arrays[key].dtype}"
+                raise StoreError(f"{path}: array {key!r} is {got}; delete it and run `xbench run` again to recompute it")
+        return arrays
+
+    def read(self, dataset: str, model: str, *, expected_chunks: int | None = None) -> StoredPredictions:
+        """Concatenate every chunk; with ``expected_chunks`` a missing chunk is an error naming it."""
+        meta = self.meta(dataset, model)
+        files = self.chunks(dataset, model)
+        if expected_chunks is not None:
+            missing = sorted(set(range(expected_chunks)) - {int(f.stem.split("-")[1]) for f in files})
+            extra = sorted({int(f.stem.split("-")[1]) for f in files} - set(range(expected_chunks)))
+            if extra:
+                raise XBenchError(
+                    f"{self.folder(dataset, model)}: chunks {extra[:10]} lie beyond the {expected_chunks} chunks of this "
+                    "dataset — the store was filled with another dataset size or chunk_size; use --overwrite."
+                )
+            if missing:
+                raise XBenchError(
+                    f"{self.folder(dataset, model)}: chunks {missing[:10]} of {expected_chunks} are missing — "
+                    "run the remaining shards (or `xbench run` again to resume) before computing metrics."
+                )
+        parts = [self.load_chunk(f, meta) for f in files]
+        n_cls, grid = len(meta["findings"]), tuple(meta["grid"])
+        if not parts:
+            empty = np.zeros((0, n_cls), np.float32)
+            return StoredPredictions(np.zeros(0, str), empty, empty, np.zeros((0, n_cls, *grid), np.float16),
+                                     np.zeros((0, 2), np.int64), np.zeros((0, 4)), {}, meta)
+        skipped: dict[str, str] = {}
+        for p in parts:
+            skipped.update(zip(p["skipped_ids"].tolist(), p["skipped_reasons"].tolist()))
+        return StoredPredictions(
+            case_ids=np.concatenate([p["case_ids"] for p in parts]),
+            scores=np.concatenate([p["scores"] for p in parts]),
+            probs=np.concatenate([p["probs"] for p in parts]),
+            maps=np.concatenate([p["maps"] for p in parts]),
+            sizes=np.concatenate([p["sizes"] if "sizes" in p else np.full((len(p["case_ids"]), 2), -1) for p in parts]),
+            windows=np.concatenate([p["windows"] if "windows" in p else np.full((len(p["case_ids"]), 4), np.nan)
+                                    for p in parts]),
+            skipped=skipped,
+            meta=meta,
+        )
+
+    # -- shards ------------------------------------------------------------------------
+    def merge_from(self, source: str | Path) -> list[tuple[str, str]]:
+        """Copy the chunks of another run folder's store (a shard) into this store; returns the pairs seen.
+
+        Each (dataset, model) of ``source`` must have been made from the same inputs as ours: every
+        ``meta.json`` key except dates and local paths (:data:`LOCAL_KEYS`), content fingerprints of
+        weights and annotation files included; a difference is refused naming the keys. Source chunks
+        are checked (index, sha256) before they are copied (atomically, with their index). Chunks are
+        disjoint by construction; a chunk present in both must hold the same case ids and shapes.
+        """
+        other = ResultStore(source)
+        if not other.root.exists():
+            raise XBenchError(f"merge: {source} has no store/ folder")
+        pairs = []
+        for meta_file in sorted(other.root.glob("*/*/meta.json")):
+            dataset, model = meta_file.parent.parent.name, meta_file.parent.name
+            theirs = other.meta(dataset, model)
+            folder = self.folder(dataset, model)
+            folder.mkdir(parents=True, exist_ok=True)
+            if not (folder / "meta.json").exists():
+                atomic_write(folder / "meta.json", lambda tmp, src=meta_file: shutil.copyfile(src, tmp))
+            ours = self.meta(dataset, model)
+            differ = _differences(ours, theirs, UNCOMPARED_KEYS + LOCAL_KEYS)
+            if differ:
+                raise StoreError(f"merge: {meta_file} was made from other inputs than {folder / 'meta.json'} "
+                                 f"(differs in {', '.join(differ)}); shards must use the same weights, data and options")
+            for chunk in other.chunks(dataset, model):
+                theirs_arrays = other.load_chunk(chunk, theirs)
+                existing = folder / chunk.name
+                if existing.exists() and self.check_chunk(existing, ours) is None:
+                    mine = self.load_chunk(existing, ours)
+                    if not (mine["case_ids"].tolist() == theirs_arrays["case_ids"].tolist()
+                            and mine["maps"].shape == theirs_arrays["maps"].shape
+                            and mine["scores"].shape == theirs_arrays["scores"].shape):
+                        raise StoreError(f"merge: {chunk} and {existing} hold different cases or shapes for the same chunk")
+                    continue
+                atomic_write(existing, lambda tmp, src=chunk: shutil.copyfile(src, tmp))
+                self._write_index(existing, ours)
+            pairs.append((dataset, model))
+        return pairs
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Kept for callers of the old name: :func:`xbench.core.atomic.atomic_write_bytes`."""
+    atomic_write_bytes(path, data)
+
+
+def write_table(df: Any, path_stem: str | Path) -> list[Path]:
+    """Write a DataFrame as ``<stem>.csv`` and ``<stem>.parquet`` (atomically); returns the paths."""
+    from ..core.atomic import write_frame
+
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    return [write_frame(df, stem.with_suffix(suffix)) for suffix in (".csv", ".parquet")]

@@ -1,0 +1,79 @@
+"""The explainer study of notebook 11: explainer variants of a run's models, their plausibility and faithfulness.
+
+:func:`explainer_study` runs (resumably, like any run) the chosen models with their own maps and with each chosen
+explainer on the run's datasets — the phantom restricted to ``cases`` cases — into ``<output_dir>``, evaluates the
+grounding metrics as every run does, computes the per-case faithfulness table
+(:func:`~xbench.explain.faithfulness.faithfulness_table`) on the first dataset and joins them
+(:func:`~xbench.explain.summary.plausibility_vs_faithfulness`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pandas as pd
+
+from ..core.atomic import write_frame
+from ..spec.config import DatasetSpec, ModelSpec, RunConfig, dataset_options
+from ..datasets import open_dataset
+from ..evaluation.evaluate import load_tables
+from ..explain.faithfulness import faithfulness_table
+from ..explain.summary import faithfulness_summary, plausibility_vs_faithfulness
+
+
+@dataclass
+class Study:
+    """Tables of :func:`explainer_study`: ``metrics`` (tidy grounding/recognition), ``faithfulness`` (per case),
+    ``summary`` (faithfulness with CIs), ``frame`` (plausibility beside faithfulness, one row per variant) and
+    ``skipped`` (variant → why: an explainer that needs a YAML key the model lacks, e.g. Grad-CAM for a prior)."""
+
+    config: RunConfig
+    metrics: pd.DataFrame
+    faithfulness: pd.DataFrame
+    summary: pd.DataFrame
+    frame: pd.DataFrame
+    skipped: dict[str, str]
+
+
+def _limited(spec: DatasetSpec, cases: int | None) -> DatasetSpec:
+    if cases is None or "cases" not in dataset_options(spec.name):
+        return spec
+    return replace(spec, options={**spec.options, "cases": int(cases)})
+
+
+def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequence[str], output_dir: str | Path,
+                    cases: int | None = None, steps: int = 10, road: bool = False, n_boot: int | None = None,
+                    progress: bool = False) -> Study:
+    """Run and score ``models`` × (own maps + ``explainers``) on ``cfg``'s datasets (module docstring).
+
+    The study's run config is ``cfg`` with these model entries, ``output_dir`` and, for datasets with a ``cases``
+    option (the phantom), ``cases`` cases; ``n_boot`` defaults to the config's bootstrap replicates.
+    """
+    from .run import run
+    from ..inference.runner import open_model
+
+    from ..spec.registry import model_config
+    from ..explain.methods import EXPLAINERS
+
+    specs = [ModelSpec(m) for m in models]
+    skipped = {f"{s.name}+{e}": f"model {s.name!r} has no {EXPLAINERS[e].requires} in its YAML"
+               for s in specs for e in explainers
+               if EXPLAINERS[e].requires and not model_config(s.name).get(EXPLAINERS[e].requires)}
+    specs += [replace(s, explainer=e) for s in specs for e in explainers if f"{s.name}+{e}" not in skipped]
+    study_cfg = replace(cfg, output_dir=str(output_dir), models=specs,
+                        datasets=[_limited(d, cases) for d in cfg.datasets])
+    run(study_cfg, progress=progress)
+    tables = load_tables(study_cfg.output_dir)
+    dspec = study_cfg.datasets[0]
+    dataset = open_dataset(dspec)
+    device = study_cfg.resolved_device()
+    faith = pd.concat([faithfulness_table(open_model(s, device, dspec, study_cfg.output_dir), dataset, cases=cases,
+                                          steps=steps, road=road) for s in specs], ignore_index=True)
+    write_frame(faith, Path(output_dir) / "tables" / "faithfulness_cases.csv")
+    summary = faithfulness_summary(faith, n_boot=study_cfg.bootstrap_replicates if n_boot is None else n_boot,
+                                   seed=study_cfg.bootstrap_seed)
+    write_frame(summary, Path(output_dir) / "tables" / "faithfulness.csv")
+    frame = plausibility_vs_faithfulness(tables["metrics"], summary, dataset=dspec.name)
+    write_frame(frame, Path(output_dir) / "tables" / "plausibility_vs_faithfulness.csv")
+    return Study(study_cfg, tables["metrics"], faith, summary, frame, skipped)
