@@ -18,7 +18,8 @@ from .spec.config import RunConfig
 @dataclass
 class Run:
     """An evaluated run: its config and tables (``metrics`` tidy, ``pairs``, ``curves``, ``models``), the
-    evaluation log, and the model flags the tables and figures use."""
+    evaluation log, the paired model comparisons (``comparisons.csv``; None for a run evaluated before they existed)
+    and the model flags the tables and figures use."""
 
     cfg: RunConfig
     metrics: pd.DataFrame
@@ -26,6 +27,7 @@ class Run:
     curves: pd.DataFrame
     models: pd.DataFrame
     log: list[dict[str, Any]] = field(default_factory=list)
+    comparisons: pd.DataFrame | None = None
 
     @property
     def output_dir(self) -> Path:
@@ -78,6 +80,7 @@ class Run:
 def open_run(config: str | Path | RunConfig, *, output_dir: str | Path | None = None, device: str | None = None) -> Run:
     """The evaluated run of ``config`` (a run YAML or a :class:`RunConfig`): its tables must exist
     (``xbench run`` / ``xbench evaluate`` or notebook 00 wrote them)."""
+    from .evaluation.comparisons import load_comparisons
     from .evaluation.evaluate import load_tables
 
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_yaml(
@@ -85,4 +88,6 @@ def open_run(config: str | Path | RunConfig, *, output_dir: str | Path | None = 
     tables = load_tables(cfg.output_dir)
     log_path = Path(cfg.output_dir) / "tables" / "evaluation_log.json"
     log = json.loads(log_path.read_text()) if log_path.is_file() else []
-    return Run(cfg, tables["metrics"], tables["pairs"], tables["curves"], tables["models"], log)
+    compared = load_comparisons(cfg.output_dir)
+    return Run(cfg, tables["metrics"], tables["pairs"], tables["curves"], tables["models"], log,
+               None if compared is None else compared[0])
