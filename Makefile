@@ -14,6 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps 'quantus==0.6.0'  # test-only; --no-deps: see pyproject.toml [dev]
 	touch $@
 
 reproduce: setup
