@@ -33,7 +33,7 @@ def quiet(fn, *args, **kwargs):
 def dotdot_manifest(tmp_path, monkeypatch):
     folder = tmp_path / "configs" / "datasets"
     folder.mkdir(parents=True)
-    phantom = (Path(registry.__file__).parents[1] / "data_manifests" / "phantom.yaml").read_text()
+    phantom = Path(registry.dataset_manifest("phantom")["config_path"]).read_text()
     (folder / "...yaml").write_text(phantom)  # a manifest whose name is '..'
     (folder / "ok+v1.yaml").write_text(phantom)
     monkeypatch.setattr(registry, "MANIFEST_DIRS", [*registry.MANIFEST_DIRS, folder])
