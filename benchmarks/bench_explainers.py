@@ -66,44 +66,66 @@ def time_calls(fn: Any, device: str, warmup: int, iters: int) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from xbench.explain import EXPLAINERS, explained
-
+    """The result JSON; with ``--out`` it is also rewritten after every model, so a run cut short keeps what it
+    measured. A model that fails to build or run is listed under ``errors`` and the next one goes on."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     prompts = PROMPTS[: args.classes]
-    rows, skipped = [], []
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    errors: list[dict[str, str]] = []
+    result = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
+              "torch": torch.__version__, "batch_size": args.batch_size, "classes": len(prompts),
+              "ig_steps": args.ig_steps, "warmup": args.warmup, "iters": args.iters, "results": rows,
+              "skipped": skipped}
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in args.models:
-            adapter = build(name, device, Path(tmp))
-            rng = np.random.default_rng(0)
-            pixels = torch.stack([adapter.preprocess(rng.random((320, 320), dtype=np.float32))
-                                  for _ in range(args.batch_size)]).to(device)
-            candidates: list[tuple[str, Any]] = [("native", lambda a=adapter, x=pixels: a.predict(x, prompts))]
-            for method in args.explainers:
-                needs = EXPLAINERS[method].requires
-                if needs and not adapter.config.get(needs):
-                    skipped.append({"model": name, "explainer": method, "reason": f"no {needs} in the model YAML"})
-                    continue
-                options = {"n_steps": args.ig_steps} if method == "ig" else {}
-                wrapped = explained(adapter, method, **options)
-                candidates.append((method, lambda w=wrapped, x=pixels: w.predict(x, prompts)))
-            for method, fn in candidates:
-                if device.startswith("cuda"):
-                    torch.cuda.reset_peak_memory_stats()
-                seconds = time_calls(fn, device, args.warmup, args.iters)
-                row = {"model": name, "explainer": method, "seconds_per_batch": round(seconds, 5),
-                       "images_per_s": round(args.batch_size / seconds, 3),
-                       "image_classes_per_s": round(args.batch_size * len(prompts) / seconds, 3)}
-                if device.startswith("cuda"):
-                    row["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated())
-                rows.append(row)
-            del adapter
+            try:
+                measure_model(name, device, Path(tmp), prompts, args, rows, skipped, errors)
+            except Exception as exc:  # reported, and the other models still run
+                errors.append({"model": name, "error": f"{type(exc).__name__}: {exc}"})
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
-    return {"device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
-            "torch": torch.__version__, "batch_size": args.batch_size, "classes": len(prompts),
-            "ig_steps": args.ig_steps, "warmup": args.warmup, "iters": args.iters, "results": rows,
-            "skipped": skipped}
+            if errors:
+                result["errors"] = errors
+            if args.out:
+                Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+def measure_model(name: str, device: str, tmp: Path, prompts: list[str], args: argparse.Namespace,
+                  rows: list[dict[str, Any]], skipped: list[dict[str, str]], errors: list[dict[str, str]]) -> None:
+    """Time the native pass and every applicable explainer of one model; appends to ``rows`` / ``skipped`` /
+    ``errors`` (an explainer that fails is reported there and the next one runs)."""
+    from xbench.explain import EXPLAINERS, explained
+
+    adapter = build(name, device, tmp)
+    rng = np.random.default_rng(0)
+    pixels = torch.stack([adapter.preprocess(rng.random((320, 320), dtype=np.float32))
+                          for _ in range(args.batch_size)]).to(device)
+    candidates: list[tuple[str, Any]] = [("native", lambda a=adapter, x=pixels: a.predict(x, prompts))]
+    for method in args.explainers:
+        needs = EXPLAINERS[method].requires
+        if needs and not adapter.config.get(needs):
+            skipped.append({"model": name, "explainer": method, "reason": f"no {needs} in the model YAML"})
+            continue
+        options = {"n_steps": args.ig_steps} if method == "ig" else {}
+        wrapped = explained(adapter, method, **options)
+        candidates.append((method, lambda w=wrapped, x=pixels: w.predict(x, prompts)))
+    for method, fn in candidates:
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            seconds = time_calls(fn, device, args.warmup, args.iters)
+        except Exception as exc:
+            errors.append({"model": name, "explainer": method, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        row = {"model": name, "explainer": method, "seconds_per_batch": round(seconds, 5),
+               "images_per_s": round(args.batch_size / seconds, 3),
+               "image_classes_per_s": round(args.batch_size * len(prompts) / seconds, 3)}
+        if device.startswith("cuda"):
+            row["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated())
+        rows.append(row)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
