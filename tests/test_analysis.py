@@ -83,7 +83,8 @@ def tidy() -> pd.DataFrame:
     for (model, finding), metrics in values.items():
         for metric, v in metrics.items():
             rows.append({"model": model, "dataset": "d", "finding": finding, "metric": metric, "value": v,
-                         "ci_low": np.nan, "ci_high": np.nan, "n": 5})
+                         "ci_low": np.nan, "ci_high": np.nan,
+                         "n_cases" if metric == "auc" else "n_pairs": 5})
     return pd.DataFrame(rows)
 
 
@@ -125,20 +126,20 @@ def test_size_bins_right_closed_edges_and_means():
     bins = size_bins(pairs)
     labels = ["0%–1%", "1%–5%", "5%–15%", "15%–100%"]
     assert bins["size_bin"].astype(str).tolist() == labels * 2
-    assert list(bins.columns) == ["model", "size_bin", "pointing", "dice@best", "n"]
+    assert list(bins.columns) == ["model", "size_bin", "pointing", "dice@best", "n_pairs"]
     m = bins[bins["model"] == "m"].set_index("size_bin")
     # 0.0 (lowest edge included) and 0.01 (right-closed) fall in the first bin; 0.0100001 and 0.05 in the second
-    assert m["n"].tolist() == [2, 2, 0, 2]
+    assert m["n_pairs"].tolist() == [2, 2, 0, 2]
     assert m.loc["0%–1%", "pointing"] == pytest.approx(0.5) and m.loc["0%–1%", "dice@best"] == pytest.approx(0.2)
     assert m.loc["1%–5%", "dice@best"] == pytest.approx(0.6)
     assert math.isnan(m.loc["5%–15%", "pointing"])  # empty bin: NaN mean, n = 0
     assert m.loc["15%–100%", "pointing"] == pytest.approx(0.5)
     n = bins[bins["model"] == "n"].set_index("size_bin")
-    assert n["n"].tolist() == [0, 1, 0, 0]
+    assert n["n_pairs"].tolist() == [0, 1, 0, 0]
 
 
 def test_size_bins_custom_edges():
     pairs = pd.DataFrame({"model": ["m"] * 3, "area_fraction": [0.1, 0.5, 0.9], "pointing": [1.0, 0.0, 1.0]})
     bins = size_bins(pairs, edges=(0.0, 0.5, 1.0))
     assert bins["size_bin"].astype(str).tolist() == ["0%–50%", "50%–100%"]
-    assert bins["n"].tolist() == [2, 1] and bins["pointing"].tolist() == [0.5, 1.0]
+    assert bins["n_pairs"].tolist() == [2, 1] and bins["pointing"].tolist() == [0.5, 1.0]

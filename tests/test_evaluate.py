@@ -95,7 +95,7 @@ def test_grounding_values_equal_an_independent_computation(done, model):
     assert expected, "the phantom split should have positive pairs"
     for finding, got in expected.items():
         row = value(tidy, model, finding, "pointing")
-        assert row["value"] == pytest.approx(np.mean(got["pointing"]), abs=1e-12) and row["n"] == len(got["pointing"])
+        assert row["value"] == pytest.approx(np.mean(got["pointing"]), abs=1e-12) and row["n_pairs"] == len(got["pointing"])
         assert row["ci_low"] <= row["value"] <= row["ci_high"]
         assert value(tidy, model, finding, "dice@0.5")["value"] == pytest.approx(np.mean(got["dice"]), abs=1e-6)
     class_means = [np.mean(g["pointing"]) for g in expected.values()]
@@ -139,11 +139,11 @@ def test_pairs_table(done):
 
 def test_curves_have_101_thresholds_per_class(done):
     curves, tidy, pairs = done["tables"]["curves"], done["tables"]["metrics"], done["tables"]["pairs"]
-    assert {"model", "dataset", "finding", "tau", "mean_dice", "mean_iou", "n"} <= set(curves.columns)
+    assert {"model", "dataset", "finding", "tau", "mean_dice", "mean_iou", "n_pairs"} <= set(curves.columns)
     for (model, finding), sub in curves.groupby(["model", "finding"]):
         assert len(sub) == 101
         np.testing.assert_allclose(sub["tau"], np.linspace(0, 1, 101), atol=1e-9)
-        assert sub["n"].iloc[0] == ((pairs["model"] == model) & (pairs["finding"] == finding)).sum()
+        assert sub["n_pairs"].iloc[0] == ((pairs["model"] == model) & (pairs["finding"] == finding)).sum()
         assert sub.loc[np.isclose(sub["tau"], 0.5), "mean_dice"].item() == \
             pytest.approx(value(tidy, model, finding, "dice@0.5")["value"])
         assert sub["mean_dice"].max() == pytest.approx(value(tidy, model, finding, "dice@best")["value"])

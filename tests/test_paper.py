@@ -120,7 +120,7 @@ def test_synthetic_results_cover_every_model_dataset_and_class():
         classes = {c["name"] for c in dataset_manifest(d)["classes"]}
         assert set(tidy.loc[tidy.dataset == d, "finding"]) == classes | {DATASET_LEVEL}
     det = tidy[(tidy.dataset == "chestx_det10") & (tidy.finding == "Consolidation") & (tidy.metric == "pointing")]
-    assert (det["n"] == 289).all() and np.allclose((det["value"] * 289) % 1, 0)
+    assert (det["n_pairs"] == 289).all() and np.allclose((det["value"] * 289) % 1, 0)
     assert tidy["value"].between(0, 1).all()
     pd.testing.assert_frame_equal(tidy, synthetic_results())  # seeded
 
@@ -135,12 +135,12 @@ def test_compare_with_paper_matches_cells_and_checks_the_ci():
     c = compare_with_paper(tidy)
     assert len(c) == len(REF) and c["run"].notna().all()
     row = c[(c.table == 3) & (c.model == "kad") & (c.paper_class == "CARD")].iloc[0]
-    assert row["diff"] == pytest.approx(0.0) and bool(row["paper_in_ci"]) and row["n"] == 146
+    assert row["diff"] == pytest.approx(0.0) and bool(row["paper_in_ci"]) and row["n_pairs"] == 146
     assert np.allclose(c["diff"], c["run"] - c["paper"])
     inside = (c["run_low"] - 0.005 <= c["paper"]) & (c["paper"] <= c["run_high"] + 0.005)
     assert (c["paper_in_ci"].astype(bool) == inside).all()
     t1 = c[(c.table == 1) & (c.model == "kad") & (c.dataset == "nih_bbox") & (c.metric == "pointing")].iloc[0]
-    assert t1["n"] == 984  # pairs behind a dataset value: the sum over classes
+    assert t1["n_pairs"] == 984  # pairs behind a dataset value: the sum over classes
     summary = comparison_summary(c)
     assert summary.loc[3, "cells"] == 63 and summary.loc[5, "flagged_in_paper"] == 7
     assert comparison_status(tidy, synthetic=True).startswith("Synthetic")

@@ -121,8 +121,8 @@ def test_skip_then_add_images_infers_only_the_skipped_cases_and_equals_a_clean_r
     data = xbench.load_dataset("nih_bbox", root=root)
     labels = data.labels()[:2]
     auc = metrics[(metrics["metric"] == "auc") & metrics["finding"].isin(data.findings)]
-    # n of a recognition cell = labelled cases among the 2 inferred ones (NIH labels every class)
-    assert set(auc["n"]) == {2} and len(auc) == 2 * len(data.findings)
+    # n_cases of a recognition cell = labelled cases among the 2 inferred ones (NIH labels every class)
+    assert set(auc["n_cases"]) == {2} and len(auc) == 2 * len(data.findings)
     pairs = tables(out)["pairs"]
     assert set(pairs["case_id"]) <= set(first) and len(pairs) == 2 * sum(
         bool(s.regions.get(f)) for s in (data[0], data[1]) for f in data.findings if s.labels[f] == 1)

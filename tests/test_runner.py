@@ -315,7 +315,7 @@ def test_missing_image_skip_is_counted_and_excluded(holed_dataset, tmp_path):
     assert case_id not in set(pairs["case_id"])
     tidy = metrics(tmp_path / "run")
     per_class = tidy[(tidy["metric"] == "auc") & tidy["finding"].isin(data.findings)]
-    assert len(per_class) == len(data.findings) and set(per_class["n"]) == {9}  # 9 labelled cases per class
+    assert len(per_class) == len(data.findings) and set(per_class["n_cases"]) == {9}  # 9 labelled cases per class
     assert sum(v["missing_prediction"] for v in evaluation["pairs"].values()) >= 1
 
 

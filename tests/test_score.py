@@ -167,7 +167,9 @@ def test_cli_score_single_npz(done, tmp_path, capsys):
         rc = main(["score", "--maps", str(tmp_path / "maps.npz"), "--dataset", "phantom", "--option", f"cases={CASES}",
                    "--grid", "64", "64", "--bootstrap", "20", "--name", "anatomical_prior",
                    "--output-dir", str(tmp_path / "cli")])
-    assert rc == 0 and "dice@best" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert rc == 0 and "dice@best" in printed
+    assert printed.split("\n")[0].split()[-3:] == ["n_pairs", "n_cases", "n_classes"]  # which n, by name
     got = load_tables(tmp_path / "cli")["metrics"]
     want = load_tables(done)["metrics"]
     pd.testing.assert_frame_equal(got, want[want["model"] == "anatomical_prior"].reset_index(drop=True), check_exact=True)

@@ -29,10 +29,10 @@ def tidy(with_ci: bool = True) -> pd.DataFrame:
     for (model, dataset, metric), v in VALUES.items():
         ci = (v - 0.1, v + 0.1) if with_ci and metric != "best_tau" else (np.nan, np.nan)
         rows.append({"model": model, "dataset": dataset, "finding": DATASET_LEVEL, "metric": metric, "value": v,
-                     "ci_low": ci[0], "ci_high": ci[1], "n": 10})
+                     "ci_low": ci[0], "ci_high": ci[1], "n_pairs": 10})
         # a per-class row that the finding filter must drop
         rows.append({"model": model, "dataset": dataset, "finding": "Nodule", "metric": metric, "value": 0.0,
-                     "ci_low": np.nan, "ci_high": np.nan, "n": 3})
+                     "ci_low": np.nan, "ci_high": np.nan, "n_pairs": 3})
     return pd.DataFrame(rows)
 
 
@@ -149,7 +149,7 @@ def test_model_flags_and_pick_datasets():
 def test_per_class_tables_rank_each_row_across_models():
     rows = [("m1", "A", 0.9), ("m2", "A", 0.5), ("prior", "A", 0.95), ("m1", "B", 0.1), ("m2", "B", 0.7), ("prior", "B", 0.0)]
     tidy_rows = pd.DataFrame([{"model": m, "dataset": "d", "finding": f, "metric": "pointing", "value": v,
-                               "ci_low": v - 0.01, "ci_high": v + 0.01, "n": 10} for m, f, v in rows])
+                               "ci_low": v - 0.01, "ci_high": v + 0.01, "n_pairs": 10} for m, f, v in rows])
     table = per_class(tidy_rows, "d")
     text = render(table, fmt="md", baselines=["prior"], models_on="columns")
     line_a = next(line for line in text.splitlines() if line.startswith("| A "))
@@ -220,7 +220,7 @@ def test_paper_tables_set_other_models_apart_and_do_not_rank_baselines(tmp_path)
     paths = t.write(tmp_path / "paper_table1")
     assert [p.suffix for p in paths] == [".csv", ".md", ".tex", ".html"]
     csv = pd.read_csv(paths[0], index_col=0)
-    assert list(csv.columns[:2]) == ["ChestX-ray14 / Point", "ChestX-ray14 / Point / n"]
+    assert list(csv.columns[:2]) == ["ChestX-ray14 / Point", "ChestX-ray14 / Point / n_pairs"]
     html = paths[3].read_text()
     assert "font-weight: bold" in html and "text-decoration: underline" in html and "984 positive pairs" in html
 
@@ -228,7 +228,7 @@ def test_paper_tables_set_other_models_apart_and_do_not_rank_baselines(tmp_path)
 def test_no_ranking_where_n_is_too_small():
     tidy = synthetic_results(datasets=["nih_bbox"])
     small = tidy.copy()
-    small.loc[small["finding"] == "Nodule", "n"] = MIN_PAIRS_TO_RANK - 1
+    small.loc[small["finding"] == "Nodule", "n_pairs"] = MIN_PAIRS_TO_RANK - 1
     t = paper_class_table(small, "nih_bbox")
     assert (t.ranks()["NOD"] == 0).all() and (t.ranks()["CARD"] > 0).sum() >= 2
     assert "ranked only where n ≥ 30" in t.to_markdown()
@@ -252,7 +252,7 @@ def test_skipped_cases_are_stated():
 
 def test_the_paper_itself_renders_in_paper_form():
     """The reference data through the same tables: Table 3 as printed (percent → fraction → percent)."""
-    ref = load_reference([3]).assign(value=lambda d: d["value"] / 100, n=100, ci_low=np.nan, ci_high=np.nan)
+    ref = load_reference([3]).assign(value=lambda d: d["value"] / 100, n_pairs=100, ci_low=np.nan, ci_high=np.nan)
     t = paper_class_table(ref, "nih_bbox")
     assert list(t.values.index) == PAPER_ROWS
     assert t.values.at["CARZero", "CARD"] == pytest.approx(99.32) and t.values.at["CLIP", "Mean"] == pytest.approx(7.42)

@@ -181,7 +181,7 @@ def _score_or_report(args: argparse.Namespace) -> int:
     from .metrics import DATASET_LEVEL
 
     level = tables["metrics"][tables["metrics"]["finding"] == DATASET_LEVEL]
-    print(level[["metric", "value", "ci_low", "ci_high", "n"]].to_string(index=False))
+    print(level[["metric", "value", "ci_low", "ci_high", "n_pairs", "n_cases", "n_classes"]].to_string(index=False))
     out = args.output_dir or f"results/{args.name}-{args.dataset}"
     print(f"tables in {out}/tables")
     return 0

@@ -100,10 +100,14 @@ def test_score_table_point_values_by_hand():
     assert tuple(t.columns) == TIDY_COLUMNS and (t.model == "m").all() and (t.dataset == "d").all()
     assert set(t.metric) <= set(METRICS)
     # class A: pointing (1 + 0) / 2; class B: 1; dataset level: (0.5 + 1) / 2; pooled: 2 / 3
-    assert value(t, "A", "pointing").value == 0.5 and value(t, "A", "pointing").n == 2
+    assert value(t, "A", "pointing").value == 0.5 and value(t, "A", "pointing").n_pairs == 2
     assert value(t, "B", "pointing").value == 1.0
-    assert value(t, DATASET_LEVEL, "pointing").value == 0.75 and value(t, DATASET_LEVEL, "pointing").n == 2
-    assert value(t, POOLED, "pointing").value == pytest.approx(2 / 3) and value(t, POOLED, "pointing").n == 3
+    assert value(t, DATASET_LEVEL, "pointing").value == 0.75
+    # counts, one meaning per column: 2 classes averaged over 3 pairs in all; pooled: the 3 pairs
+    assert value(t, DATASET_LEVEL, "pointing").n_classes == 2 and value(t, DATASET_LEVEL, "pointing").n_pairs == 3
+    assert value(t, POOLED, "pointing").value == pytest.approx(2 / 3) and value(t, POOLED, "pointing").n_pairs == 3
+    assert t["n_cases"].isna().all() and t["n_labels"].isna().all()  # no labels: no recognition counts
+    assert t.loc[t.finding != DATASET_LEVEL, "n_classes"].isna().all()
     assert value(t, "A", "dice@0.5").value == pytest.approx(0.4)
     assert value(t, POOLED, "iou@0.5").value == pytest.approx(0.8 / 3)
     # best τ: A means (0.3, 0.4, 0.2) → τ 0.5, Dice 0.4, IoU 0.25; B → τ 1.0, Dice 0.9, IoU 0.8
@@ -141,7 +145,10 @@ def test_score_table_recognition_rows_equal_recognition_scores_and_ci_behaviour(
     for c, f in enumerate(labels.columns):
         assert value(t, f, "auc").value == pytest.approx(rec.auc[c])
         assert value(t, f, "f1").value == pytest.approx(rec.f1[c])
-        assert value(t, f, "auc").n == labels[f].notna().sum()
+        assert value(t, f, "auc").n_cases == labels[f].notna().sum() and pd.isna(value(t, f, "auc").n_pairs)
+    assert value(t, DATASET_LEVEL, "auc").n_classes == 3 and pd.isna(value(t, DATASET_LEVEL, "auc").n_cases)
+    hamming = value(t, DATASET_LEVEL, "hamming_accuracy")
+    assert hamming.n_labels == labels.notna().sum().sum() and hamming.n_cases == len(labels)
     assert value(t, DATASET_LEVEL, "auprc").value == pytest.approx(rec.macro["auprc"])
     assert value(t, DATASET_LEVEL, "hamming_accuracy").value == pytest.approx(rec.hamming_accuracy)
     assert (t.ci_low <= t.ci_high).all()

@@ -181,7 +181,7 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
             dc, ic = np.stack(sub["dice_curve"].to_numpy()), np.stack(sub["iou_curve"].to_numpy())
             curves.append(pd.DataFrame({"model": model, "dataset": dataset.name, "finding": finding, "tau": thresholds,
                                         "mean_dice": np.nanmean(dc, axis=0), "mean_iou": np.nanmean(ic, axis=0),
-                                        "n": len(sub)}))
+                                        "n_pairs": len(sub)}))
         best_idx = pairs["finding"].map(lambda f: int(np.argmin(np.abs(thresholds - taus.get(f, np.nan))))
                                         if np.isfinite(taus.get(f, np.nan)) else -1)
         pair_rows = pairs.drop(columns=["dice_curve", "iou_curve"]).rename(columns={"dice_fixed": f"dice@{cfg.fixed_threshold:g}",

@@ -19,14 +19,15 @@ FAITHFULNESS_METRICS = ("faithfulness", "deletion_auc", "insertion_auc", "road_g
 
 
 def faithfulness_summary(table: pd.DataFrame, *, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
-    """Tidy rows ``model, metric, value, ci_low, ci_high, n`` (n = cases) of :data:`FAITHFULNESS_METRICS`.
+    """Tidy rows ``model, metric, value, ci_low, ci_high, n_cases`` (the model's cases) of
+    :data:`FAITHFULNESS_METRICS`.
 
     Examples
     --------
     >>> t = pd.DataFrame({"model": "m", "case_id": ["a", "b"], "deletion_auc": [0.2, 0.4],
     ...                   "insertion_auc": [0.8, 0.6], "road_gap": np.nan, "randomisation_similarity": [0.1, 0.3]})
     >>> s = faithfulness_summary(t, n_boot=50).set_index("metric")
-    >>> round(float(s.loc["faithfulness", "value"]), 3), int(s.loc["faithfulness", "n"])
+    >>> round(float(s.loc["faithfulness", "value"]), 3), int(s.loc["faithfulness", "n_cases"])
     (0.4, 2)
     """
     rows = []
@@ -49,8 +50,8 @@ def faithfulness_summary(table: pd.DataFrame, *, n_boot: int = 1000, seed: int =
 
             ci = bootstrap_ci(mean, n_cases, n_boot=n_boot, seed=seed)
             rows.append({"model": model, "metric": metric, "value": float(ci.value[0]), "ci_low": float(ci.low[0]),
-                         "ci_high": float(ci.high[0]), "n": n_cases})
-    return pd.DataFrame(rows, columns=["model", "metric", "value", "ci_low", "ci_high", "n"])
+                         "ci_high": float(ci.high[0]), "n_cases": n_cases})
+    return pd.DataFrame(rows, columns=["model", "metric", "value", "ci_low", "ci_high", "n_cases"])
 
 
 def plausibility_vs_faithfulness(tidy: pd.DataFrame, summary: pd.DataFrame, *, dataset: str,

@@ -57,6 +57,7 @@ from .stats import (
     PAIR_COLUMNS,
     POINTING,
     POOLED,
+    COUNT_COLUMNS,
     TIDY_COLUMNS,
     BootstrapCI,
     bootstrap_ci,
@@ -103,6 +104,7 @@ __all__ = [
     # aggregation and tables
     "DATASET_LEVEL",
     "POOLED",
+    "COUNT_COLUMNS",
     "TIDY_COLUMNS",
     "PAIR_COLUMNS",
     "POINTING",

@@ -48,6 +48,7 @@ __all__ = [
     "DATASET_LEVEL",
     "POOLED",
     "TIDY_COLUMNS",
+    "COUNT_COLUMNS",
     "PAIR_COLUMNS",
     "POINTING",
     "DICE_BEST",
@@ -73,8 +74,14 @@ DATASET_LEVEL = "(mean over classes)"
 POOLED = "(pooled)"
 
 
+#: The count columns of the tidy table, each with one meaning (empty where it does not apply):
+#: ``n_pairs`` positive (case, class) pairs with a defined value behind a grounding value;
+#: ``n_cases`` cases with a known label behind a recognition value;
+#: ``n_labels`` known (case, class) label entries behind ``hamming_accuracy``;
+#: ``n_classes`` classes averaged into a :data:`DATASET_LEVEL` value.
+COUNT_COLUMNS = ("n_pairs", "n_cases", "n_labels", "n_classes")
 #: Columns of :func:`score_table`'s output, in order.
-TIDY_COLUMNS = ("model", "dataset", "finding", "metric", "value", "ci_low", "ci_high", "n")
+TIDY_COLUMNS = ("model", "dataset", "finding", "metric", "value", "ci_low", "ci_high", *COUNT_COLUMNS)
 #: Columns :func:`score_table` needs in its per-pair table.
 PAIR_COLUMNS = ("case_id", "finding", "pointing", "dice_fixed", "iou_fixed", "dice_curve", "iou_curve")
 
@@ -242,20 +249,27 @@ def _best_weighted(w: np.ndarray, d: np.ndarray, j: np.ndarray, t: np.ndarray) -
 
 @dataclass
 class _Rows:
-    """Rows of the tidy table, in output order: ``(finding, metric)``, point value, count."""
+    """Rows of the tidy table, in output order: ``(finding, metric)``, point value, counts.
+
+    ``counts`` holds one ``{column: count}`` per row, its keys from :data:`COUNT_COLUMNS`
+    (columns left out are empty in the table).
+    """
 
     specs: list[tuple[object, str]]
     values: list[float]
-    counts: list[int]
+    counts: list[dict[str, int]]
 
     @classmethod
     def empty(cls) -> _Rows:
         return cls([], [], [])
 
-    def add(self, finding, metric: str, value: float, count: int) -> None:
+    def add(self, finding, metric: str, value: float, **counts: int) -> None:
+        unknown = set(counts) - set(COUNT_COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown count columns {sorted(unknown)}; known: {COUNT_COLUMNS}")
         self.specs.append((finding, metric))
         self.values.append(value)
-        self.counts.append(count)
+        self.counts.append({k: int(v) for k, v in counts.items()})
 
     def __add__(self, other: _Rows) -> _Rows:
         return _Rows(self.specs + other.specs, self.values + other.values, self.counts + other.counts)
@@ -335,17 +349,17 @@ class _Grounding:
                 point[k:] = self._best(dc[cls_rows[c]], ic[cls_rows[c]])
             n[k:] = cls_rows[c].size
             for m, name in enumerate(self.names):
-                self.class_rows.add(f, name, point[m], n[m])
+                self.class_rows.add(f, name, point[m], n_pairs=n[m])
 
         self.pooled_rows = _Rows.empty()
         for m in range(k):
             any_ = finite[:, m].any()
             self.pooled_rows.add(POOLED, self.names[m], float(x[finite[:, m], m].mean()) if any_ else np.nan,
-                                 int(finite[:, m].sum()))
+                                 n_pairs=int(finite[:, m].sum()))
         all_rows = np.flatnonzero(curve_rows)
         best = self._best(dc[all_rows], ic[all_rows]) if all_rows.size else (np.nan,) * 3
         for name, v in zip(self.names[k:], best):
-            self.pooled_rows.add(POOLED, name, float(v), int(all_rows.size))
+            self.pooled_rows.add(POOLED, name, float(v), n_pairs=int(all_rows.size))
 
     def _best(self, d: np.ndarray, j: np.ndarray) -> tuple[float, float, float]:
         with warnings.catch_warnings():
@@ -397,7 +411,7 @@ class _Recognition:
         self.class_rows = _Rows.empty()
         for c, f in enumerate(self.classes):
             for name in self.names:
-                self.class_rows.add(f, name, float(getattr(rec, name)[c]), int(known[:, c].sum()))
+                self.class_rows.add(f, name, float(getattr(rec, name)[c]), n_cases=int(known[:, c].sum()))
         self.cols = [self._column(label_case[known[:, c]], y[known[:, c], c], s[known[:, c], c]) if rec.defined[c]
                      else None for c in range(len(self.classes))]
         self.correct = np.zeros(len(cases))
@@ -405,7 +419,8 @@ class _Recognition:
         np.add.at(self.correct, label_case, (((s >= prob_threshold) == (y == 1)) & known).sum(axis=1))
         np.add.at(self.n_known, label_case, known.sum(axis=1))
         self.hamming_rows = _Rows.empty()
-        self.hamming_rows.add(DATASET_LEVEL, HAMMING_ACCURACY, rec.hamming_accuracy, int(known.sum()))
+        self.hamming_rows.add(DATASET_LEVEL, HAMMING_ACCURACY, rec.hamming_accuracy, n_labels=int(known.sum()),
+                              n_cases=int(known.any(axis=1).sum()))
 
     @staticmethod
     def _column(case: np.ndarray, y: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -443,7 +458,10 @@ class _DatasetLevel:
         self.rows = _Rows.empty()
         for m in self.metrics:
             idx = self.members[m]
-            self.rows.add(DATASET_LEVEL, m, float(values[idx].mean()) if idx else np.nan, len(idx))
+            # pairs add up over classes (each pair belongs to one class); cases do not (a case has many labels)
+            pairs = [class_rows.counts[i].get("n_pairs") for i in idx]
+            extra = {"n_pairs": sum(pairs)} if pairs and None not in pairs else {}
+            self.rows.add(DATASET_LEVEL, m, float(values[idx].mean()) if idx else np.nan, n_classes=len(idx), **extra)
 
     def replicates(self, cls: np.ndarray) -> list[np.ndarray]:
         """One ``(B,)`` column per metric from the class columns ``cls`` (B, K)."""
@@ -527,9 +545,20 @@ def score_table(
           classes, plus ``hamming_accuracy``;
         * ``finding ==`` :data:`POOLED`: the grounding metrics over all pairs.
 
-        ``n`` is the number of pairs with a defined value (grounding), of cases
-        with a known label (recognition), of known label entries
-        (``hamming_accuracy``), or of classes averaged (:data:`DATASET_LEVEL`).
+        Counts (:data:`COUNT_COLUMNS`, nullable integers, empty where a count
+        does not apply), one meaning per column:
+
+        * ``n_pairs`` — positive (case, class) pairs with a defined value:
+          grounding rows per class and pooled; a :data:`DATASET_LEVEL`
+          grounding row gives the sum over the classes it averages;
+        * ``n_cases`` — cases with a known label: recognition rows per class;
+          for ``hamming_accuracy``, cases with at least one known label;
+        * ``n_labels`` — known (case, class) label entries (``hamming_accuracy``);
+        * ``n_classes`` — classes with a defined value averaged into a
+          :data:`DATASET_LEVEL` row (empty on every other row).
+
+        A recognition :data:`DATASET_LEVEL` row has no ``n_cases``: its
+        classes may be labelled on different cases.
 
     Notes
     -----
@@ -553,6 +582,8 @@ def score_table(
     >>> t = score_table(g.to_frame(["a", "b"], "Nodule"), model="m", dataset="d", n_boot=0)
     >>> t.loc[t.finding == "Nodule", ["metric", "value"]].head(3).to_dict("list")
     {'metric': ['pointing', 'dice@0.5', 'iou@0.5'], 'value': [1.0, 1.0, 1.0]}
+    >>> t.loc[(t.finding == DATASET_LEVEL) & (t.metric == "pointing"), ["n_pairs", "n_classes"]].iloc[0].tolist()
+    [2, 1]
     """
     return _scored_table(pairs, model=model, dataset=dataset, labels=labels, scores=scores, findings=findings,
                          threshold=threshold, thresholds=thresholds, prob_threshold=prob_threshold, n_boot=n_boot,
@@ -669,7 +700,7 @@ def _scored_table(pairs, *, model, dataset, labels, scores, findings, threshold,
             "value": ci.value,
             "ci_low": ci.low,
             "ci_high": ci.high,
-            "n": np.array(rows.counts, dtype=np.int64),
+            **{c: pd.array([k.get(c) for k in rows.counts], dtype="Int64") for c in COUNT_COLUMNS},
         },
         columns=list(TIDY_COLUMNS),
     )

@@ -82,7 +82,7 @@ def size_bins(pairs: pd.DataFrame, *, edges: tuple[float, ...] = (0.0, 0.01, 0.0
 
     ``pairs`` is the per-pair table (columns ``model, area_fraction, pointing`` and a Dice column).
     Bins are right-closed ``(lo, hi]`` on the area fraction; returns one row per (model, bin)
-    with the mean of every metric column and ``n``.
+    with the mean of every metric column and ``n_pairs`` (the pairs in the bin).
     """
     labels = [f"{lo:.0%}–{hi:.0%}" for lo, hi in zip(edges[:-1], edges[1:])]
     out = pairs.copy()
@@ -90,7 +90,7 @@ def size_bins(pairs: pd.DataFrame, *, edges: tuple[float, ...] = (0.0, 0.01, 0.0
     metrics = [c for c in out.columns if is_grounding_score(c)]
     grouped = out.groupby(["model", "size_bin"], observed=False)
     res = grouped[metrics].mean()
-    res["n"] = grouped.size()
+    res["n_pairs"] = grouped.size()
     return res.reset_index()
 
 
@@ -150,14 +150,14 @@ def calibration_by_model(table: pd.DataFrame, fixed: str = "dice@0.5", best: str
 
 def compare_with_paper(table: pd.DataFrame, reference: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every published cell beside this run: ``paper`` (percent as printed), ``run`` and ``run_low``/``run_high``
-    (the 95 % CI, percent), ``diff = run − paper``, ``paper_in_ci`` (None without a CI or a run value), ``n`` (the
-    positive pairs behind the run's value) and the reference's ``flag``. One row per reference cell (Tables 1–5), run cells
+    (the 95 % CI, percent), ``diff = run − paper``, ``paper_in_ci`` (None without a CI or a run value), ``n_pairs`` (the
+    positive pairs behind a grounding value) or ``n_cases`` (the labelled cases behind a recognition value) and the reference's ``flag``. One row per reference cell (Tables 1–5), run cells
     matched on model, dataset, finding and metric (a dataset-level Table 1 value of a single-class dataset is its
     class value)."""
     from ..paper import load_reference
 
     ref = load_reference() if reference is None else reference
-    run = table.set_index(["model", "dataset", "finding", "metric"])[["value", "ci_low", "ci_high", "n"]]
+    run = table.set_index(["model", "dataset", "finding", "metric"])[["value", "ci_low", "ci_high", "n_cases"]]
     run = run[~run.index.duplicated()]
     keys = pd.MultiIndex.from_frame(ref[["model", "dataset", "finding", "metric"]])
     got = run.reindex(keys)
@@ -171,7 +171,9 @@ def compare_with_paper(table: pd.DataFrame, reference: pd.DataFrame | None = Non
     pairs = pair_counts(table)
     grounding = out["metric"].map(is_grounding_score).to_numpy(dtype=bool)
     from_pairs = np.array([pairs.get(k, np.nan) for k in zip(out["model"], out["dataset"], out["finding"])], float)
-    out["n"] = np.where(grounding, from_pairs, got["n"].to_numpy(dtype=float))
+    out["n_pairs"] = pd.array(np.where(grounding, from_pairs, np.nan), dtype="Int64")
+    out["n_cases"] = pd.array(np.where(grounding, np.nan, got["n_cases"].to_numpy(dtype=float, na_value=np.nan)),
+                              dtype="Int64")
     out["diff"] = out["run"] - out["paper"]
     has_ci = np.isfinite(out["run_low"]) & np.isfinite(out["run_high"])
     inside = (out["run_low"] - 0.005 <= out["paper"]) & (out["paper"] <= out["run_high"] + 0.005)

@@ -1,10 +1,11 @@
 """Tables from the tidy metric table: XBench's rich form (CSV + Markdown + LaTeX) and the paper's form.
 
 Rich form: :func:`wide` takes the tidy table (one row per model × dataset × finding × metric with
-``value, ci_low, ci_high, n``) and returns a wide DataFrame of numbers; :func:`write_table` renders it,
+``value, ci_low, ci_high`` and the count columns ``n_pairs``, ``n_cases``, ``n_labels``, ``n_classes``) and
+returns a wide DataFrame of numbers; :func:`write_table` renders it,
 marking the best value of each column in **bold** and the second best underlined (higher is better for
 every metric shown, except ``best_tau`` which is not ranked), with the 95 % CI and, given
-:func:`cell_counts`, the number of positive pairs ``n`` of every cell.
+:func:`cell_counts`, the number of positive pairs (the tidy ``n_pairs``) of every cell, printed ``n=…``.
 
 Paper form (:func:`paper_table1`, :func:`paper_class_table` → :class:`PaperTable`): the rows, columns,
 order and abbreviations of the paper's Tables 1–5, percent with 2 decimals, written as CSV + Markdown +
@@ -151,7 +152,7 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
         body = ["| " + " | ".join([str(idx), *row]) + " |" for idx, row in zip(cells.index, cells.to_numpy())]
         note = "\n\nBold: best; underlined: second best (baselines not ranked). [95 % bootstrap CI]."
         if counts is not None:
-            note += f" n = positive pairs behind the value; cells with n < {MIN_PAIRS_TO_RANK} are not ranked."
+            note += f" n = n_pairs, the positive pairs behind the value; cells with n < {MIN_PAIRS_TO_RANK} are not ranked."
         if unverified:
             note += " †: unverified re-implementation (no public code or weights)."
         return "\n".join([head, sep, *body]) + note + "\n"
@@ -217,9 +218,9 @@ def pair_counts(tidy: pd.DataFrame) -> pd.Series:
 
     point = tidy[tidy["metric"] == "pointing"]
     cls = point[~point["finding"].astype(str).str.startswith("(")]
-    counts = cls.set_index(["model", "dataset", "finding"])["n"].astype(int)
-    total = cls.groupby(["model", "dataset"])["n"].sum().astype(int)
-    levels = [total.rename(lambda i: i).to_frame().assign(finding=f).set_index("finding", append=True)["n"]
+    counts = cls.set_index(["model", "dataset", "finding"])["n_pairs"].astype(int)
+    total = cls.groupby(["model", "dataset"])["n_pairs"].sum().astype(int)
+    levels = [total.rename(lambda i: i).to_frame().assign(finding=f).set_index("finding", append=True)["n_pairs"]
               for f in (DATASET_LEVEL, POOLED)]
     return pd.concat([counts, *levels]).sort_index()
 
@@ -328,7 +329,7 @@ class PaperTable:
         return cells
 
     def _legend(self) -> str:
-        text = (f"Percent, 2 decimals; (n) = positive pairs behind the value. Bold: best, underlined: second best among "
+        text = (f"Percent, 2 decimals; (n) = n_pairs, the positive pairs behind the value. Bold: best, underlined: second best among "
                 f"the paper's models and other non-baseline models, ranked only where n ≥ {MIN_PAIRS_TO_RANK}.")
         return text if self.confirmed is None else f"{text} {SIGNIFICANCE_RULE}"
 
@@ -404,7 +405,7 @@ class PaperTable:
                                 axis=1)
         tips = self.n.copy()
         tips.columns = shown.columns
-        style = style.set_tooltips(tips.map(lambda k: f"n = {int(k)} positive pairs" if np.isfinite(k) else ""))
+        style = style.set_tooltips(tips.map(lambda k: f"n_pairs = {int(k)} positive pairs" if np.isfinite(k) else ""))
         style = style.set_caption(html.escape(self.caption)).set_table_styles(
             [{"selector": "td, th", "props": "padding: 2px 6px; text-align: right"},
              {"selector": "caption", "props": "caption-side: top; font-weight: bold"}])
@@ -418,7 +419,7 @@ class PaperTable:
         flat = self.values.copy()
         flat.columns = [" / ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in flat.columns]
         n = self.n.copy()
-        n.columns = [f"{c} / n" for c in flat.columns]
+        n.columns = [f"{c} / n_pairs" for c in flat.columns]
         both = pd.concat([flat.round(2), n.astype("Int64")], axis=1)
         both = both[[c for pair in zip(flat.columns, n.columns) for c in pair]]
         both.index.name = "Method"

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 DATASET_LEVEL = "(mean over classes)"  # == xbench.metrics.DATASET_LEVEL (kept import-free)
+_COUNTS = ("n_pairs", "n_cases", "n_labels", "n_classes")  # == xbench.metrics.COUNT_COLUMNS
 
 COLUMNS = ("table", "model", "dataset", "finding", "paper_class", "metric", "value", "printed", "mark", "source_line",
            "flag")
@@ -266,7 +267,7 @@ def denominator_table(ref: pd.DataFrame, observed: pd.DataFrame | None = None, *
         if observed is not None:
             hit = observed[(observed["dataset"] == dataset) & (observed["finding"] == finding)
                            & (observed["metric"] == "pointing")]
-            run_n = int(hit["n"].max()) if len(hit) and hit["n"].max() > 0 else None
+            run_n = int(hit["n_pairs"].max()) if len(hit) and hit["n_pairs"].max() > 0 else None
         wo = {m: implied_denominator(values[sub["model"].to_numpy() != m], max_n=max_n) for m in sub["model"]}
         wo = {m: n for m, n in wo.items() if n is not None}
         implied = implied_denominator(values, max_n=max_n)
@@ -284,8 +285,9 @@ def denominator_table(ref: pd.DataFrame, observed: pd.DataFrame | None = None, *
 
 def synthetic_results(models: Sequence[str] | None = None, datasets: Sequence[str] = tuple(DATASETS), *,
                       seed: int = 0, fallback_n: int = 50) -> pd.DataFrame:
-    """A tidy result table (as ``metrics.csv``) for every model × dataset × class of the manifests, with ``n`` the
-    manifests' expected positive pairs (``fallback_n`` where a manifest has none), pointing ``k/n`` drawn with
+    """A tidy result table (as ``metrics.csv``) for every model × dataset × class of the manifests, with ``n_pairs``
+    (``n_cases`` for AUC) the manifests' expected positive pairs (``fallback_n`` where a manifest has none; the
+    dataset level sums them and gives ``n_classes``), pointing ``k/n`` drawn with
     ``seed``, Dice/IoU at best and 0.5 τ, AUC, and bootstrap-like CIs (binomial normal approximation).
 
     Only for exercising tables, figures and the comparison: the numbers mean nothing.
@@ -301,8 +303,10 @@ def synthetic_results(models: Sequence[str] | None = None, datasets: Sequence[st
         for m in models:
             skill = rng.uniform(0.05, 0.6)
             per = {k: [] for k in ("pointing", "dice@best", "iou@best", "dice@0.5", "iou@0.5", "auc")}
+            n_total = 0
             for c in classes:
                 n = counts.get(c) or fallback_n
+                n_total += n
                 p = float(np.clip(rng.normal(skill, 0.1), 0, 1))
                 k = rng.binomial(n, p)
                 dice = float(np.clip(rng.normal(0.5 * skill + 0.05, 0.05), 0.01, 0.99))
@@ -314,13 +318,15 @@ def synthetic_results(models: Sequence[str] | None = None, datasets: Sequence[st
                     half = 1.96 * math.sqrt(max(v * (1 - v), 1e-4) / n)
                     rows.append({"model": m, "dataset": d, "finding": c, "metric": metric, "value": v,
                                  "ci_low": max(0.0, v - half), "ci_high": min(1.0, v + half),
-                                 "n": n})
+                                 "n_cases" if metric == "auc" else "n_pairs": n})
                     per[metric].append(v)
             for metric, vs in per.items():
                 v = float(np.mean(vs))
                 rows.append({"model": m, "dataset": d, "finding": DATASET_LEVEL, "metric": metric, "value": v,
-                             "ci_low": max(0.0, v - 0.05), "ci_high": min(1.0, v + 0.05), "n": len(vs)})
-    return pd.DataFrame(rows, columns=["model", "dataset", "finding", "metric", "value", "ci_low", "ci_high", "n"])
+                             "ci_low": max(0.0, v - 0.05), "ci_high": min(1.0, v + 0.05),
+                             **({} if metric == "auc" else {"n_pairs": n_total}), "n_classes": len(vs)})
+    columns = ["model", "dataset", "finding", "metric", "value", "ci_low", "ci_high", *_COUNTS]
+    return pd.DataFrame(rows, columns=columns).astype({c: "Int64" for c in _COUNTS})
 
 
 def paper_name(model: str) -> str:
