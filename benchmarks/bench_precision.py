@@ -2,13 +2,13 @@
 
 The two reference models trained by XBench (``ref_xattn``, ``ref_patchsim``, committed weights) run on the first
 ``--cases`` cases of the phantom test split, once per ``--precisions`` entry (the run config's ``precision``; see
-:mod:`xbench.speed`: ``fp32`` is true float32 with TF32 off, ``tf32`` TF32 tensor-core matmuls / convolutions,
+:mod:`xbench.inference.speed`: ``fp32`` is true float32 with TF32 off, ``tf32`` TF32 tensor-core matmuls / convolutions,
 ``bf16`` / ``fp16`` CUDA autocast). Everything else is the phantom config's (grid, batch, float16 maps); the
 bootstrap is off so the tables hold point values only. An untimed fp32 run goes first (CUDA start-up, phantom
 generation, disk cache); the timed fp32 run after it is the reference, and ``fp32_repeat`` (a second fp32 run)
 shows the run-to-run noise floor.
 
-Reported per precision: ``infer_seconds`` (inference wall time, both models, from ``xbench.pipeline.run``),
+Reported per precision: ``infer_seconds`` (inference wall time, both models, from ``xbench.workflows.run.run``),
 ``eval_seconds`` (the metric tables), ``passes_per_s`` (cases × models / infer seconds), the max |score| and
 |map| difference from fp32 over all cases (``bench_gpu.deviation``), and per metric the max |Δ| of the tidy
 table's ``value`` over every (dataset, model, class / aggregate) row, plus how many rows differ at 2 decimals.
@@ -38,9 +38,9 @@ MODELS = ["ref_xattn", "ref_patchsim"]
 
 def run_once(out: Path, *, precision: str, args: argparse.Namespace) -> dict[str, Any]:
     """One phantom run (inference, then the tables, timed apart) into ``out``; returns the timings."""
-    from xbench.config import RunConfig
-    from xbench.evaluate import evaluate_run
-    from xbench.pipeline import run
+    from xbench.spec.config import RunConfig
+    from xbench.evaluation.evaluate import evaluate_run
+    from xbench.workflows.run import run
 
     raw = {"output_dir": str(out), "datasets": [{"name": "phantom", "split": "test", "cases": args.cases}],
            "models": [{"name": m} for m in args.models], "precision": precision, "device": args.device,
@@ -109,7 +109,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    from xbench.speed import PRECISIONS
+    from xbench.inference.speed import PRECISIONS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cases", type=int, default=300, help="phantom test cases")

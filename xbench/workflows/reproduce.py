@@ -62,6 +62,7 @@ class _Relay:
 
 def _kernel_manager_class() -> type:
     """A kernel manager whose kernels use IPC sockets on POSIX (TCP, the default, warns on every start)."""
+    import tempfile
     import uuid
 
     from jupyter_client.manager import AsyncKernelManager
@@ -75,9 +76,12 @@ def _kernel_manager_class() -> type:
         def _ip_default(self) -> str:
             if self.transport != "ipc":
                 return super()._ip_default()
+            name = f"xbench-{uuid.uuid4().hex[:12]}-ipc"
             folder = Path(jupyter_runtime_dir())  # the sockets live here, not in the notebooks' working folder
+            if len(str(folder / name)) + 3 > 100:  # Linux socket paths hold 107 bytes; the kernel appends "-<n>"
+                return str(Path(tempfile.mkdtemp(prefix="xb-")) / name)  # a short private (0700) folder instead
             folder.mkdir(parents=True, exist_ok=True)
-            return str(folder / f"xbench-{uuid.uuid4().hex[:12]}-ipc")
+            return str(folder / name)
 
     return LocalKernelManager
 
