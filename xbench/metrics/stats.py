@@ -470,16 +470,22 @@ class _DatasetLevel:
 
 
 def _warn_dropped(rows: _Rows, ci: BootstrapCI, model: str, dataset: str, n_boot: int, stacklevel: int) -> None:
-    """One warning listing the metrics (with a defined point value) that lost replicates."""
-    dropped = [
-        f"{metric}/{finding!r}: {int(d)}"
-        for (finding, metric), d, v in zip(rows.specs, ci.n_dropped, ci.value)
-        if d and np.isfinite(v)
-    ]
-    if dropped:
+    """One short warning naming the rows (with a defined point value) that lost replicates: per finding one count
+    when all its metrics lost the same number (the usual case: a resample without a positive of the class), else
+    ``metric count`` for each."""
+    by_finding: dict[object, dict[str, int]] = {}
+    for (finding, metric), d, v in zip(rows.specs, ci.n_dropped, ci.value):
+        if d and np.isfinite(v):
+            by_finding.setdefault(finding, {})[metric] = int(d)
+    parts = []
+    for finding, counts in by_finding.items():
+        values = set(counts.values())
+        parts.append(f"{finding!r} {values.pop()}" if len(values) == 1 else
+                     f"{finding!r} (" + ", ".join(f"{m} {d}" for m, d in counts.items()) + ")")
+    if parts:
         warnings.warn(
-            f"score_table({model!r}, {dataset!r}): undefined bootstrap replicates dropped (of {n_boot}): "
-            + ", ".join(dropped),
+            f"score_table({model!r}, {dataset!r}): undefined bootstrap replicates dropped (of {n_boot}, per class, "
+            "every metric alike unless listed): " + ", ".join(parts),
             XBenchWarning,
             stacklevel=stacklevel,
         )
