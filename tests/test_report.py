@@ -127,7 +127,7 @@ def test_in_headless_chromium(report, tmp_path):
 
 
 def test_paper_form_tables_are_included(report, tmp_path):
-    from xbench.workflows.score import write_paper_tables
+    from xbench.outputs.tables import write_paper_tables
 
     written = write_paper_tables(report["out"])
     text = build_report(report["out"], tmp_path / "r.html", max_cases_per_class=1).read_text()

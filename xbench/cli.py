@@ -317,7 +317,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.command == "evaluate":
         from .evaluation.evaluate import evaluate_run
 
-        from .workflows.score import write_paper_tables
+        from .outputs.tables import write_paper_tables
 
         evaluate_run(cfg)
         write_paper_tables(cfg.output_dir)

@@ -19,6 +19,7 @@ second only where the order is significant (:data:`SIGNIFICANCE_RULE`, printed u
 from __future__ import annotations
 
 import html
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -563,3 +564,30 @@ def _finish(values, n, rows, separator, baselines, unverified, notes, caption, t
     if confirmed is not None:
         confirmed.index = values.index
     return PaperTable(values, n, ranked, caption, table_notes, labels[separator] if separator else None, confirmed)
+
+
+def write_paper_tables(output_dir: str | Path) -> list[Path]:
+    """Paper-form tables of a scored run under ``<output_dir>/tables/paper/`` (CSV, Markdown, LaTeX, HTML).
+
+    Calls the paper-form writers of :mod:`xbench.outputs.tables` (:func:`~xbench.outputs.paper_table1` and
+    :func:`~xbench.outputs.paper_class_table` for the pointing game and Dice at the best τ of each
+    dataset) — the hook where further paper tables go. With the run's ``comparisons.csv``, best / second
+    are marked only where the order is significant (:data:`SIGNIFICANCE_RULE`).
+    """
+    from ..evaluation.comparisons import load_comparisons
+    from ..evaluation.evaluate import load_tables
+
+    t = load_tables(output_dir)
+    tidy, folder = t["metrics"], Path(output_dir) / "tables" / "paper"
+    log_path = Path(output_dir) / "tables" / "evaluation_log.json"
+    log = json.loads(log_path.read_text()) if log_path.exists() else None
+    baselines, unverified = model_flags(t["models"])
+    flags = {"baselines": baselines, "unverified": unverified, "notes": model_notes(t["models"]), "log": log}
+    compared = load_comparisons(output_dir)  # marks only significant orders when the run has comparisons
+    flags["comparisons"] = compared[0] if compared is not None else None
+    written = paper_table1(tidy, **flags).write(folder / "table1_grounding")
+    for ds in tidy["dataset"].unique():
+        for metric in ("pointing", "dice@best"):
+            stem = folder / f"per_class_{metric.replace('@', '_at_')}_{ds}"
+            written += paper_class_table(tidy, ds, metric=metric, **flags).write(stem)
+    return written

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..spec.config import RunConfig
 from ..evaluation.evaluate import evaluate_run
 from ..inference.runner import infer_run, merge_shards
-from .score import write_paper_tables
+from ..outputs.tables import write_paper_tables
 
 __all__ = ["run", "merge"]
 

@@ -329,6 +329,8 @@ def evaluate_maps(
                                              n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
             tidy = pd.concat([tidy, extra], ignore_index=True)
         write_table(tidy.reset_index(drop=True), out / "tables" / "metrics")
+    from ..outputs.tables import write_paper_tables
+
     write_paper_tables(out)
     return load_tables(out)
 
@@ -351,33 +353,6 @@ def _run_models(run_dir: str | Path, data: Any, name: str) -> dict[str, dict]:
         raise XBenchError(f"compare_with: the stores under {folder} use different chunk sizes {sorted(sizes)}")
     return metas
 
-
-def write_paper_tables(output_dir: str | Path) -> list[Path]:
-    """Paper-form tables of a scored run under ``<output_dir>/tables/paper/`` (CSV, Markdown, LaTeX, HTML).
-
-    Calls the paper-form writers of :mod:`xbench.outputs.tables` (:func:`~xbench.outputs.tables.paper_table1` and
-    :func:`~xbench.outputs.tables.paper_class_table` for the pointing game and Dice at the best τ of each
-    dataset) — the hook where further paper tables go. With the run's ``comparisons.csv``, best / second
-    are marked only where the order is significant (:data:`xbench.outputs.tables.SIGNIFICANCE_RULE`).
-    """
-    from ..outputs import tables
-    from ..evaluation.comparisons import load_comparisons
-    from ..evaluation.evaluate import load_tables
-
-    t = load_tables(output_dir)
-    tidy, folder = t["metrics"], Path(output_dir) / "tables" / "paper"
-    log_path = Path(output_dir) / "tables" / "evaluation_log.json"
-    log = json.loads(log_path.read_text()) if log_path.exists() else None
-    baselines, unverified = tables.model_flags(t["models"])
-    flags = {"baselines": baselines, "unverified": unverified, "notes": tables.model_notes(t["models"]), "log": log}
-    compared = load_comparisons(output_dir)  # marks only significant orders when the run has comparisons
-    flags["comparisons"] = compared[0] if compared is not None else None
-    written = tables.paper_table1(tidy, **flags).write(folder / "table1_grounding")
-    for ds in tidy["dataset"].unique():
-        for metric in ("pointing", "dice@best"):
-            stem = folder / f"per_class_{metric.replace('@', '_at_')}_{ds}"
-            written += tables.paper_class_table(tidy, ds, metric=metric, **flags).write(stem)
-    return written
 
 
 def _as_mapset(maps: Any, *, case_ids, classes, probs) -> MapSet:
