@@ -31,16 +31,16 @@ def _rank(rank: int, port: int, config: str, cache: str, crash: bool, errors: st
         os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                            "MASTER_PORT": str(port), "XBENCH_CACHE": cache, "XBENCH_BARRIER_TIMEOUT": "8"})
         warnings.simplefilter("ignore")
-        if crash:  # this rank dies after its first model, before the barrier (as an OOM kill would)
+        if crash:  # this rank dies once its first model's chunk is written, before the barrier (as an OOM kill would)
             import xbench.inference.runner as runner
 
-            real = runner.infer
+            real = runner._flush
 
-            def dying(cfg, dspec, mspec, **kw):
-                if mspec.name != MODELS[0]:
+            def dying(store, dataset_name, model, *args, **kw):
+                if model != MODELS[0]:  # models are stepped in turn: the first model's chunk is complete first
                     os._exit(3)
-                return real(cfg, dspec, mspec, **kw)
-            runner.infer = dying
+                return real(store, dataset_name, model, *args, **kw)
+            runner._flush = dying
         run(RunConfig.from_yaml(config), progress=False)
         torch.distributed.destroy_process_group()
     except BaseException:

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import FormatError, MissingFileError, UnknownNameError, XBenchWarning
-from .images import ImageFolder, read_image
+from .images import ImageFolder, SourceImage, read_image, read_source
 from .regions import Box, EncodedMask, Polygon, Region, rasterize
 
 __all__ = ["Sample", "BaseDataset", "Box", "Polygon", "EncodedMask", "Region", "UNKNOWN"]
@@ -66,6 +66,16 @@ class Sample:
     def image(self) -> np.ndarray:
         """The image as float32 in [0, 1], shape ``(height, width)`` at original size."""
         return (self.reader or read_image)(self.image_path)
+
+    def source(self) -> SourceImage:
+        """The image as its file's integers (:func:`~xbench.datasets.images.read_source`); ``.image()`` equals
+        :meth:`image`. A custom ``reader`` without a ``read_source`` twin gives its float image wrapped."""
+        if self.reader is None:
+            return read_source(self.image_path)
+        func, owner = getattr(self.reader, "__func__", None), getattr(self.reader, "__self__", None)
+        if func is BaseDataset.read_image or func is ImageFolder.read:  # the package's readers: their integer twins
+            return owner.read_source(self.image_path)
+        return SourceImage.from_image(self.reader(self.image_path))
 
     def mask(self, finding: str, grid: tuple[int, int] | None = None) -> np.ndarray:
         """Union of ``finding``'s regions as a bool mask on ``grid`` (default: original size)."""
@@ -203,6 +213,10 @@ class BaseDataset(Sequence[Sample], ABC):
         """Read the image of ``path`` (:meth:`locate_image`) after the root-containment check; the
         :attr:`Sample.reader` of every sample."""
         return read_image(self.contained(self.locate_image(path)))
+
+    def read_source(self, path: str | Path) -> SourceImage:
+        """:meth:`read_image` as the file's integers (:func:`~xbench.datasets.images.read_source`)."""
+        return read_source(self.contained(self.locate_image(path)))
 
     def __len__(self) -> int:
         return len(self.cases)

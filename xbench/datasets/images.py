@@ -43,17 +43,30 @@ overrides it). A larger claim (a decompression bomb) raises
 ``on_missing_image: skip``.
 A file is read as DICOM when its suffix is ``.dcm`` / ``.dicom`` or it has the
 ``DICM`` marker at byte 128; otherwise with Pillow.
+
+The file's own integers (:func:`read_source`)
+---------------------------------------------
+Every rule above maps each stored integer to one float, pixel by pixel. :func:`read_source` keeps the
+integers (``uint8``/``uint16`` indices, :class:`SourceImage`) and the float of each index (``levels``), so
+``levels[values]`` is :func:`read_image`'s array **bit for bit** (the same numpy operations, elementwise, on the
+index domain instead of the image) without making a float copy of a full-size image. DICOM levels are computed on
+the stored values present in the image (the no-window min-max rule uses their min and max); a DICOM whose stored
+values span more than 65,536 integers, or a VOI function other than linear (``SIGMOID`` uses ``exp``), is read
+with :func:`read_image` and wrapped as it is (:meth:`SourceImage.from_image`).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..core.errors import FormatError, MissingFileError
 
-__all__ = ["read_image", "image_size", "is_dicom", "ImageFolder", "MAX_PIXELS", "max_pixels"]
+__all__ = ["read_image", "read_source", "SourceImage", "image_size", "is_dicom", "ImageFolder", "MAX_PIXELS",
+           "max_pixels"]
 
 MAX_PIXELS = 100_000_000  #: default bound on the pixels a header may claim (``XBENCH_MAX_PIXELS`` overrides)
 
@@ -122,6 +135,54 @@ def read_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
     if is_dicom(path):
         return _read_dicom(path, max_pixels)
     return _read_pillow(path, max_pixels)
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    """An image as its file's integers: ``values`` (``uint8``/``uint16`` ``(H, W)`` indices) and ``levels``
+    (``float32``, the float each index reads as), so :meth:`image` is ``levels[values]``.
+
+    ``levels`` is None for an image held as floats only (:meth:`from_image`); ``values`` is then that float image.
+    """
+
+    values: np.ndarray
+    levels: np.ndarray | None
+
+    @classmethod
+    def from_image(cls, image: np.ndarray) -> "SourceImage":
+        """Wrap a float image (a custom reader, a DICOM outside the integer rule)."""
+        return cls(np.asarray(image, dtype=np.float32), None)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.values.shape[0]), int(self.values.shape[1]))
+
+    def image(self) -> np.ndarray:
+        """The float32 image of :func:`read_image` (same bytes)."""
+        if self.levels is None:
+            return self.values
+        return self.levels[self.values]
+
+    def present(self) -> np.ndarray:
+        """Indices of the levels that occur in the image (sorted)."""
+        if self.levels is None:
+            raise ValueError("a float-only SourceImage has no levels")
+        return np.flatnonzero(np.bincount(self.values.reshape(-1), minlength=len(self.levels)))
+
+
+_LEVELS8 = np.arange(256, dtype=np.float32) / np.float32(255.0)
+_LEVELS16 = (np.arange(65536, dtype=np.float64) / 65535.0).astype(np.float32)
+
+
+def read_source(path: str | Path, max_pixels: int | None = None) -> SourceImage:
+    """Read an image as its integers and their floats (module docstring); ``.image()`` equals :func:`read_image`.
+
+    Same checks and errors as :func:`read_image`.
+    """
+    path = _require(path)
+    if is_dicom(path):
+        return _read_dicom(path, max_pixels, source=True)
+    return _read_pillow(path, max_pixels, source=True)
 
 
 def image_size(path: str | Path) -> tuple[int, int]:
@@ -197,8 +258,12 @@ class ImageFolder:
         """:func:`read_image` of the file named like ``path`` (usable as ``Sample.reader``)."""
         return read_image(self.locate(Path(path).name))
 
+    def read_source(self, path: str | Path) -> SourceImage:
+        """:func:`read_source` of the file named like ``path``."""
+        return read_source(self.locate(Path(path).name))
 
-def _read_pillow(path: Path, limit: int | None = None) -> np.ndarray:
+
+def _read_pillow(path: Path, limit: int | None = None, source: bool = False) -> Any:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -207,13 +272,17 @@ def _read_pillow(path: Path, limit: int | None = None) -> np.ndarray:
             img.load()
             mode = img.mode
             if mode in _SIXTEEN_BIT_MODES:
-                arr = np.asarray(img).astype(np.float64)
+                arr = np.asarray(img)
                 if mode == "I" and arr.size and (arr.min() < 0 or arr.max() > 65535):
                     raise FormatError(path, f"32-bit integer image with values outside [0, 65535] ({arr.min()}..{arr.max()})")
-                return (arr / 65535.0).astype(np.float32)
+                if source:
+                    return SourceImage(arr.astype(np.uint16), _LEVELS16)
+                return (arr.astype(np.float64) / 65535.0).astype(np.float32)
             if mode == "F":
                 raise FormatError(path, "floating-point (mode 'F') images have no defined range; save as 8- or 16-bit")
             grey = img if mode == "L" else img.convert("L")
+            if source:
+                return SourceImage(np.array(grey, dtype=np.uint8), _LEVELS8)
             return np.asarray(grey, dtype=np.float32) / np.float32(255.0)
     except Image.DecompressionBombError as exc:
         raise _bomb(path, exc, limit) from exc
@@ -252,7 +321,16 @@ def _voi_range(arr: np.ndarray, ds) -> tuple[float, float]:
     return float(arr.min()), float(arr.max())
 
 
-def _read_dicom(path: Path, limit: int | None = None) -> np.ndarray:
+_SOURCE_SPAN = 1 << 16  # stored values a DICOM may span to be read as integers (uint16 indices)
+
+
+def _linear_voi(ds) -> bool:
+    """The VOI step is elementwise arithmetic (a LUT, a linear window, or none): the integer rule is exact."""
+    function = str(ds.get("VOILUTFunction", "LINEAR") or "LINEAR").strip().upper()
+    return function in ("LINEAR", "LINEAR_EXACT")
+
+
+def _read_dicom(path: Path, limit: int | None = None, source: bool = False) -> Any:
     import pydicom
     from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
@@ -264,9 +342,18 @@ def _read_dicom(path: Path, limit: int | None = None) -> np.ndarray:
         if samples != 1 or frames != 1:
             raise FormatError(path, f"expected a single-frame monochrome image, got SamplesPerPixel={samples}, NumberOfFrames={frames}")
         raw = ds.pixel_array
+        domain = index = None
+        if source and raw.dtype.kind in "ui" and raw.size and _linear_voi(ds):
+            lo, hi = int(raw.min()), int(raw.max())
+            if hi - lo < _SOURCE_SPAN:  # the rules below run on the stored values present, not on every pixel
+                index = (raw.astype(np.int64) - lo if raw.dtype.itemsize > 2 or raw.dtype.kind == "i" else raw - raw.dtype.type(lo))
+                index = index.astype(np.uint8 if hi - lo < 256 else np.uint16)
+                domain = np.arange(lo, hi + 1, dtype=raw.dtype)
+                present = np.flatnonzero(np.bincount(index.reshape(-1), minlength=hi - lo + 1))
+                raw = domain
         modality = apply_modality_lut(raw, ds)
         voi = apply_voi_lut(modality, ds)
-        low, high = _voi_range(modality, ds)
+        low, high = _voi_range(modality if domain is None else modality[present], ds)
     except FormatError:
         raise
     except Exception as exc:  # InvalidDicomError, truncated pixel data, missing decoder, bad VR ...
@@ -278,4 +365,7 @@ def _read_dicom(path: Path, limit: int | None = None) -> np.ndarray:
         out = np.zeros_like(voi)
     if str(ds.get("PhotometricInterpretation", "")).strip() == "MONOCHROME1":
         out = 1.0 - out
-    return out.astype(np.float32)
+    out = out.astype(np.float32)
+    if not source:
+        return out
+    return SourceImage.from_image(out) if domain is None else SourceImage(index, out)

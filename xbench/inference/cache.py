@@ -47,6 +47,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Queue
@@ -215,7 +216,8 @@ class Decoded:
 
     ``inputs``: stored input per transform key (codes or float32); ``reason``: why the case is skipped (None when
     read); ``shape``: the image's ``(H, W)``; ``decoded``: the file was read (not served from the cache);
-    ``source``: the native-size ``uint8``/``uint16`` image when keys computed on the device still need it;
+    ``source``: the native-size ``uint8``/``uint16`` image (a tensor, shared memory between processes) when keys
+    computed on the device still need it;
     ``content``: the file's content hash when the disk cache is on (entries of device-computed keys are saved
     under it).
     """
@@ -226,7 +228,7 @@ class Decoded:
     reason: str | None
     shape: tuple[int, int] | None
     decoded: bool
-    source: np.ndarray | None = None
+    source: torch.Tensor | None = None
     content: str | None = None
     read_seconds: float = 0.0  # in the worker: reading the file (decode)
     prep_seconds: float = 0.0  # in the worker: CPU preprocess of the CPU-path keys and the upload array
@@ -269,7 +271,7 @@ class _Decode(Dataset):
         started = time.perf_counter()
         try:
             st = path.stat() if self.cache is not None and path.is_file() else None
-            image = sample.image()
+            src = sample.source()  # the file's integers; the float image only where a CPU-path model needs it
         except (MissingFileError, FormatError) as exc:
             if not self.skip_missing:
                 raise
@@ -279,20 +281,24 @@ class _Decode(Dataset):
             content = content_hash(path)
             if path.stat().st_mtime_ns != st.st_mtime_ns:  # changed while we read it: do not cache
                 content = None
+        image = None
         for key, spec in self.inputs.items():
             if key in out or key in self.device_keys:
                 continue
+            if image is None:
+                image = src.image()
             out[key] = spec.encode(self.adapters[key].preprocess(image))
             if content is not None:
                 self.cache.save(key, content, out[key])
         if content is not None:  # lookup() serves a record only once every key's entry exists
-            self.cache.record(path, content, image.shape, st)
+            self.cache.record(path, content, src.shape, st)
         source = None
         if any(key not in out for key in self.device_keys):
-            from .gpu_preprocess import source_array
+            from .gpu_preprocess import upload_array
 
-            source = source_array(image)
-        return Decoded(row, sample.case_id, out, None, tuple(image.shape), True, source, content, read,
+            # a tensor crosses to the main process through shared memory (a numpy array would be pickled)
+            source = torch.from_numpy(np.ascontiguousarray(upload_array(src)))
+        return Decoded(row, sample.case_id, out, None, src.shape, True, source, content, read,
                        time.perf_counter() - started - read)
 
 
@@ -338,6 +344,12 @@ class InputFeed:
         self.profile = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0}
         self.seconds = 0.0  # wall time spent decoding / reading the cache
         self._luts: dict[tuple[str, str], torch.Tensor] = {}
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.waited = 0.0  # seconds consumers spent waiting for rows still decoding
+        self._queued: set[int] = set()  # rows the decoding thread was started for
+        self._halt = threading.Event()
 
     def add(self, adapter: Any) -> ModelInput:
         if id(adapter) not in self.specs:
@@ -362,46 +374,121 @@ class InputFeed:
         table = check_plan(adapter, plan, self.preprocess_device)
         return plan if table is not None and np.array_equal(table, spec.lut) else None
 
-    def ensure(self, rows: Iterable[int]) -> None:
-        """Decode (or read from the cache) every row not yet held, for every registered model."""
+    def start(self, rows: Iterable[int]) -> None:
+        """Decode (or read from the cache) every row not yet held, in row order, in a background thread; consumers
+        :meth:`wait` for the rows they need, so the models run while later rows decode."""
+        self._join()
         todo = sorted(set(rows) - set(self.rows))
+        self._queued = set(todo)
         if not todo:
             return
+        self._thread = threading.Thread(target=self._produce, args=(todo,), daemon=True, name="xbench-decode")
+        self._thread.start()
+
+    def wait(self, rows: Iterable[int]) -> None:
+        """Block until every row of ``rows`` is held; the decoding thread's error is raised here."""
+        rows = list(rows)
+        started = time.perf_counter()
+        with self._cond:
+            while not all(r in self.rows for r in rows):
+                if self._error is not None:
+                    raise self._error
+                if self._thread is None or not self._thread.is_alive():
+                    missing = [r for r in rows if r not in self.rows]
+                    raise RuntimeError(f"rows {missing[:5]} were never decoded (start() them first)")
+                self._cond.wait(timeout=0.5)
+        self.waited += time.perf_counter() - started
+
+    def ensure(self, rows: Iterable[int]) -> None:
+        """Decode (or read from the cache) every row not yet held, for every registered model; returns when done."""
+        rows = list(rows)
+        self.start(rows)
+        self.wait(rows)
+        self._join()
+
+    def close(self) -> None:
+        """Wait for the decoding thread to end; its error, if any, is raised (held rows stay until :meth:`release`)."""
+        self._join()
+
+    def stop(self) -> None:
+        """Stop decoding (after an error elsewhere): the thread ends at its next row; its own error is dropped."""
+        self._halt.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        self._halt.clear()
+        self._error = None
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _produce(self, todo: list[int]) -> None:
+        """The decoding thread: DataLoader workers read the files; device preprocessing runs here on a CUDA stream of
+        its own, so it overlaps the models on the default stream."""
         started = time.perf_counter()
         adapters = {k: a for k, (a, _) in self._by_key.items()}
         inputs = {k: s for k, (_, s) in self._by_key.items()}
         source = _Decode(self.dataset, adapters, inputs, self.cache, self.skip_missing, frozenset(self.plans))
-        loader = DataLoader(source, batch_size=None, sampler=todo, num_workers=self.workers,
-                            collate_fn=_identity, prefetch_factor=4 if self.workers else None)
-        for item in loader:
-            self.profile["read"] += item.read_seconds
-            self.profile["cpu_prep"] += item.prep_seconds
-            if item.source is not None:
-                t = time.perf_counter()
-                self._on_device(item)
-                self.profile["device_prep"] += time.perf_counter() - t
-            self.rows[item.row] = (item.case_id, item.inputs, item.reason, item.shape)
-            self.stats["skipped" if item.reason else ("decoded" if item.decoded else "from_cache")] += 1
-        self.seconds += time.perf_counter() - started
-        self.profile["wall"] = self.seconds
+        device = self.preprocess_device
+        side = torch.cuda.Stream(device) if self.plans and device is not None and device.type == "cuda" else None
+        try:
+            loader = DataLoader(source, batch_size=None, sampler=todo, num_workers=self.workers,
+                                collate_fn=_identity, prefetch_factor=4 if self.workers else None)
+            with torch.cuda.stream(side) if side is not None else nullcontext():
+                for item in loader:
+                    if self._halt.is_set():
+                        break
+                    self.profile["read"] += item.read_seconds
+                    self.profile["cpu_prep"] += item.prep_seconds
+                    if item.source is not None:
+                        t = time.perf_counter()
+                        self._on_device(item)
+                        self.profile["device_prep"] += time.perf_counter() - t
+                    with self._cond:
+                        self.rows[item.row] = (item.case_id, item.inputs, item.reason, item.shape)
+                        self.stats["skipped" if item.reason else ("decoded" if item.decoded else "from_cache")] += 1
+                        self._cond.notify_all()
+        except BaseException as exc:  # raised to the consumer (wait) and at close
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.profile["wall"] = self.seconds
 
     def _on_device(self, item: Decoded) -> None:
-        """One upload of ``item.source``; the codes of every device key it lacks (equal plans computed once)."""
-        image = torch.from_numpy(item.source).to(self.preprocess_device)
-        done: dict[Any, np.ndarray] = {}
-        for key, plan in self.plans.items():
-            if key in item.inputs:
-                continue
+        """One upload of ``item.source``; the codes of every device key it lacks (equal plans computed once), brought
+        back to the host in one copy."""
+        image = item.source.to(self.preprocess_device)
+        wanted = [key for key in self.plans if key not in item.inputs]
+        done: dict[Any, torch.Tensor] = {}
+        for key in wanted:
+            plan = self.plans[key]
             if plan not in done:
-                done[plan] = plan(image).cpu().numpy()
+                done[plan] = plan(image)
                 self.device_inputs += 1
-            item.inputs[key] = done[plan]
+        host: dict[Any, np.ndarray] = {}
+        if done:
+            flat = torch.cat([codes.reshape(-1) for codes in done.values()]).cpu().numpy()
+            at = 0
+            for plan, codes in done.items():
+                host[plan] = flat[at: at + codes.numel()].reshape(tuple(codes.shape))
+                at += codes.numel()
+        for key in wanted:
+            item.inputs[key] = host[self.plans[key]]
             if self.cache is not None and item.content is not None:
-                self.cache.save(key, item.content, done[plan])
+                self.cache.save(key, item.content, item.inputs[key])
         item.source = None
 
     def release(self) -> None:
+        self.stop()
         self.rows.clear()
+        self._queued.clear()
 
     def batches(self, adapter: Any, batches: Sequence[Sequence[int]], device: torch.device, *,
                 channels_last: bool = False, prefetch: int = 2) -> Iterator[tuple[list[CaseItem], torch.Tensor | None]]:
@@ -411,10 +498,13 @@ class InputFeed:
         Batches are stacked (and pinned for CUDA) in a background thread while the previous one runs.
         """
         spec = self.add(adapter)
-        self.ensure(r for b in batches for r in b)
+        needed = [r for b in batches for r in b]
+        if any(r not in self.rows and r not in self._queued for r in needed):
+            self.start(needed)  # a caller stepping several models has started every row already
         pin = device.type == "cuda"
 
         def host(rows: Sequence[int]) -> tuple[list[CaseItem], torch.Tensor | None]:
+            self.wait(rows)
             items, arrays = [], []
             for r in rows:
                 case_id, out, reason, shape = self.rows[r]

@@ -190,96 +190,140 @@ def _meta(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDat
     }
 
 
+class PairRun:
+    """One (dataset, model) pair's inference in three steps: plan (``__init__``: the store prepared, the rows still to
+    infer, the batches), stream (:meth:`steps`: one batch predicted per step, chunks flushed as they complete) and
+    :meth:`finish` (the counts for the run log).
+
+    ``feed`` (an :class:`xbench.inference.cache.InputFeed` over ``dataset``) supplies inputs decoded once for every
+    model; without it (``decode_once: false``) each model decodes through its own DataLoader. ``chunks`` (given by
+    :func:`infer_run`: its share of :func:`assign_chunks`) names this rank's chunks of the dataset; without it, shard
+    ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``. Several pairs of one dataset are stepped in
+    turn by :func:`infer_run` (one batch of each model while the feed decodes ahead), so every model's batches are the
+    ones it would get alone and its outputs are the same bytes.
+    """
+
+    def __init__(self, cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
+                 adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
+                 feed: Any = None, chunk_offset: int = 0, chunks: Sequence[int] | None = None):
+        self.cfg, self.dspec, self.mspec, self.feed = cfg, dspec, mspec, feed
+        self.device = device = cfg.resolved_device()
+        self.dataset = dataset = dataset if dataset is not None else open_dataset(dspec)
+        self.adapter = adapter = (adapter if adapter is not None
+                                  else open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite))
+        self.store = store = ResultStore(cfg.output_dir)
+        store.prepare(dspec.name, mspec.label, _meta(cfg, dspec, mspec, dataset, adapter), overwrite=overwrite)
+        n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
+        index, count = shard
+        mine = (sorted(int(k) for k in chunks) if chunks is not None
+                else [k for k in range(n_chunks) if (k + chunk_offset) % count == index])
+        todo = _rows_to_infer(store, dspec.name, mspec.label, dataset, mine, cfg.chunk_size)
+        self.counts: dict[str, Any] = {
+            "dataset": dspec.name, "model": mspec.label, "chunks_total": n_chunks,
+            "chunks_done_before": len(mine) - len(todo), "chunks_written": 0, "cases_inferred": 0,
+            "cases_retried": sum(len(r) for k, r in todo.items() if store.has_chunk(dspec.name, mspec.label, k)),
+            "cases_skipped": 0, "skip_reasons": {}}
+        self.batches = _plan_batches(todo, cfg.batch_size)
+        self.rows = [r for b in self.batches for r in b]  # what this pair needs from the feed, in order
+        self.remaining = {k: len(rows) for k, rows in todo.items()}
+        self.total = len(self.rows)
+        self.reasons: Counter[str] = Counter()
+        self.skipped: dict[str, str] = {}
+        self.model_seconds = 0.0  # in this pair's steps, waiting for inputs excluded
+        self.wait_seconds = 0.0  # waiting for this pair's inputs (decoding; with a feed also stacking and upload)
+
+    def steps(self) -> Iterator[tuple[int, int]]:
+        """Predict batch by batch; yields ``(cases inferred, cases skipped)`` after each batch."""
+        if not self.batches:
+            return
+        cfg, device, adapter, dataset = self.cfg, self.device, self.adapter, self.dataset
+        prompts = [dataset.prompts[f] for f in dataset.findings]
+        amp = autocast(cfg.precision, device)
+        if cfg.channels_last:
+            to_channels_last(adapter)
+        map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self.started = time.perf_counter()
+        pending: dict[int, dict[str, list]] = {}
+        stream = _stream(cfg, dataset, adapter, self.batches, device, self.feed)
+        while True:
+            began = time.perf_counter()
+            got = next(stream, None)  # waits for the inputs (decoding, or the feed's stacking and upload)
+            wait = time.perf_counter() - began
+            if got is None:
+                break
+            items, pixels = got
+            chunk = items[0].row // cfg.chunk_size
+            acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [],
+                                             "windows": [], "skipped": {}})
+            ok = [it for it in items if it.reason is None]
+            for it in items:
+                if it.reason is not None:
+                    acc["skipped"][it.case_id] = self.skipped[it.case_id] = it.reason
+                    self.reasons[it.reason.split(":")[0]] += 1
+            if ok:
+                with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if self.feed is not None
+                                                                  else nullcontext()):
+                    pred = adapter.predict_cases(pixels, prompts, [it.case_id for it in ok])
+                scores = pred.scores.float().cpu().numpy()
+                acc["ids"] += [it.case_id for it in ok]
+                acc["sizes"] += [it.shape for it in ok]
+                acc["windows"] += [it.window for it in ok]
+                acc["scores"].append(scores)
+                acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
+                acc["maps"].append(pred.maps.float().cpu().numpy().astype(map_dtype))
+            self.remaining[chunk] -= len(items)
+            if self.remaining[chunk] == 0:  # every planned row of the chunk seen: flush it
+                _flush(self.store, self.dspec.name, self.mspec.label, chunk, pending.pop(chunk), dataset, len(prompts),
+                       adapter.grid, map_dtype, self.counts)
+            self.wait_seconds += wait
+            self.model_seconds += time.perf_counter() - began - wait
+            yield len(ok), len(items) - len(ok)
+
+    def finish(self) -> dict[str, Any]:
+        """The pair's counts for the run log (skipped cases named; a warning when any)."""
+        counts = self.counts
+        if not self.batches:
+            return counts
+        counts["seconds"] = round(self.model_seconds + self.wait_seconds, 3)
+        counts["model_seconds"] = round(self.model_seconds, 3)  # this model's own steps
+        counts["decode_seconds"] = round(self.wait_seconds, 3)  # waiting for inputs
+        if self.device.type == "cuda":
+            counts["gpu_peak_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
+        counts["skip_reasons"] = dict(self.reasons)
+        dataset = self.dataset
+        files = dict(zip(dataset.cases["case_id"].astype(str), dataset.cases["image_path"].astype(str)))
+        counts["skipped_cases"] = skip_records(self.dspec.name, self.mspec.label, self.skipped, files)  # → a CSV
+        counts["skipped_examples"] = first_examples(counts["skipped_cases"])
+        if counts["cases_skipped"]:
+            warnings.warn(f"{self.mspec.label} × {self.dspec.name}: skipped {counts['cases_skipped']} cases whose image "
+                          f"could not be read: {format_examples(counts['skipped_examples'], self.reasons)}; they are "
+                          "left out of every metric and stay missing in the store (all listed in skipped_cases.csv): "
+                          "a later run infers them once the files are present", XBenchWarning, stacklevel=3)
+        return counts
+
+
 def infer(cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
           adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
           progress: bool = True, feed: Any = None, chunk_offset: int = 0,
           chunks: Sequence[int] | None = None) -> dict[str, Any]:
-    """Run one (dataset, model) pair into the store; returns counts for the run log.
+    """Run one (dataset, model) pair into the store (:class:`PairRun`'s plan, steps, finish); returns counts for the
+    run log."""
+    pair = PairRun(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite, feed=feed,
+                   chunk_offset=chunk_offset, chunks=chunks)
+    return _drive(pair, progress)
 
-    Steps: plan (:func:`_rows_to_infer`, :func:`_plan_batches`), stream (:func:`_stream`: :class:`CaseItem` records
-    and the batch's pixels), predict, and flush each chunk once its last planned row is seen (:func:`_flush`).
 
-    ``feed`` (an :class:`xbench.inference.cache.InputFeed` over ``dataset``) supplies inputs decoded once for
-    every model; without it (``decode_once: false``) each model decodes through its own DataLoader.
-    ``chunks`` (given by :func:`run`: its share of :func:`assign_chunks`) names this rank's chunks of the dataset;
-    without it, shard ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``.
-    """
-    device = cfg.resolved_device()
-    dataset = dataset if dataset is not None else open_dataset(dspec)
-    adapter = adapter if adapter is not None else open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
-    store = ResultStore(cfg.output_dir)
-    store.prepare(dspec.name, mspec.label, _meta(cfg, dspec, mspec, dataset, adapter), overwrite=overwrite)
-
-    n_chunks = math.ceil(len(dataset) / cfg.chunk_size)
-    index, count = shard
-    mine = (sorted(int(k) for k in chunks) if chunks is not None
-            else [k for k in range(n_chunks) if (k + chunk_offset) % count == index])
-    todo = _rows_to_infer(store, dspec.name, mspec.label, dataset, mine, cfg.chunk_size)
-    counts: dict[str, Any] = {"dataset": dspec.name, "model": mspec.label, "chunks_total": n_chunks,
-                              "chunks_done_before": len(mine) - len(todo), "chunks_written": 0, "cases_inferred": 0,
-                              "cases_retried": sum(len(r) for k, r in todo.items() if store.has_chunk(dspec.name, mspec.label, k)),
-                              "cases_skipped": 0, "skip_reasons": {}}
-    if not todo:
-        return counts
-
-    prompts = [dataset.prompts[f] for f in dataset.findings]
-    batches = _plan_batches(todo, cfg.batch_size)
-    remaining = {k: len(rows) for k, rows in todo.items()}
-    amp = autocast(cfg.precision, device)
-    if cfg.channels_last:
-        to_channels_last(adapter)
-    stream = _stream(cfg, dataset, adapter, batches, device, feed)
-    map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
-
-    decode_before = feed.seconds if feed is not None else 0.0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    pending: dict[int, dict[str, list]] = {}
-    reasons: Counter[str] = Counter()
-    bar = progress_bar(total=sum(len(b) for b in batches), desc=f"{mspec.label} × {dspec.name}", unit="img",
+def _drive(pair: PairRun, progress: bool) -> dict[str, Any]:
+    """Run one pair's steps to the end under its own progress bar."""
+    bar = progress_bar(total=pair.total, desc=f"{pair.mspec.label} × {pair.dspec.name}", unit="img",
                        disable=not progress)
     started = time.perf_counter()
-    all_skipped: dict[str, str] = {}
-    for items, pixels in stream:
-        chunk = items[0].row // cfg.chunk_size
-        acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [], "windows": [],
-                                         "skipped": {}})
-        ok = [it for it in items if it.reason is None]
-        for it in items:
-            if it.reason is not None:
-                acc["skipped"][it.case_id] = all_skipped[it.case_id] = it.reason
-                reasons[it.reason.split(":")[0]] += 1
-        if ok:
-            with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if feed is not None else nullcontext()):
-                pred = adapter.predict_cases(pixels, prompts, [it.case_id for it in ok])
-            scores = pred.scores.float().cpu().numpy()
-            acc["ids"] += [it.case_id for it in ok]
-            acc["sizes"] += [it.shape for it in ok]
-            acc["windows"] += [it.window for it in ok]
-            acc["scores"].append(scores)
-            acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
-            acc["maps"].append(pred.maps.float().cpu().numpy().astype(map_dtype))
-        advance(bar, len(ok), len(items) - len(ok), started)
-        remaining[chunk] -= len(items)
-        if remaining[chunk] == 0:  # every planned row of the chunk seen: flush it
-            _flush(store, dspec.name, mspec.label, chunk, pending.pop(chunk), dataset, len(prompts), adapter.grid,
-                   map_dtype, counts)
+    for done, skipped in pair.steps():
+        advance(bar, done, skipped, started)
     bar.close()
-    counts["seconds"] = round(time.perf_counter() - started, 3)
-    if feed is not None:
-        counts["decode_seconds"] = round(feed.seconds - decode_before, 3)  # decoding for every model of the run
-    if device.type == "cuda":
-        counts["gpu_peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
-    counts["skip_reasons"] = dict(reasons)
-    files = dict(zip(dataset.cases["case_id"].astype(str), dataset.cases["image_path"].astype(str)))
-    counts["skipped_cases"] = skip_records(dspec.name, mspec.label, all_skipped, files)  # run() moves them to a CSV
-    counts["skipped_examples"] = first_examples(counts["skipped_cases"])
-    if counts["cases_skipped"]:
-        warnings.warn(f"{mspec.label} × {dspec.name}: skipped {counts['cases_skipped']} cases whose image could not "
-                      f"be read: {format_examples(counts['skipped_examples'], reasons)}; they are left out of every "
-                      "metric and stay missing in the store (all listed in skipped_cases.csv): a later run infers them "
-                      "once the files are present", XBenchWarning, stacklevel=2)
-    return counts
+    return pair.finish()
 
 
 def _plan_batches(todo: dict[int, list[int]], batch_size: int) -> list[list[int]]:
@@ -447,16 +491,9 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             feed = InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
                              skip_missing=cfg.on_missing_image == "skip",
                              preprocess_device=_preprocess_device(cfg, device))
-        for mspec, adapter in zip(models, adapters):
-            try:
-                entry = infer(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
-                              progress=progress, feed=feed, chunks=mine)
-            except XBenchError as exc:
-                if not keep_going:
-                    raise
-                logger.error("%s × %s failed: %s", mspec.label, dspec.name, exc)
-                failures.append(f"{mspec.label} × {dspec.name}: {exc}")
-                entry = {"dataset": dspec.name, "model": mspec.label, "failed": str(exc)}
+        entries = _infer_dataset(cfg, dspec, dataset, models, adapters, feed, shard=shard, overwrite=overwrite,
+                                 progress=progress, chunks=mine, keep_going=keep_going, failures=failures)
+        for mspec, adapter, entry in zip(models, adapters, entries):
             skipped_rows += entry.pop("skipped_cases", [])
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
@@ -468,6 +505,8 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             if report is not None:
                 entry["preflight_images"] = summary(report).get(dspec.name)
             log.append(entry)
+        if feed is not None:
+            feed.close()
         log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
                 for name, why in left_out.items()]
         del feed, adapters
@@ -482,6 +521,64 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
         _barrier(shard)
         return out, shard[0] == 0
     return out, shard == (0, 1)  # independent shards: `xbench merge` evaluates once all are present
+
+
+def _infer_dataset(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models: Sequence[ModelSpec],
+                   adapters: Sequence[Adapter], feed: Any, *, shard: tuple[int, int], overwrite: bool, progress: bool,
+                   chunks: Sequence[int], keep_going: bool, failures: list[str]) -> list[dict[str, Any]]:
+    """Every model of one dataset; with a decode-once feed the pairs are stepped in turn (a batch of each model, the
+    feed decoding ahead in the background), so decoding overlaps the models. One run-log entry per model, in order.
+
+    ``keep_going``: a pair failing with an :class:`~xbench.core.errors.XBenchError` is logged and noted (``failed``),
+    the others go on; otherwise the error is raised.
+    """
+    entries: dict[int, dict[str, Any]] = {}
+
+    def failed(i: int, exc: XBenchError) -> None:
+        if not keep_going:
+            raise exc
+        label = models[i].label
+        logger.error("%s × %s failed: %s", label, dspec.name, exc)
+        failures.append(f"{label} × {dspec.name}: {exc}")
+        entries[i] = {"dataset": dspec.name, "model": label, "failed": str(exc)}
+
+    pairs: dict[int, PairRun] = {}
+    for i, (mspec, adapter) in enumerate(zip(models, adapters)):
+        try:
+            pairs[i] = PairRun(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
+                               feed=feed, chunks=chunks)
+        except XBenchError as exc:
+            failed(i, exc)
+    if feed is None:  # each model decodes for itself: one after the other
+        for i, pair in pairs.items():
+            try:
+                entries[i] = _drive(pair, progress)
+            except XBenchError as exc:
+                failed(i, exc)
+        return [entries[i] for i in range(len(models))]
+    feed.start(sorted({r for pair in pairs.values() for r in pair.rows}))  # decoded ahead in the background
+    bar = progress_bar(total=sum(p.total for p in pairs.values()), desc=f"{len(pairs)} models × {dspec.name}",
+                       unit="pass", disable=not progress)
+    started = time.perf_counter()
+    running = {i: pair.steps() for i, pair in pairs.items()}
+    try:
+        while running:
+            for i in list(running):
+                try:
+                    done, skipped = next(running[i])
+                    advance(bar, done, skipped, started)
+                except StopIteration:
+                    del running[i]
+                    entries[i] = pairs[i].finish()
+                except XBenchError as exc:
+                    del running[i]
+                    failed(i, exc)
+    except BaseException:
+        feed.stop()  # nothing more will be read: end the decoding thread and its workers now
+        raise
+    finally:
+        bar.close()
+    return [entries[i] for i in range(len(models))]
 
 
 def merge_shards(cfg: RunConfig, sources: Sequence[str | Path]) -> Path:
