@@ -100,6 +100,17 @@ class ModelInput:
 _CALIBRATED: "weakref.WeakKeyDictionary[Any, ModelInput]" = weakref.WeakKeyDictionary()
 
 
+_PROVEN: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, str], bool]]" = weakref.WeakKeyDictionary()
+
+
+def _weakrefable(obj: Any) -> bool:
+    try:
+        weakref.ref(obj)
+    except TypeError:
+        return False
+    return True
+
+
 def model_input(adapter: Any) -> ModelInput:
     """Calibrate ``adapter.preprocess`` once per adapter object: its transform key and 8-bit table (or None).
 
@@ -371,8 +382,12 @@ class InputFeed:
         plan = plan_for(adapter)
         if plan is None:
             return None
-        table = check_plan(adapter, plan, self.preprocess_device)
-        return plan if table is not None and np.array_equal(table, spec.lut) else None
+        proven = _PROVEN.setdefault(adapter, {}) if _weakrefable(adapter) else {}
+        where = (plan, str(self.preprocess_device))
+        if where not in proven:  # checked once per adapter object and device, not once per dataset
+            table = check_plan(adapter, plan, self.preprocess_device)
+            proven[where] = table is not None and np.array_equal(table, spec.lut)
+        return plan if proven[where] else None
 
     def start(self, rows: Iterable[int]) -> None:
         """Decode (or read from the cache) every row not yet held, in row order, in a background thread; consumers
