@@ -168,7 +168,8 @@ def _store(out: Path) -> dict[str, dict[str, np.ndarray]]:
 @pytest.mark.usefixtures("phantom_cache")
 def test_runner_stores_identical_with_device_preprocessing(tmp_path):
     """The phantom run with ported models (CLIP, KAD, random-init) and a prior: ``preprocess_device: device``
-    (kernels on the run device, the CPU here) writes the same store bytes as ``cpu``."""
+    (kernels on the run device, the CPU here; decoded in 2 worker processes) writes the same store bytes as ``cpu``
+    (in this process)."""
     import json
     import warnings
 
@@ -182,7 +183,9 @@ def test_runner_stores_identical_with_device_preprocessing(tmp_path):
               {"name": "kad", "params": {"random_init": True}}]
     outs = {}
     for path in ("cpu", "device"):
-        raw = tiny_run(tmp_path / path, cases=6, models=models, device=str(DEVICE), preprocess_device=path)
+        # the device path through 2 decoding processes: uploads cross as named shared memory, rows out of order
+        raw = tiny_run(tmp_path / path, cases=6, models=models, device=str(DEVICE), preprocess_device=path,
+                       num_workers=2 if path == "device" else 0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", XBenchWarning)
             outs[path] = run(RunConfig.from_dict(raw), progress=False)
