@@ -1,0 +1,92 @@
+"""Process pools for CPU work (evaluation, ground-truth rasterising): how many processes, and how they start.
+
+Conventions
+-----------
+* A worker setting is ``"auto"`` (``min(os.cpu_count(), jobs)``) or an integer; ``0`` and ``1`` mean serial, in
+  the calling process (no pool). :func:`resolve_workers` turns a setting into a process count.
+* Pools start their processes with the ``forkserver`` context (``spawn`` where there is none), never ``fork``
+  from the caller: the parent may already run torch / OpenMP threads (inference in the same process), and a
+  child forked from it would inherit their locks. The fork server is a fresh single-threaded process that
+  imports the ``preload`` modules once (torch, pandas, ... ≈ 3 s), so each worker starts in milliseconds, and
+  it lives as long as the parent, serving later pools too. Workers get the environment of the moment the server
+  started; jobs take everything they need as arguments.
+* Every worker is single-threaded: BLAS / OpenMP pools are limited to one thread (``threadpoolctl``) and torch's
+  intra-op threads to one, so ``n`` workers use ``n`` cores and results do not depend on thread counts.
+* Results are gathered by the caller in submission order, so output never depends on scheduling.
+* Warnings a job raises in a worker are recorded there (:func:`capture_warnings`) and raised again in the
+  parent (:func:`replay_warnings`) under the parent's filters, once per (text, category, place) as a serial
+  run would show them.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from .errors import XBenchError
+
+__all__ = ["resolve_workers", "process_pool", "single_threaded", "capture_warnings", "replay_warnings", "Caught"]
+
+#: a warning recorded in a worker: (message text, category, file name, line number)
+Caught = tuple[str, type[Warning], str, int]
+
+
+def resolve_workers(setting: int | str, jobs: int) -> int:
+    """Processes to use for ``jobs`` independent jobs: ``"auto"`` → ``min(os.cpu_count(), jobs)``, an integer
+    → ``min(setting, jobs)``; a result ≤ 1 means serial in-process.
+
+    Examples
+    --------
+    >>> resolve_workers(0, 10), resolve_workers(1, 10), resolve_workers(4, 2)
+    (1, 1, 2)
+    """
+    if setting == "auto":
+        n = os.cpu_count() or 1
+    elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 0:
+        n = setting
+    else:
+        raise XBenchError(f"worker count must be 'auto' or an integer >= 0, got {setting!r}")
+    return max(1, min(n, jobs))
+
+
+def single_threaded() -> None:
+    """Limit this process to one BLAS / OpenMP thread and one torch intra-op thread (a pool's initializer)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1)
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+
+
+def process_pool(workers: int, preload: tuple[str, ...] = ()) -> ProcessPoolExecutor:
+    """A pool of ``workers`` single-threaded processes started by the fork server (see the module docstring);
+    ``preload``: modules the server imports before its first fork (only when it is not running yet)."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        if preload:
+            context.set_forkserver_preload(list(preload))
+    else:  # pragma: no cover - Windows
+        context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=single_threaded)
+
+
+def capture_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[Caught]]:
+    """``(fn(*args, **kwargs), the warnings it raised)``: every warning is recorded (none shown here)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args, **kwargs)
+    return result, [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+
+
+def replay_warnings(caught: list[Caught], registry: dict | None = None) -> None:
+    """Raise the warnings :func:`capture_warnings` recorded, here, under this process's filters; pass one
+    ``registry`` dict for a whole run so that a warning repeated in many jobs shows once (as serially)."""
+    for message, category, filename, lineno in caught:
+        warnings.warn_explicit(message, category, filename, lineno, registry=registry)
