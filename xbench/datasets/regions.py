@@ -139,17 +139,23 @@ def polygon_mask(points: np.ndarray | Sequence[Sequence[float]], size: tuple[int
     return np.asarray(canvas, dtype=bool)
 
 
-def _resample_axis(values: np.ndarray, new: int, axis: int) -> np.ndarray:
-    """Exact area average of a piecewise-constant array along ``axis`` onto ``new`` cells."""
-    old = values.shape[axis]
+def _resample_axis(values: np.ndarray, new: int, axis: int, old: int | None = None, lo: int = 0) -> np.ndarray:
+    """Exact area average of a piecewise-constant array along ``axis`` onto ``new`` cells.
+
+    ``values`` may be the slab ``[lo, lo + n)`` of an axis of length ``old`` that is zero outside it: the
+    cumulative sums of the whole axis are 0 before the slab and constant after it, so they are read from the
+    slab's own (same additions in the same order) and the result is bit for bit that of the whole axis.
+    """
+    n = values.shape[axis]
+    old = n if old is None else old
     cum = np.concatenate([np.zeros_like(np.take(values, [0], axis=axis)), np.cumsum(values, axis=axis)], axis=axis)
     edges = np.arange(new + 1) * (old / new)
     base = np.minimum(np.floor(edges).astype(np.int64), old - 1)
     frac = edges - base
     shape = [1] * values.ndim
     shape[axis] = new + 1
-    lower = np.take(cum, base, axis=axis)
-    upper = np.take(cum, base + 1, axis=axis)
+    lower = np.take(cum, np.clip(base - lo, 0, n), axis=axis)
+    upper = np.take(cum, np.clip(base + 1 - lo, 0, n), axis=axis)
     integral = lower + frac.reshape(shape) * (upper - lower)  # ∫ values from 0 to each edge
     return np.diff(integral, axis=axis) / (old / new)
 
@@ -160,14 +166,24 @@ def area_resample(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
     Exact for any ratio (down- or up-sampling): the mask is treated as
     piecewise constant over its pixels and integrated over each target
     pixel's footprint (module docstring), separably along rows then columns.
+    Only the bounding box of the mask's non-zero pixels is integrated (the same
+    values, bit for bit, as the whole image: see :func:`_resample_axis`), so a
+    small region on a large image costs what its box costs.
     """
     h, w = _check_size(grid, "grid")
-    values = np.asarray(mask, dtype=np.float64)
+    values = np.asarray(mask)
     if values.ndim != 2:
         raise ValueError(f"mask must be 2-D (H, W), got shape {values.shape}")
     if values.shape == (h, w):
-        return values
-    return np.clip(_resample_axis(_resample_axis(values, h, 0), w, 1), 0.0, 1.0)
+        return np.asarray(values, dtype=np.float64)
+    nonzero = values != 0
+    rows, cols = np.flatnonzero(nonzero.any(axis=1)), np.flatnonzero(nonzero.any(axis=0))
+    if not len(rows):
+        return np.zeros((h, w))
+    (r0, r1), (c0, c1) = (rows[0], rows[-1] + 1), (cols[0], cols[-1] + 1)
+    box = np.asarray(values[r0:r1, c0:c1], dtype=np.float64)
+    across = _resample_axis(box, h, 0, old=values.shape[0], lo=r0)
+    return np.clip(_resample_axis(across, w, 1, old=values.shape[1], lo=c0), 0.0, 1.0)
 
 
 def rasterize(regions: Sequence[Region], size: tuple[int, int], grid: tuple[int, int] | None = None) -> np.ndarray:
