@@ -56,9 +56,9 @@ import torch
 from threadpoolctl import threadpool_info
 
 from xbench.core.errors import XBenchWarning
-from xbench.core.workers import process_pool
-from xbench.datasets.regions import Box, Polygon, rasterize
-from xbench.evaluation.ground_truth import GroundTruth, read_cache, write_cache
+from xbench.core.workers import one_blas_thread, process_pool
+from xbench.datasets.regions import Box, Polygon
+from xbench.evaluation.ground_truth import GroundTruth, rasterize_stack, read_cache, write_cache
 from xbench.metrics import ScoredTable, compare_models, grounding_scores, scored_table
 from xbench.spec.registry import dataset_manifest
 
@@ -164,11 +164,6 @@ def write_predictions(folder: Path, spec: SetSpec, data: dict, model: int) -> Pa
     return path
 
 
-def rasterise(regions: list[list], size: tuple[int, int]) -> np.ndarray:
-    """Bool masks ``(n, *GRID)`` of ``n`` pairs' regions at full ``size`` (what a loader's ``Sample.mask`` does)."""
-    return np.stack([rasterize(r, size, GRID) for r in regions]) if regions else np.zeros((0, *GRID), bool)
-
-
 def ground_truth_of(spec: SetSpec, data: dict, pool: Executor | None, workers: int) -> dict[str, GroundTruth]:
     """Class → :class:`GroundTruth` of one set, rasterised here (``pool`` None) or by ``pool`` in chunks of
     pairs, concatenated in order (as :func:`xbench.evaluation.ground_truth.ground_truth`); pairs whose mask
@@ -176,12 +171,12 @@ def ground_truth_of(spec: SetSpec, data: dict, pool: Executor | None, workers: i
     per_class: list[list[np.ndarray]] = [[] for _ in data["rows"]]
     if pool is None:
         for c, regions in enumerate(data["regions"]):
-            per_class[c].append(rasterise(regions, data["size"]))
+            per_class[c].append(rasterize_stack(regions, data["size"], GRID))
     else:
         total = sum(len(r) for r in data["regions"])
         size = max(16, -(-total // (4 * workers)))
         jobs = [(c, i) for c, regions in enumerate(data["regions"]) for i in range(0, len(regions), size)]
-        futures = [pool.submit(rasterise, data["regions"][c][i:i + size], data["size"]) for c, i in jobs]
+        futures = [pool.submit(rasterize_stack, data["regions"][c][i:i + size], data["size"], GRID) for c, i in jobs]
         for (c, _), future in zip(jobs, futures):
             per_class[c].append(future.result())
     out = {}
@@ -243,6 +238,7 @@ def run_phase(prepared: list, args: argparse.Namespace, folder: Path, workers: i
     out = {"rows": 0, "ground_truth_wall_s": 0.0, "evaluate_wall_s": 0.0, "evaluate_cpu_s": 0.0, "compare_wall_s": 0.0,
            "compare_cpu_s": 0.0, "comparison_rows": 0, "per_dataset": []}
     pool = process_pool(workers, preload=("xbench.evaluation.evaluate",)) if workers > 1 else None
+    blas = one_blas_thread()  # as evaluate_run: one BLAS thread in every process (tables independent of cores)
     try:
         pending = []
         for spec, data, paths in prepared:
@@ -288,6 +284,7 @@ def run_phase(prepared: list, args: argparse.Namespace, folder: Path, workers: i
                     print(f"  {spec.name:16s} comparisons of {len(scored)} models: {dw:7.2f} s wall {dc:7.2f} s CPU "
                           f"({len(comparisons)} comparison rows, {len(ranks)} rank rows)")
     finally:
+        blas.restore_original_limits()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     out.update(wall_s=time.perf_counter() - started, parent_cpu_s=time.process_time() - cpu_started,

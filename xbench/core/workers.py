@@ -11,7 +11,9 @@ Conventions
   it lives as long as the parent, serving later pools too. Workers get the environment of the moment the server
   started; jobs take everything they need as arguments.
 * Every worker is single-threaded: BLAS / OpenMP pools are limited to one thread (``threadpoolctl``) and torch's
-  intra-op threads to one, so ``n`` workers use ``n`` cores and results do not depend on thread counts.
+  intra-op threads to one, so ``n`` workers use ``n`` cores. Results may depend on the BLAS thread count
+  (OpenBLAS may split a matrix product's sums over its threads: the last bits of a bootstrap CI move), so
+  work whose bytes must not depend on the machine runs under :func:`one_blas_thread` in-process too.
 * Results are gathered by the caller in submission order, so output never depends on scheduling.
 * Warnings a job raises in a worker are recorded there (:func:`capture_warnings`) and raised again in the
   parent (:func:`replay_warnings`) under the parent's filters, once per (text, category, place) as a serial
@@ -28,7 +30,7 @@ from typing import Any
 
 from .errors import XBenchError
 
-__all__ = ["resolve_workers", "process_pool", "single_threaded", "capture_warnings", "replay_warnings", "Caught"]
+__all__ = ["resolve_workers", "process_pool", "single_threaded", "one_blas_thread", "capture_warnings", "replay_warnings", "Caught"]
 
 #: a warning recorded in a worker: (message text, category, file name, line number)
 Caught = tuple[str, type[Warning], str, int]
@@ -63,6 +65,13 @@ def single_threaded() -> None:
         torch.set_num_threads(1)
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
+
+
+def one_blas_thread() -> Any:
+    """Context manager: BLAS limited to one thread in this process while it is open (restored after)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def process_pool(workers: int, preload: tuple[str, ...] = ()) -> ProcessPoolExecutor:

@@ -41,7 +41,7 @@ from ..spec.config import RunConfig
 from ..datasets import BaseDataset, open_dataset
 from ..core.errors import XBenchError
 from ..core.logs import progress_bar
-from ..core.workers import capture_warnings, process_pool, replay_warnings, resolve_workers
+from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers
 from ..metrics import BEST_TAU, THRESHOLDS, ScoredTable, grounding_scores, scored_table
 from ..store.results import ResultStore, write_table
 from ..models.windows import is_whole_image, place_maps
@@ -226,8 +226,10 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     ``cfg.eval_workers`` processes (:func:`~xbench.core.workers.resolve_workers`: ``"auto"`` = min(CPUs, pairs);
     0 / 1 = serial, in this process) rasterise ground truth and evaluate the (dataset, model) pairs; results are
     gathered in run order (datasets, then models), and every pair's bootstrap uses ``cfg.bootstrap_seed`` as
-    it would serially, so the tables are byte-identical whatever the worker count. Progress: at most one line
-    per finished pair.
+    it would serially, so the tables are byte-identical whatever the worker count. Every process evaluates with
+    one BLAS thread (workers and this one alike): OpenBLAS may split a matrix product's sums over its threads, so
+    with more threads the last bits of bootstrap CIs would depend on the machine's core count. Progress: at most
+    one line per finished pair.
     """
     out = Path(cfg.output_dir) / "tables"
     from ..inference.preflight import runnable_models
@@ -259,6 +261,7 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
         compared.append(compare_dataset(name, evaluated, threshold=cfg.fixed_threshold))
 
     pool = process_pool(workers, preload=(__name__,)) if workers > 1 else None
+    blas = one_blas_thread()  # as in the workers: the tables must not depend on the BLAS thread count
     try:
         submitted = []  # pool: (dataset name, per model a future of (PairEvaluation, model_info)), gathered at the end
         for dspec in cfg.datasets:
@@ -280,6 +283,7 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
         for name, futures in submitted:
             collect(name, futures)
     finally:
+        blas.restore_original_limits()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         bar.close()

@@ -23,7 +23,7 @@ import json
 import logging
 import math
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -36,8 +36,9 @@ from ..core.logs import progress_bar, progress_iter
 from ..core.version import __version__
 from ..core.workers import capture_warnings, replay_warnings
 from ..datasets import BaseDataset
+from ..datasets.regions import Region, rasterize
 
-__all__ = ["GroundTruth", "ground_truth", "ground_truth_key", "cache_file", "cached_ground_truth", "read_cache",
+__all__ = ["GroundTruth", "ground_truth", "rasterize_stack", "ground_truth_key", "cache_file", "cached_ground_truth", "read_cache",
            "write_cache", "CACHE_FORMAT", "MIN_CHUNK"]
 
 log = logging.getLogger("xbench.evaluation")
@@ -58,6 +59,12 @@ def _localized(dataset: BaseDataset) -> list[str]:
     """Findings with grounding pairs (all but the manifest's ``localized: false`` classes), in dataset order."""
     localized = {c["name"]: c.get("localized", True) for c in dataset.manifest.get("classes", [])}
     return [f for f in dataset.findings if localized.get(f, True)]
+
+
+def rasterize_stack(regions: Sequence[Sequence[Region]], size: tuple[int, int], grid: tuple[int, int]) -> np.ndarray:
+    """Bool masks ``(n, *grid)``: :func:`~xbench.datasets.regions.rasterize` of ``n`` region lists drawn on images
+    of one ``size`` (a pool job of pairs that share an image size, e.g. ``benchmarks/bench_evaluate.py``)."""
+    return np.stack([rasterize(r, size, grid) for r in regions]) if len(regions) else np.zeros((0, *grid), bool)
 
 
 def _rasterise_rows(dataset: BaseDataset, rows: np.ndarray, grid: tuple[int, int],
