@@ -9,24 +9,34 @@ and ``region_counts`` of ``data_manifests/*.yaml``; RSNA/SIIM ``positive_cases``
 per-class count (CheXlocalize, VinDr-CXR, COVID-19 Rural) a stated assumption is
 used (see :data:`ASSUMED_PAIRS`). Maps are seeded random 14×14 float16 per case
 and class, written and read back as one ``.npz`` per (dataset, model) like the
-results store; ground truth is a random box per pair at 224×224; probabilities
-are random, shifted up for positives.
+results store; probabilities are random, shifted up for positives. Ground truth
+is a random region per pair at the set's full image size (:data:`FULL_SIZE`:
+boxes for RSNA / NIH / VinDr-CXR, polygons for the others, standing in for
+SIIM's and COVID-19 Rural's decoded masks), rasterised to 224×224 by the
+package's :func:`~xbench.datasets.regions.rasterize` as the loaders do.
 
-For each (dataset, model) it times what :func:`xbench.evaluation.evaluate.evaluate_pair`
-does after reading the store: ``grounding_scores`` of every pair (upsample,
-normalise, pointing, Dice/IoU at τ = 0.5 and over the 101-point grid) and
-``score_table`` (class / dataset / pooled values, best τ per class, 1,000
-paired bootstrap replicates with τ re-chosen in each). Ground-truth
-rasterisation (once per dataset, in the loaders) is not included.
+One *phase* is what :func:`xbench.evaluation.evaluate.evaluate_run` does: per
+dataset its ground truth (rasterised, written to a cache file with
+:func:`~xbench.evaluation.ground_truth.write_cache`), then for each model
+``grounding_scores`` of every pair (upsample, normalise, pointing, Dice/IoU at
+τ = 0.5 and over the 101-point grid) and ``score_table`` (class / dataset /
+pooled values, best τ per class, 1,000 paired bootstrap replicates with τ
+re-chosen in each), with one BLAS thread per process as ``evaluate_run``. The
+serial phase always runs; ``--workers N`` (N > 1) runs the same work again in a
+pool of N processes (:func:`xbench.core.workers.process_pool`, its start-up
+inside the timing; ground truth in chunks of pairs, one job per (dataset,
+model) reading the cache file, gathered in run order), prints the SHA-256 of
+both phases' tables and the ratio of their walls, and exits with an error if
+the tables differ.
 
 With ``--compare`` it also times the paired model comparisons of each dataset
-(:func:`xbench.metrics.compare_models` on the replicates the tables' CIs used, and writing
-them as CSV, as ``evaluate_run`` does) and prints their cost as a fraction of the evaluation
+(:func:`xbench.metrics.compare_models` on the replicates the tables' CIs used, as
+``evaluate_run`` does) and prints their cost as a fraction of the evaluation
 time of the same run; ``--json PATH`` writes the timings.
 
-The tables' SHA-256 is printed, so two versions of the code can be checked to give
-identical tables. Models are independent, so ``--models k`` measures ``k`` of them and the
-total for 7 is extrapolated linearly (printed as such).
+Models are independent, so ``--models k`` measures ``k`` of them and the serial
+evaluation time for 7 is extrapolated linearly (printed as such; ground truth is
+once per dataset and not scaled).
 
 Usage::
 
@@ -34,6 +44,7 @@ Usage::
     python benchmarks/bench_evaluate.py --models 7                 # the full paper scale
     python benchmarks/bench_evaluate.py --datasets nih_bbox --models 1 --replicates 200   # a quick check
     python benchmarks/bench_evaluate.py --models 7 --compare --json docs/perf/compare.json   # comparisons' cost
+    python benchmarks/bench_evaluate.py --models 7 --workers 16 --json docs/perf/evaluate_parallel.json  # 16 cores
 """
 from __future__ import annotations
 
@@ -237,7 +248,7 @@ def run_phase(prepared: list, args: argparse.Namespace, folder: Path, workers: i
     digest, compare_digest = hashlib.sha256(), hashlib.sha256()
     out = {"rows": 0, "ground_truth_wall_s": 0.0, "evaluate_wall_s": 0.0, "evaluate_cpu_s": 0.0, "compare_wall_s": 0.0,
            "compare_cpu_s": 0.0, "comparison_rows": 0, "per_dataset": []}
-    pool = process_pool(workers, preload=("xbench.evaluation.evaluate",)) if workers > 1 else None
+    pool = process_pool(workers, preload=("xbench.evaluation.evaluate",), main=True) if workers > 1 else None
     blas = one_blas_thread()  # as evaluate_run: one BLAS thread in every process (tables independent of cores)
     try:
         pending = []

@@ -9,7 +9,9 @@ Conventions
   child forked from it would inherit their locks. The fork server is a fresh single-threaded process that
   imports the ``preload`` modules once (torch, pandas, ... ≈ 3 s), so each worker starts in milliseconds, and
   it lives as long as the parent, serving later pools too. Workers get the environment of the moment the server
-  started; jobs take everything they need as arguments.
+  started; jobs take everything they need as arguments. Workers do not import the caller's ``__main__`` (a
+  script without an ``if __name__ == "__main__":`` guard would otherwise run again in every worker): a job
+  must be a function of an importable module, unless the pool is made with ``main=True``.
 * Every worker is single-threaded: BLAS / OpenMP pools are limited to one thread (``threadpoolctl``) and torch's
   intra-op threads to one, so ``n`` workers use ``n`` cores. Results may depend on the BLAS thread count
   (OpenBLAS may split a matrix product's sums over its threads: the last bits of a bootstrap CI move), so
@@ -23,8 +25,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -74,16 +78,47 @@ def one_blas_thread() -> Any:
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def process_pool(workers: int, preload: tuple[str, ...] = ()) -> ProcessPoolExecutor:
+@contextmanager
+def _main_hidden() -> Iterator[None]:
+    """While open, ``__main__`` has no file or spec, so processes started now do not import it."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    if main is not None:
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+    try:
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
+def process_pool(workers: int, preload: tuple[str, ...] = (), *, main: bool = False) -> ProcessPoolExecutor:
     """A pool of ``workers`` single-threaded processes started by the fork server (see the module docstring);
-    ``preload``: modules the server imports before its first fork (only when it is not running yet)."""
+    ``preload``: modules the server imports before its first fork (only when it is not running yet); ``main``:
+    let the workers import the caller's ``__main__`` (jobs defined in a script)."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         if preload:
             context.set_forkserver_preload(list(preload))
     else:  # pragma: no cover - Windows
         context = multiprocessing.get_context("spawn")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=single_threaded)
+    return _Pool(max_workers=workers, mp_context=context, initializer=single_threaded, hide_main=not main)
+
+
+class _Pool(ProcessPoolExecutor):
+    """A pool whose workers (started inside ``submit``, one per job while fewer than ``max_workers`` idle) are
+    started with ``__main__`` hidden unless ``hide_main`` is false."""
+
+    def __init__(self, *args: Any, hide_main: bool, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._hide_main = hide_main
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        if not self._hide_main:
+            return super().submit(fn, *args, **kwargs)
+        with _main_hidden():
+            return super().submit(fn, *args, **kwargs)
 
 
 def capture_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[Caught]]:
