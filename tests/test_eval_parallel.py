@@ -168,3 +168,43 @@ def test_eval_workers_setting():
         with pytest.raises(FormatError, match="eval_workers"):
             RunConfig.from_dict(tiny_run("x", eval_workers=bad))
     assert resolve_workers("auto", 1) == 1 and resolve_workers(0, 5) == 1 and resolve_workers(8, 3) == 3
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path):
+    """Pool workers do not import the caller's ``__main__``: an unguarded script is not run again in them."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import os\n"
+        "from xbench.core.workers import process_pool\n"
+        "print('script body ran', flush=True)\n"
+        "with process_pool(2) as pool:\n"
+        "    pids = {f.result() for f in [pool.submit(os.getpid) for _ in range(4)]}\n"
+        "print('workers', len(pids), 'parent' if os.getpid() in pids else 'separate', flush=True)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("script body ran") == 1 and "separate" in done.stdout, done.stdout
+
+
+def test_a_dataset_that_cannot_be_pickled_is_evaluated_in_process(phantom_run, tmp_path, monkeypatch, caplog):
+    """A user loader holding a lambda cannot cross to a worker: its pairs run here, with a log line; same bytes."""
+    import logging
+
+    import xbench.evaluation.evaluate as ev
+
+    real_open = ev.open_dataset
+
+    def unpicklable(spec):
+        dataset = real_open(spec)
+        dataset.hook = lambda: None
+        return dataset
+
+    monkeypatch.setattr(ev, "open_dataset", unpicklable)
+    with caplog.at_level(logging.INFO, logger="xbench.evaluation"):
+        tables = _evaluate(phantom_run, tmp_path / "run", 2)
+    assert "cannot be pickled" in caplog.text
+    for name in ("metrics.csv", "curves.csv", "comparisons.csv", "ranks.csv", "evaluation_log.json"):
+        assert (phantom_run / "tables" / name).read_bytes() == tables[name], name

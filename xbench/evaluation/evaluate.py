@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -218,6 +220,21 @@ def _evaluate_pair_job(cfg: RunConfig, dataset: BaseDataset, model: str, gt_file
                         type(exc).__name__) from exc
 
 
+def _crosses_processes(dataset: BaseDataset) -> bool:
+    """Whether ``dataset`` can be sent to a worker process (pickled); if not (a user loader holding e.g. a
+    lambda), its pairs are evaluated in this process, with a log line saying why."""
+    import pickle
+
+    try:
+        pickle.dumps(dataset)
+        return True
+    except Exception as exc:  # PicklingError, TypeError, AttributeError ("Can't pickle local object")
+        logging.getLogger("xbench.evaluation").info(
+            "%s: evaluated in this process, not in workers: the dataset cannot be pickled (%s: %s)",
+            dataset.name, type(exc).__name__, exc)
+        return False
+
+
 def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     """Compute and write every table of a run (see the module docstring); returns the tidy table.
 
@@ -248,7 +265,7 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
         """Tables of one dataset's pairs, in model order, then its comparisons."""
         evaluated = {}
         for label, item in zip(labels, items):
-            if pool is not None:
+            if isinstance(item, Future):
                 item, caught = item.result()
                 replay_warnings(caught, registry)
             result, info = item
@@ -266,22 +283,26 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
         submitted = []  # pool: (dataset name, per model a future of (PairEvaluation, model_info)), gathered at the end
         for dspec in cfg.datasets:
             dataset = open_dataset(dspec)
-            gt, gt_file, gt_key, _ = cached_ground_truth(dataset, cfg.grid, cache, options=dspec.options, pool=pool,
-                                                         workers=workers, progress=progress, warning_registry=registry)
-            if pool is None:  # serial, in this process: each dataset's tables as soon as its pairs are done
-                store, items = ResultStore(cfg.output_dir), []
-                for label in labels:
+            here = pool is None or not _crosses_processes(dataset)
+            gt, gt_file, gt_key, _ = cached_ground_truth(dataset, cfg.grid, cache, options=dspec.options,
+                                                         pool=None if here else pool, workers=workers,
+                                                         progress=progress, warning_registry=registry)
+            items: list[Any] = []
+            for label in labels:
+                if here:  # in this process
+                    store = ResultStore(cfg.output_dir)
                     items.append((evaluate_pair(cfg, dataset, label, gt, store), store.meta(dspec.name, label)["model_info"]))
                     bar.update(1)
+                else:
+                    items.append(pool.submit(capture_warnings, _evaluate_pair_job, cfg, dataset, label, gt_file, gt_key))
+                    items[-1].add_done_callback(lambda _: bar.update(1))
+            if pool is None:  # serial: each dataset's tables as soon as its pairs are done
                 collect(dataset.name, items)
-                continue
-            futures = []
-            for label in labels:
-                futures.append(pool.submit(capture_warnings, _evaluate_pair_job, cfg, dataset, label, gt_file, gt_key))
-                futures[-1].add_done_callback(lambda _: bar.update(1))
-            submitted.append((dataset.name, futures))
-        for name, futures in submitted:
-            collect(name, futures)
+            else:
+                submitted.append((dataset.name, items))
+            del gt
+        for name, items in submitted:  # run order, whatever order the workers finished in
+            collect(name, items)
     finally:
         blas.restore_original_limits()
         if pool is not None:
