@@ -155,7 +155,7 @@ def test_an_error_in_a_worker_names_dataset_and_model(phantom_run, phantom, tmp_
     cfg = RunConfig.from_dict(tiny_run(phantom_run))
     key = gtm.ground_truth_key(phantom, GRID, {"cases": 22})
     with pytest.raises(PairError, match=r"phantom × center_prior: FileNotFoundError") as err:
-        _evaluate_pair_job(cfg, phantom, "center_prior", tmp_path / "absent.npz", key)
+        _evaluate_pair_job(*gtm.shippable(phantom), cfg, "phantom", "center_prior", tmp_path / "absent.npz", key)
     copy = pickle.loads(pickle.dumps(err.value))  # what the parent receives from the worker
     assert isinstance(copy, XBenchError) and (copy.dataset, copy.model) == ("phantom", "center_prior")
     assert str(copy) == str(err.value)
@@ -208,3 +208,34 @@ def test_a_dataset_that_cannot_be_pickled_is_evaluated_in_process(phantom_run, t
     assert "cannot be pickled" in caplog.text
     for name in ("metrics.csv", "curves.csv", "comparisons.csv", "ranks.csv", "evaluation_log.json"):
         assert (phantom_run / "tables" / name).read_bytes() == tables[name], name
+
+
+def test_a_metric_registered_at_run_time_reaches_the_workers(phantom_run, tmp_path, monkeypatch):
+    """docs/extending.md's metric function in a user module (on a folder added to sys.path after the fork server
+    started), registered by a call at run time: the workers get the metric table and write the serial bytes."""
+    import importlib
+    import re
+    import sys
+
+    from xbench.metrics import table as metric_table
+
+    with process_pool(1) as pool:  # the fork server runs before the folder is on sys.path
+        pool.submit(int).result()
+    doc = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+    (code,) = re.findall(r"```python energy_pointing\.py\n(.*?)```", doc.read_text(), flags=re.S)
+    function, call = code.split("\n\nENERGY = ")
+    folder = tmp_path / "user_code"
+    folder.mkdir()
+    (folder / "xb_energy_metric.py").write_text(function + "\n")  # the function only: importing registers nothing
+    monkeypatch.syspath_prepend(str(folder))
+    saved = list(metric_table.METRIC_TABLE)
+    try:
+        module = importlib.import_module("xb_energy_metric")
+        eval(call, vars(module))  # the doc's register(Metric(...)) call, made here at run time
+        serial = _evaluate(phantom_run, tmp_path / "serial", 0)
+        parallel = _evaluate(phantom_run, tmp_path / "parallel", 2)
+    finally:
+        metric_table.METRIC_TABLE[:] = saved
+        sys.modules.pop("xb_energy_metric", None)
+    assert b"energy_pointing" in serial["metrics.csv"]
+    assert [n for n in serial if serial[n] != parallel[n]] == []

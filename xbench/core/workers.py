@@ -26,6 +26,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -76,6 +77,27 @@ def one_blas_thread() -> Any:
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(limits=1, user_api="blas")
+
+
+def _forget_fork_server() -> None:
+    """In a child forked from a process whose fork server runs (e.g. torchrun-style ranks forked by a test),
+    drop the inherited handle: that server is not this process's child, so using it fails ("No child
+    processes"); the child starts its own on its first pool."""
+    try:
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver
+        if server._forkserver_alive_fd is not None:
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_address = server._forkserver_alive_fd = server._forkserver_pid = None
+        server._inherited_fds = None
+        server._lock = threading.Lock()
+    except (AttributeError, OSError):  # pragma: no cover - another Python's internals: leave them alone
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_fork_server)
 
 
 @contextmanager

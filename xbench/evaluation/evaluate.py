@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -47,7 +46,8 @@ from ..core.workers import capture_warnings, one_blas_thread, process_pool, repl
 from ..metrics import BEST_TAU, THRESHOLDS, ScoredTable, grounding_scores, scored_table
 from ..store.results import ResultStore, write_table
 from ..models.windows import is_whole_image, place_maps
-from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, read_cache
+from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, read_cache, shippable
+from .worker_state import State, loads
 
 __all__ = ["GroundTruth", "PairEvaluation", "PairError", "ground_truth", "check_annotations", "evaluate_pair",
            "evaluate_run", "load_tables"]
@@ -202,37 +202,23 @@ def _worker_ground_truth(path: Path, key: dict[str, Any]) -> dict[str, GroundTru
     return _GT_MEMO[str(path)][1]
 
 
-def _evaluate_pair_job(cfg: RunConfig, dataset: BaseDataset, model: str, gt_file: Path,
+def _evaluate_pair_job(state: State, blob: bytes, cfg: RunConfig, name: str, model: str, gt_file: Path,
                        gt_key: dict[str, Any]) -> tuple[PairEvaluation, dict[str, Any]]:
     """:func:`evaluate_pair` in a worker process (ground truth read from the run's cache), with the model's
     ``model_info``. An error comes back naming the pair: as itself when it is an :class:`XBenchError` whose
     message names both dataset and model and that crosses the process boundary intact, else as a
-    :class:`PairError`."""
+    :class:`PairError`. The dataset ``name`` arrives pickled (``blob``), read after the parent's ``state``
+    (:mod:`xbench.evaluation.worker_state`)."""
     try:
+        dataset = loads(state, blob)
         store = ResultStore(cfg.output_dir)
         result = evaluate_pair(cfg, dataset, model, _worker_ground_truth(gt_file, gt_key), store)
         return result, store.meta(dataset.name, model)["model_info"]
     except Exception as exc:
         text = str(exc)
-        if isinstance(exc, XBenchError) and dataset.name in text and model in text and _picklable(exc):
+        if isinstance(exc, XBenchError) and name in text and model in text and _picklable(exc):
             raise
-        raise PairError(dataset.name, model, f"{dataset.name} × {model}: {type(exc).__name__}: {text}",
-                        type(exc).__name__) from exc
-
-
-def _crosses_processes(dataset: BaseDataset) -> bool:
-    """Whether ``dataset`` can be sent to a worker process (pickled); if not (a user loader holding e.g. a
-    lambda), its pairs are evaluated in this process, with a log line saying why."""
-    import pickle
-
-    try:
-        pickle.dumps(dataset)
-        return True
-    except Exception as exc:  # PicklingError, TypeError, AttributeError ("Can't pickle local object")
-        logging.getLogger("xbench.evaluation").info(
-            "%s: evaluated in this process, not in workers: the dataset cannot be pickled (%s: %s)",
-            dataset.name, type(exc).__name__, exc)
-        return False
+        raise PairError(name, model, f"{name} × {model}: {type(exc).__name__}: {text}", type(exc).__name__) from exc
 
 
 def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
@@ -283,10 +269,12 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
         submitted = []  # pool: (dataset name, per model a future of (PairEvaluation, model_info)), gathered at the end
         for dspec in cfg.datasets:
             dataset = open_dataset(dspec)
-            here = pool is None or not _crosses_processes(dataset)
+            shipped = shippable(dataset) if pool is not None else None
+            here = shipped is None  # serial, or the dataset / this process's state cannot cross to a worker
             gt, gt_file, gt_key, _ = cached_ground_truth(dataset, cfg.grid, cache, options=dspec.options,
                                                          pool=None if here else pool, workers=workers,
-                                                         progress=progress, warning_registry=registry)
+                                                         progress=progress, warning_registry=registry,
+                                                         shipped=shipped)
             items: list[Any] = []
             for label in labels:
                 if here:  # in this process
@@ -294,7 +282,8 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
                     items.append((evaluate_pair(cfg, dataset, label, gt, store), store.meta(dspec.name, label)["model_info"]))
                     bar.update(1)
                 else:
-                    items.append(pool.submit(capture_warnings, _evaluate_pair_job, cfg, dataset, label, gt_file, gt_key))
+                    items.append(pool.submit(capture_warnings, _evaluate_pair_job, *shipped, cfg, dataset.name, label,
+                                             gt_file, gt_key))
                     items[-1].add_done_callback(lambda _: bar.update(1))
             if pool is None:  # serial: each dataset's tables as soon as its pairs are done
                 collect(dataset.name, items)

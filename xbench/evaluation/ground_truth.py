@@ -22,6 +22,7 @@ import inspect
 import json
 import logging
 import math
+import pickle
 import zipfile
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
@@ -37,8 +38,9 @@ from ..core.version import __version__
 from ..core.workers import capture_warnings, replay_warnings
 from ..datasets import BaseDataset
 from ..datasets.regions import Region, rasterize
+from .worker_state import State, loads, process_state
 
-__all__ = ["GroundTruth", "ground_truth", "rasterize_stack", "ground_truth_key", "cache_file", "cached_ground_truth", "read_cache",
+__all__ = ["GroundTruth", "ground_truth", "rasterize_stack", "shippable", "ground_truth_key", "cache_file", "cached_ground_truth", "read_cache",
            "write_cache", "CACHE_FORMAT", "MIN_CHUNK"]
 
 log = logging.getLogger("xbench.evaluation")
@@ -83,27 +85,51 @@ def _rasterise_rows(dataset: BaseDataset, rows: np.ndarray, grid: tuple[int, int
             for f, (idx, masks) in found.items()}
 
 
+def _rasterise_job(state: State, blob: bytes, rows: np.ndarray, grid: tuple[int, int],
+                   findings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """:func:`_rasterise_rows` in a worker: the dataset arrives pickled, read after the parent's state."""
+    return _rasterise_rows(loads(state, blob), rows, grid, findings)
+
+
+def shippable(dataset: BaseDataset) -> tuple[State, bytes] | None:
+    """``(parent state, pickled dataset)`` for worker jobs, or None (with a log line saying why) when either
+    cannot be pickled: then the dataset is handled in the calling process."""
+    state, why = process_state()
+    if state is not None:
+        try:
+            return state, pickle.dumps(dataset)
+        except Exception as exc:  # PicklingError, TypeError, AttributeError ("Can't pickle local object")
+            why = f"the dataset cannot be pickled ({type(exc).__name__}: {exc})"
+    else:
+        why = f"the metric table or config folders cannot be pickled ({why})"
+    log.info("%s: evaluated in this process, not in workers: %s", dataset.name, why)
+    return None
+
+
 def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True,
-                 pool: Executor | None = None, workers: int = 1,
-                 warning_registry: dict | None = None) -> dict[str, GroundTruth]:
+                 pool: Executor | None = None, workers: int = 1, warning_registry: dict | None = None,
+                 shipped: tuple[State, bytes] | None = None) -> dict[str, GroundTruth]:
     """Finding → :class:`GroundTruth` (row indices, bool masks ``(n, *grid)``, positives without a region).
 
     With a ``pool`` of ``workers`` processes the positive cases are split into chunks of consecutive rows
     (at least :data:`MIN_CHUNK`, about four per worker) rasterised in the pool and concatenated in row order:
     the same masks, bit for bit, as the serial loop. Without a pool (or with a single chunk) it runs here.
     Warnings of the pool's jobs are raised here (``warning_registry``: see
-    :func:`~xbench.core.workers.replay_warnings`).
+    :func:`~xbench.core.workers.replay_warnings`). ``shipped``: :func:`shippable` of the dataset, if the
+    caller made it already.
     """
     labels = dataset.labels()
     findings = _localized(dataset)
     rows = np.flatnonzero((labels == 1).any(axis=1))
     size = max(MIN_CHUNK, math.ceil(len(rows) / max(1, 4 * workers)))
     chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
-    if pool is None or len(chunks) <= 1:
+    if pool is not None and len(chunks) > 1 and shipped is None:
+        shipped = shippable(dataset)
+    if pool is None or len(chunks) <= 1 or shipped is None:
         parts = [_rasterise_rows(dataset, progress_iter(rows, desc=f"ground truth {dataset.name}", unit="case",
                                                         disable=not progress), grid, findings)]
     else:
-        futures = [pool.submit(capture_warnings, _rasterise_rows, dataset, chunk, grid, findings) for chunk in chunks]
+        futures = [pool.submit(capture_warnings, _rasterise_job, *shipped, chunk, grid, findings) for chunk in chunks]
         bar = progress_bar(total=len(rows), desc=f"ground truth {dataset.name}", unit="case", disable=not progress)
         parts = []
         try:
@@ -239,7 +265,8 @@ def read_cache(path: str | Path, key: Mapping[str, Any]) -> dict[str, GroundTrut
 
 def cached_ground_truth(dataset: BaseDataset, grid: tuple[int, int], folder: str | Path, *,
                         options: Mapping[str, Any] | None = None, pool: Executor | None = None, workers: int = 1,
-                        progress: bool = True, warning_registry: dict | None = None) -> tuple[dict[str, GroundTruth], Path, dict[str, Any], str]:
+                        progress: bool = True, warning_registry: dict | None = None,
+                        shipped: tuple[State, bytes] | None = None) -> tuple[dict[str, GroundTruth], Path, dict[str, Any], str]:
     """:func:`ground_truth` through the cache in ``folder``: ``(gt, file, key, status)``, status one of
     ``"hit"``, ``"miss"``, ``"stale"``, ``"damaged"`` (the last three recompute and rewrite the file)."""
     key = ground_truth_key(dataset, grid, options)
@@ -251,6 +278,7 @@ def cached_ground_truth(dataset: BaseDataset, grid: tuple[int, int], folder: str
     except CacheUnusable as exc:
         status = exc.reason
         log.info("ground-truth cache %s is %s; recomputing it", path, exc)
-    gt = ground_truth(dataset, grid, progress=progress, pool=pool, workers=workers, warning_registry=warning_registry)
+    gt = ground_truth(dataset, grid, progress=progress, pool=pool, workers=workers, warning_registry=warning_registry,
+                      shipped=shipped)
     write_cache(path, key, gt)
     return gt, path, key, status
