@@ -3,7 +3,8 @@
 For every (dataset, model) of a run config:
 
 * ground truth of each positive (case, finding) pair is rasterised at the
-  evaluation grid (``grid``, default 224×224) once per dataset; positives without
+  evaluation grid (``grid``, default 224×224) once per dataset and cached
+  (:mod:`xbench.evaluation.ground_truth`: ``<output_dir>/cache/ground_truth/``); positives without
   a drawn region (e.g. CheXlocalize classes that are recognition-only) and
   negatives take no part in grounding; cases the runner skipped (missing image)
   are left out of every metric and counted;
@@ -22,6 +23,9 @@ Dice / IoU per τ per class), ``models.csv`` (model metadata) and
 ``evaluation_log.json`` (counts of pairs evaluated and excluded, and why), and the paired model
 comparisons ``comparisons.csv`` / ``ranks.csv`` (:mod:`xbench.evaluation.comparisons`: differences with CIs and
 Holm-corrected p-values, rank intervals, from the same bootstrap replicates as the CIs).
+
+The (dataset, model) pairs run in ``eval_workers`` processes (:func:`evaluate_run`); the tables are byte-identical
+to the serial evaluation's.
 """
 from __future__ import annotations
 
@@ -207,8 +211,8 @@ def _evaluate_pair_job(state: State, blob: bytes, cfg: RunConfig, name: str, mod
     """:func:`evaluate_pair` in a worker process (ground truth read from the run's cache), with the model's
     ``model_info``. An error comes back naming the pair: as itself when it is an :class:`XBenchError` whose
     message names both dataset and model and that crosses the process boundary intact, else as a
-    :class:`PairError`. The dataset ``name`` arrives pickled (``blob``), read after the parent's ``state``
-    (:mod:`xbench.evaluation.worker_state`)."""
+    :class:`PairError`. The dataset (called ``name``) arrives pickled as ``blob`` and is read after the
+    parent's ``state`` is installed (:mod:`xbench.evaluation.worker_state`)."""
     try:
         dataset = loads(state, blob)
         store = ResultStore(cfg.output_dir)
