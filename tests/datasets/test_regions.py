@@ -139,6 +139,39 @@ def test_bounding_box_resampling_is_bit_identical_to_the_whole_image():
                               _whole_image_resample(values, grid).view(np.uint64)), (i, "float")
 
 
+def test_rasterize_on_bounding_boxes_equals_the_whole_image_union():
+    """rasterize cuts every polygon / mask to the box of its pixels before the union and the resampling: the
+    masks equal, bit for bit, the union at full size resampled over the whole image (the definition), for 300
+    random mixes of polygons (partly outside the image, degenerate, empty), encoded masks and boxes."""
+    from xbench.datasets.regions import GAMMA
+
+    rng = np.random.default_rng(7)
+    for i in range(300):
+        h, w = (int(v) for v in rng.integers(8, 1200 if i % 30 == 0 else 300, size=2))
+        grid = (h, w) if i % 10 == 0 else tuple(int(v) for v in rng.integers(1, 120, size=2))
+        regions, fine, boxes = [], np.zeros((h, w), bool), np.zeros(grid, bool)
+        for _ in range(int(rng.integers(1, 4))):
+            kind = int(rng.integers(0, 4))
+            if kind == 0:
+                n = int(rng.integers(0, 7))  # 0: empty, 1: a point, 2: a line
+                pts = np.c_[rng.uniform(-0.3 * w, 1.3 * w, n), rng.uniform(-0.3 * h, 1.3 * h, n)]
+                regions.append(Polygon(pts))
+                fine |= polygon_mask(pts, (h, w))
+            elif kind == 1:
+                m = np.zeros((h, w), bool)
+                y0, x0 = int(rng.integers(0, h)), int(rng.integers(0, w))
+                m[y0:y0 + int(rng.integers(1, h)), x0:x0 + int(rng.integers(1, w))] = rng.random() < 0.9
+                regions.append(encoded(m))
+                fine |= m
+            else:
+                x0, y0 = rng.uniform(0, w), rng.uniform(0, h)
+                box = Box(x0, y0, x0 + rng.uniform(0, w), y0 + rng.uniform(0, h))
+                regions.append(box)
+                boxes |= rasterize([box], (h, w), grid)
+        whole = fine if grid == (h, w) else _whole_image_resample(fine, grid) >= GAMMA - 1e-9
+        assert np.array_equal(rasterize(regions, (h, w), grid), whole | boxes), (i, (h, w), grid)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.floats(0, 60), st.floats(0, 60), st.floats(1, 40), st.floats(1, 40), st.integers(1, 40), st.integers(1, 40))
 def test_box_rule_matches_brute_force(x, y, bw, bh, gh, gw):
