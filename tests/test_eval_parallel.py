@@ -91,6 +91,17 @@ def test_cache_miss_then_hit_without_rasterising(phantom, tmp_path, monkeypatch)
     assert gtm.cache_file(tmp_path, phantom, GRID, {"cases": 23}) != path
 
 
+def test_cache_round_trip_keeps_findings_without_pairs(tmp_path):
+    """A finding with no grounding pair (0 rows) and an odd grid (bits not a multiple of 8) survive the cache."""
+    rng = np.random.default_rng(0)
+    grid = (5, 7)
+    gt = {"A": gtm.GroundTruth(np.array([1, 4, 9]), rng.random((3, *grid)) < 0.5, 2),
+          "B": gtm.GroundTruth(np.zeros(0, int), np.zeros((0, *grid), bool), 4)}
+    key = {"grid": list(grid), "dataset": "x"}
+    path = gtm.write_cache(tmp_path / "gt.npz", key, gt)
+    _same(gtm.read_cache(path, key), gt)
+
+
 @pytest.mark.parametrize("change", ["annotations", "code", "classes", "cases"])
 def test_stale_cache_is_recomputed_not_served(phantom, tmp_path, change):
     fresh, path, key, _ = gtm.cached_ground_truth(phantom, GRID, tmp_path, progress=False)

@@ -211,7 +211,8 @@ def write_cache(path: str | Path, key: Mapping[str, Any], gt: Mapping[str, Groun
     arrays: dict[str, np.ndarray] = {"findings": np.array(list(gt), dtype=str)}
     for i, g in enumerate(gt.values()):
         arrays[f"rows{i}"] = np.asarray(g.rows, np.int64)
-        arrays[f"masks{i}"] = np.packbits(np.asarray(g.masks, bool).reshape(len(g.rows), -1), axis=1)
+        masks = np.asarray(g.masks, bool)
+        arrays[f"masks{i}"] = np.packbits(masks.reshape(len(masks), int(np.prod(masks.shape[1:]))), axis=1)
         arrays[f"no_region{i}"] = np.asarray(g.no_region, np.int64)
     text = _key_text(key)
     payload = {**arrays, "key": np.array(text), "digest": np.array(_payload_digest(text, arrays))}
