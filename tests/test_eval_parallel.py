@@ -250,3 +250,33 @@ def test_a_metric_registered_at_run_time_reaches_the_workers(phantom_run, tmp_pa
         sys.modules.pop("xb_energy_metric", None)
     assert b"energy_pointing" in serial["metrics.csv"]
     assert [n for n in serial if serial[n] != parallel[n]] == []
+
+
+def _errors():
+    import errno
+
+    from xbench.core import errors as e
+
+    return [e.FormatError("a.csv", "bad value", line=3, field="x"), e.MissingFileError("a.png", "image", "https://x"),
+            e.UnknownNameError("model", "clp", ["clip"]), e.OutputError("/out/t.csv", OSError(errno.ENOSPC, "full")),
+            e.StoreError("store/x/meta.json is damaged"), e.CheckpointError("missing keys"), XBenchError("plain")]
+
+
+@pytest.mark.parametrize("error", _errors(), ids=lambda err: type(err).__name__)
+def test_every_xbench_error_crosses_a_process_boundary_as_itself(error):
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error) and str(copy) == str(error) and copy.args == error.args
+    assert copy.__dict__ == error.__dict__ and getattr(copy, "errno", None) == getattr(error, "errno", None)
+
+
+def test_a_ground_truth_job_error_names_the_dataset_when_it_cannot_cross(phantom, monkeypatch):
+    class Odd(Exception):  # a constructor that pickling cannot call again
+        def __init__(self, a, b):
+            super().__init__(f"{a}/{b}")
+
+    def broken(*args):
+        raise Odd(1, 2)
+
+    monkeypatch.setattr(gtm, "_rasterise_rows", broken)
+    with pytest.raises(XBenchError, match=r"phantom: ground truth of dataset rows 0–5: Odd: 1/2"):
+        gtm._rasterise_job(*gtm.shippable(phantom), "phantom", np.arange(6), GRID, phantom.findings)

@@ -35,7 +35,7 @@ from typing import Any
 
 from .errors import XBenchError
 
-__all__ = ["resolve_workers", "process_pool", "single_threaded", "one_blas_thread", "capture_warnings", "replay_warnings", "Caught"]
+__all__ = ["resolve_workers", "process_pool", "single_threaded", "one_blas_thread", "round_trips", "capture_warnings", "replay_warnings", "Caught"]
 
 #: a warning recorded in a worker: (message text, category, file name, line number)
 Caught = tuple[str, type[Warning], str, int]
@@ -141,6 +141,18 @@ class _Pool(ProcessPoolExecutor):
             return super().submit(fn, *args, **kwargs)
         with _main_hidden():
             return super().submit(fn, *args, **kwargs)
+
+
+def round_trips(exc: BaseException) -> bool:
+    """Whether ``exc`` pickles back as its own type with the same message (every XBench error does; an error
+    whose constructor takes other arguments than its message may not), i.e. can cross from a worker as itself."""
+    import pickle
+
+    try:
+        copy = pickle.loads(pickle.dumps(exc))
+        return type(copy) is type(exc) and str(copy) == str(exc)
+    except Exception:
+        return False
 
 
 def capture_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[Caught]]:

@@ -46,7 +46,7 @@ from ..spec.config import RunConfig
 from ..datasets import BaseDataset, open_dataset
 from ..core.errors import XBenchError
 from ..core.logs import progress_bar
-from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers
+from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers, round_trips
 from ..metrics import BEST_TAU, THRESHOLDS, ScoredTable, grounding_scores, scored_table
 from ..store.results import ResultStore, write_table
 from ..models.windows import is_whole_image, place_maps
@@ -183,15 +183,6 @@ class PairError(XBenchError):
         return (PairError, (self.dataset, self.model, self.message, self.original))
 
 
-def _picklable(exc: BaseException) -> bool:
-    import pickle
-
-    try:
-        return type(pickle.loads(pickle.dumps(exc))) is type(exc)
-    except Exception:
-        return False
-
-
 _GT_MEMO: dict[str, tuple[str, dict[str, GroundTruth]]] = {}  # worker: the last ground truth file read
 
 
@@ -220,7 +211,7 @@ def _evaluate_pair_job(state: State, blob: bytes, cfg: RunConfig, name: str, mod
         return result, store.meta(dataset.name, model)["model_info"]
     except Exception as exc:
         text = str(exc)
-        if isinstance(exc, XBenchError) and name in text and model in text and _picklable(exc):
+        if isinstance(exc, XBenchError) and name in text and model in text and round_trips(exc):
             raise
         raise PairError(name, model, f"{name} × {model}: {type(exc).__name__}: {text}", type(exc).__name__) from exc
 

@@ -35,7 +35,8 @@ import pandas as pd
 from ..core.atomic import atomic_write
 from ..core.logs import progress_bar, progress_iter
 from ..core.version import __version__
-from ..core.workers import capture_warnings, replay_warnings
+from ..core.errors import XBenchError
+from ..core.workers import capture_warnings, replay_warnings, round_trips
 from ..datasets import BaseDataset
 from ..datasets.regions import Region, rasterize
 from .worker_state import State, loads, process_state
@@ -85,10 +86,18 @@ def _rasterise_rows(dataset: BaseDataset, rows: np.ndarray, grid: tuple[int, int
             for f, (idx, masks) in found.items()}
 
 
-def _rasterise_job(state: State, blob: bytes, rows: np.ndarray, grid: tuple[int, int],
+def _rasterise_job(state: State, blob: bytes, name: str, rows: np.ndarray, grid: tuple[int, int],
                    findings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """:func:`_rasterise_rows` in a worker: the dataset arrives pickled, read after the parent's state."""
-    return _rasterise_rows(loads(state, blob), rows, grid, findings)
+    """:func:`_rasterise_rows` in a worker: the dataset (called ``name``) arrives pickled, read after the parent's
+    state. An error comes back as itself (XBench errors name their file and line), or, when it cannot cross
+    the process boundary intact, as an :class:`~xbench.core.errors.XBenchError` naming the dataset and rows."""
+    try:
+        return _rasterise_rows(loads(state, blob), rows, grid, findings)
+    except Exception as exc:
+        if round_trips(exc):
+            raise
+        raise XBenchError(f"{name}: ground truth of dataset rows {rows[0]}–{rows[-1]}: {type(exc).__name__}: "
+                          f"{exc}") from exc
 
 
 def shippable(dataset: BaseDataset) -> tuple[State, bytes] | None:
@@ -129,7 +138,8 @@ def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool 
         parts = [_rasterise_rows(dataset, progress_iter(rows, desc=f"ground truth {dataset.name}", unit="case",
                                                         disable=not progress), grid, findings)]
     else:
-        futures = [pool.submit(capture_warnings, _rasterise_job, *shipped, chunk, grid, findings) for chunk in chunks]
+        futures = [pool.submit(capture_warnings, _rasterise_job, *shipped, dataset.name, chunk, grid, findings)
+                   for chunk in chunks]
         bar = progress_bar(total=len(rows), desc=f"ground truth {dataset.name}", unit="case", disable=not progress)
         parts = []
         try:
