@@ -297,3 +297,18 @@ def test_manifest_valid_and_counts(root):
     found = counts(open_ds(root))
     assert found["cases"] == 3 and found["regions"] == 3  # Cardiomegaly, Airspace Opacity (A), Support Devices (B)
     assert found["positives"]["Fracture"] == 1 and found["region_counts"]["Fracture"] == 0
+
+
+def test_dataset_pickles_with_its_lazy_rle_masks(root):
+    """Evaluation workers receive the dataset pickled: its lazy RLE decoders survive and decode the same."""
+    import pickle
+
+    ds = open_ds(root)
+    copy = pickle.loads(pickle.dumps(ds))
+    compared = 0
+    for i in range(len(ds)):
+        for f in ds.findings:
+            if ds[i].regions.get(f):
+                assert np.array_equal(copy[i].mask(f, (32, 32)), ds[i].mask(f, (32, 32)))
+                compared += 1
+    assert compared > 0

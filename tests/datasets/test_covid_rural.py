@@ -201,3 +201,15 @@ def test_only_images_with_an_opacity_are_positive_pairs(root):
     assert ds.labels()[:, 0].tolist() == [1.0, 1.0]
     rows, masks, no_region = ground_truth(ds, (16, 16), progress=False)[ds.findings[0]]
     assert rows.tolist() == [0] and masks.shape == (1, 16, 16) and masks.any() and no_region == 1
+
+
+def test_dataset_pickles_with_its_lazy_masks(root):
+    """Evaluation workers receive the dataset pickled: its lazy mask readers survive and decode the same."""
+    import pickle
+
+    ds = open_ds(root)
+    copy = pickle.loads(pickle.dumps(ds))
+    for i in range(len(ds)):
+        f = ds.findings[0]
+        assert np.array_equal(copy[i].mask(f, (16, 16)), ds[i].mask(f, (16, 16)))
+        assert np.array_equal(copy[i].mask(f), ds[i].mask(f))

@@ -12,6 +12,7 @@ from pycocotools import mask as mask_utils
 
 from xbench.datasets.base import Box, EncodedMask, Polygon
 from xbench.datasets.regions import (
+    _resample_axis,
     area_resample,
     decode_coco_rle,
     decode_siim_rle,
@@ -101,6 +102,74 @@ def test_area_resampling_preserves_covered_area(h, w, gh, gw, seed):
     frac = area_resample(fine, (gh, gw))
     assert frac.min() >= 0 and frac.max() <= 1
     assert frac.mean() == pytest.approx(fine.mean(), abs=1e-9)
+
+
+def _whole_image_resample(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """The area resampling integrated over the whole image (no bounding box): the reference of the fast path."""
+    return np.clip(_resample_axis(_resample_axis(np.asarray(mask, np.float64), grid[0], 0), grid[1], 1), 0.0, 1.0)
+
+
+def test_bounding_box_resampling_is_bit_identical_to_the_whole_image():
+    """Only the mask's bounding box is integrated; the result is the whole image's, bit for bit: 400 random
+    masks (blobs, polygons, touching edges / corners, single pixels, fractional values, empty), 1–3,000 px,
+    down- and up-scaled, square and not."""
+    rng = np.random.default_rng(22)
+    for i in range(400):
+        h, w = (int(v) for v in rng.integers(1, 3000 if i % 50 == 0 else 400, size=2))
+        gh, gw = (int(v) for v in rng.integers(1, 300, size=2))
+        mask = np.zeros((h, w), bool)
+        kind = i % 5
+        y0, x0 = int(rng.integers(0, h)), int(rng.integers(0, w))
+        y1, x1 = int(rng.integers(y0, h)) + 1, int(rng.integers(x0, w)) + 1
+        if kind == 0:  # random blob inside a random box
+            mask[y0:y1, x0:x1] = rng.random((y1 - y0, x1 - x0)) < 0.6
+        elif kind == 1:  # a polygon, possibly clipped by the image edges
+            pts = np.c_[rng.uniform(-0.2 * w, 1.2 * w, 8), rng.uniform(-0.2 * h, 1.2 * h, 8)]
+            mask = polygon_mask(pts, (h, w))
+        elif kind == 2:  # touching two edges
+            mask[y0:, :x1] = True
+        elif kind == 3:  # one pixel
+            mask[y0, x0] = True
+        grid = (gh, gw)
+        fast, whole = area_resample(mask, grid), _whole_image_resample(mask, grid)
+        assert fast.dtype == whole.dtype == np.float64 and fast.shape == whole.shape == grid
+        assert np.array_equal(fast.view(np.uint64), whole.view(np.uint64)), (i, kind, (h, w), grid)
+        values = mask * rng.random((h, w))  # fractional coverage
+        assert np.array_equal(area_resample(values, grid).view(np.uint64),
+                              _whole_image_resample(values, grid).view(np.uint64)), (i, "float")
+
+
+def test_rasterize_on_bounding_boxes_equals_the_whole_image_union():
+    """rasterize cuts every polygon / mask to the box of its pixels before the union and the resampling: the
+    masks equal, bit for bit, the union at full size resampled over the whole image (the definition), for 300
+    random mixes of polygons (partly outside the image, degenerate, empty), encoded masks and boxes."""
+    from xbench.datasets.regions import GAMMA
+
+    rng = np.random.default_rng(7)
+    for i in range(300):
+        h, w = (int(v) for v in rng.integers(8, 1200 if i % 30 == 0 else 300, size=2))
+        grid = (h, w) if i % 10 == 0 else tuple(int(v) for v in rng.integers(1, 120, size=2))
+        regions, fine, boxes = [], np.zeros((h, w), bool), np.zeros(grid, bool)
+        for _ in range(int(rng.integers(1, 4))):
+            kind = int(rng.integers(0, 4))
+            if kind == 0:
+                n = int(rng.integers(0, 7))  # 0: empty, 1: a point, 2: a line
+                pts = np.c_[rng.uniform(-0.3 * w, 1.3 * w, n), rng.uniform(-0.3 * h, 1.3 * h, n)]
+                regions.append(Polygon(pts))
+                fine |= polygon_mask(pts, (h, w))
+            elif kind == 1:
+                m = np.zeros((h, w), bool)
+                y0, x0 = int(rng.integers(0, h)), int(rng.integers(0, w))
+                m[y0:y0 + int(rng.integers(1, h)), x0:x0 + int(rng.integers(1, w))] = rng.random() < 0.9
+                regions.append(encoded(m))
+                fine |= m
+            else:
+                x0, y0 = rng.uniform(0, w), rng.uniform(0, h)
+                box = Box(x0, y0, x0 + rng.uniform(0, w), y0 + rng.uniform(0, h))
+                regions.append(box)
+                boxes |= rasterize([box], (h, w), grid)
+        whole = fine if grid == (h, w) else _whole_image_resample(fine, grid) >= GAMMA - 1e-9
+        assert np.array_equal(rasterize(regions, (h, w), grid), whole | boxes), (i, (h, w), grid)
 
 
 @settings(max_examples=40, deadline=None)

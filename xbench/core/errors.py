@@ -12,7 +12,22 @@ from pathlib import Path
 
 
 class XBenchError(Exception):
-    """Base class of every error raised by XBench."""
+    """Base class of every error raised by XBench.
+
+    Every XBench error pickles as its type, ``args`` and attributes, whatever its constructor takes, so an error
+    raised in a worker process reaches the caller as itself (same type, same message).
+    """
+
+    def __reduce__(self) -> tuple:
+        return _rebuild_error, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuild_error(cls: type, args: tuple, state: dict) -> BaseException:
+    """An XBench error of type ``cls`` with ``args`` and attributes ``state``, without calling its ``__init__``."""
+    error = cls.__new__(cls, *args)
+    (OSError if isinstance(error, OSError) else BaseException).__init__(error, *args)  # OSError: errno, strerror
+    error.__dict__.update(state)
+    return error
 
 
 class XBenchWarning(UserWarning):

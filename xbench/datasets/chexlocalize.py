@@ -53,6 +53,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -344,18 +345,21 @@ def rle_length(counts: str) -> int:
 
 
 def _rle_decoder(path: Path, record: int, cxr_id: str, task: str, rle: dict[str, Any]) -> Callable[[], np.ndarray]:
-    def decode() -> np.ndarray:
-        height, width = rle["size"]
-        try:
-            total = rle_length(rle["counts"])
-        except ValueError as exc:
-            raise FormatError(path, f"{cxr_id}/{task}: malformed RLE counts: {exc}", line=record, field=task) from exc
-        if total != height * width:
-            raise FormatError(path, f"{cxr_id}/{task}: RLE runs cover {total} pixels, size {height}x{width} has "
-                              f"{height * width} (RLE size mismatch)", line=record, field=task)
-        try:
-            return decode_coco_rle(rle)
-        except ValueError as exc:
-            raise FormatError(path, f"{cxr_id}/{task}: {exc}", line=record, field=task) from exc
+    """Lazy decoder of one COCO RLE mask (picklable: a dataset crosses to evaluation worker processes)."""
+    return partial(_decode_rle, path, record, cxr_id, task, rle)
 
-    return decode
+
+def _decode_rle(path: Path, record: int, cxr_id: str, task: str, rle: dict[str, Any]) -> np.ndarray:
+    """The mask of :func:`_rle_decoder`, checked and decoded now."""
+    height, width = rle["size"]
+    try:
+        total = rle_length(rle["counts"])
+    except ValueError as exc:
+        raise FormatError(path, f"{cxr_id}/{task}: malformed RLE counts: {exc}", line=record, field=task) from exc
+    if total != height * width:
+        raise FormatError(path, f"{cxr_id}/{task}: RLE runs cover {total} pixels, size {height}x{width} has "
+                          f"{height * width} (RLE size mismatch)", line=record, field=task)
+    try:
+        return decode_coco_rle(rle)
+    except ValueError as exc:
+        raise FormatError(path, f"{cxr_id}/{task}: {exc}", line=record, field=task) from exc

@@ -46,6 +46,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,24 +175,26 @@ class COVIDRural(BaseDataset):
 
 
 def _mask_reader(mask_path: Path, image_path: Path) -> Callable[[], np.ndarray]:
-    """Lazy decoder of one binary PNG mask (values {0, 1}) → bool ``(H, W)``."""
+    """Lazy decoder of one binary PNG mask (values {0, 1}) → bool ``(H, W)`` (picklable: a dataset crosses to
+    evaluation worker processes)."""
+    return partial(_read_mask, mask_path, image_path)
 
-    def decode() -> np.ndarray:
-        from PIL import Image, UnidentifiedImageError
 
-        try:
-            with Image.open(mask_path) as img:
-                mask = np.asarray(img)
-        except (UnidentifiedImageError, OSError) as exc:
-            raise FormatError(mask_path, f"not a readable PNG mask: {exc}") from exc
-        if mask.ndim != 2:
-            raise FormatError(mask_path, f"expected a single-channel mask, got shape {mask.shape}")
-        values = np.unique(mask)
-        if not np.isin(values, (0, 1)).all():
-            raise FormatError(mask_path, f"expected mask values in {{0, 1}}, got {values[:10].tolist()}")
-        if image_path.is_file() and image_size(image_path) != mask.shape:
-            raise FormatError(mask_path, f"mask size {mask.shape} differs from the image {image_path.name} "
-                              f"size {image_size(image_path)}")
-        return mask.astype(bool)
+def _read_mask(mask_path: Path, image_path: Path) -> np.ndarray:
+    """The mask of :func:`_mask_reader`, read and checked now."""
+    from PIL import Image, UnidentifiedImageError
 
-    return decode
+    try:
+        with Image.open(mask_path) as img:
+            mask = np.asarray(img)
+    except (UnidentifiedImageError, OSError) as exc:
+        raise FormatError(mask_path, f"not a readable PNG mask: {exc}") from exc
+    if mask.ndim != 2:
+        raise FormatError(mask_path, f"expected a single-channel mask, got shape {mask.shape}")
+    values = np.unique(mask)
+    if not np.isin(values, (0, 1)).all():
+        raise FormatError(mask_path, f"expected mask values in {{0, 1}}, got {values[:10].tolist()}")
+    if image_path.is_file() and image_size(image_path) != mask.shape:
+        raise FormatError(mask_path, f"mask size {mask.shape} differs from the image {image_path.name} "
+                          f"size {image_size(image_path)}")
+    return mask.astype(bool)

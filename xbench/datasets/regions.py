@@ -41,7 +41,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -123,6 +123,11 @@ def polygon_mask(points: np.ndarray | Sequence[Sequence[float]], size: tuple[int
     size : (int, int)
         ``(H, W)`` of the image.
     """
+    return np.asarray(_polygon_canvas(points, size), dtype=bool)
+
+
+def _polygon_canvas(points: np.ndarray | Sequence[Sequence[float]], size: tuple[int, int]) -> Any:
+    """The PIL ``L`` image of :func:`polygon_mask` (1 inside, 0 outside), at full size."""
     from PIL import Image, ImageDraw
 
     height, width = _check_size(size, "size")
@@ -136,20 +141,61 @@ def polygon_mask(points: np.ndarray | Sequence[Sequence[float]], size: tuple[int
             ImageDraw.Draw(canvas).point(coords, fill=1)
         else:
             ImageDraw.Draw(canvas).polygon(coords, outline=1, fill=1)
-    return np.asarray(canvas, dtype=bool)
+    return canvas
 
 
-def _resample_axis(values: np.ndarray, new: int, axis: int) -> np.ndarray:
-    """Exact area average of a piecewise-constant array along ``axis`` onto ``new`` cells."""
-    old = values.shape[axis]
+#: a part of a full-size mask: (bool crop, top row, left column); zero outside the crop
+_Crop = tuple[np.ndarray, int, int]
+
+
+def _polygon_crop(points: np.ndarray | Sequence[Sequence[float]], size: tuple[int, int]) -> _Crop | None:
+    """:func:`polygon_mask` cut to the bounding box of its pixels (None when it draws none)."""
+    canvas = _polygon_canvas(points, size)
+    box = canvas.getbbox()  # (left, upper, right, lower) of the non-zero pixels, or None
+    if box is None:
+        return None
+    return np.asarray(canvas.crop(box), dtype=bool), box[1], box[0]
+
+
+def _crop(mask: np.ndarray) -> _Crop | None:
+    """A full-size mask cut to the bounding box of its non-zero pixels (None when it has none)."""
+    nonzero = mask != 0
+    rows, cols = np.flatnonzero(nonzero.any(axis=1)), np.flatnonzero(nonzero.any(axis=0))
+    if not len(rows):
+        return None
+    r0, c0 = int(rows[0]), int(cols[0])
+    return mask[r0:rows[-1] + 1, c0:cols[-1] + 1], r0, c0
+
+
+def _union(parts: list[_Crop]) -> _Crop:
+    """The union of bool crops, on the smallest box holding them all."""
+    if len(parts) == 1:
+        return parts[0]
+    r0, c0 = min(r for _, r, _ in parts), min(c for _, _, c in parts)
+    r1, c1 = max(r + m.shape[0] for m, r, _ in parts), max(c + m.shape[1] for m, _, c in parts)
+    out = np.zeros((r1 - r0, c1 - c0), bool)
+    for m, r, c in parts:
+        out[r - r0:r - r0 + m.shape[0], c - c0:c - c0 + m.shape[1]] |= m
+    return out, r0, c0
+
+
+def _resample_axis(values: np.ndarray, new: int, axis: int, old: int | None = None, lo: int = 0) -> np.ndarray:
+    """Exact area average of a piecewise-constant array along ``axis`` onto ``new`` cells.
+
+    ``values`` may be the slab ``[lo, lo + n)`` of an axis of length ``old`` that is zero outside it: the
+    cumulative sums of the whole axis are 0 before the slab and constant after it, so they are read from the
+    slab's own (same additions in the same order) and the result is bit for bit that of the whole axis.
+    """
+    n = values.shape[axis]
+    old = n if old is None else old
     cum = np.concatenate([np.zeros_like(np.take(values, [0], axis=axis)), np.cumsum(values, axis=axis)], axis=axis)
     edges = np.arange(new + 1) * (old / new)
     base = np.minimum(np.floor(edges).astype(np.int64), old - 1)
     frac = edges - base
     shape = [1] * values.ndim
     shape[axis] = new + 1
-    lower = np.take(cum, base, axis=axis)
-    upper = np.take(cum, base + 1, axis=axis)
+    lower = np.take(cum, np.clip(base - lo, 0, n), axis=axis)
+    upper = np.take(cum, np.clip(base + 1 - lo, 0, n), axis=axis)
     integral = lower + frac.reshape(shape) * (upper - lower)  # ∫ values from 0 to each edge
     return np.diff(integral, axis=axis) / (old / new)
 
@@ -160,14 +206,25 @@ def area_resample(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
     Exact for any ratio (down- or up-sampling): the mask is treated as
     piecewise constant over its pixels and integrated over each target
     pixel's footprint (module docstring), separably along rows then columns.
+    Only the bounding box of the mask's non-zero pixels is integrated (the same
+    values, bit for bit, as the whole image: see :func:`_resample_axis`), so a
+    small region on a large image costs what its box costs.
     """
     h, w = _check_size(grid, "grid")
-    values = np.asarray(mask, dtype=np.float64)
+    values = np.asarray(mask)
     if values.ndim != 2:
         raise ValueError(f"mask must be 2-D (H, W), got shape {values.shape}")
     if values.shape == (h, w):
-        return values
-    return np.clip(_resample_axis(_resample_axis(values, h, 0), w, 1), 0.0, 1.0)
+        return np.asarray(values, dtype=np.float64)
+    part = _crop(values)
+    return np.zeros((h, w)) if part is None else _resample_crop(part, values.shape, (h, w))
+
+
+def _resample_crop(part: _Crop, size: tuple[int, int], grid: tuple[int, int]) -> np.ndarray:
+    """:func:`area_resample` of a ``size`` mask that is ``part`` inside its box and zero outside."""
+    box, r0, c0 = part
+    across = _resample_axis(np.asarray(box, dtype=np.float64), grid[0], 0, old=size[0], lo=r0)
+    return np.clip(_resample_axis(across, grid[1], 1, old=size[1], lo=c0), 0.0, 1.0)
 
 
 def rasterize(regions: Sequence[Region], size: tuple[int, int], grid: tuple[int, int] | None = None) -> np.ndarray:
@@ -198,27 +255,30 @@ def rasterize(regions: Sequence[Region], size: tuple[int, int], grid: tuple[int,
     height, width = _check_size(size, "size")
     target = _check_size(grid, "grid") if grid is not None else (height, width)
     out = np.zeros(target, dtype=bool)
-    fine: np.ndarray | None = None
+    parts: list[_Crop] = []  # polygons and masks, each cut to the box of its pixels (exact: zero outside)
     for region in regions:
         if isinstance(region, Box):
             out |= box_mask(region, (height, width), target)
             continue
         if isinstance(region, Polygon):
-            part = polygon_mask(region.points, (height, width))
+            part = _polygon_crop(region.points, (height, width))
         elif isinstance(region, EncodedMask):
-            part = np.asarray(region.decode(), dtype=bool)
-            if part.shape != (height, width):
+            full = np.asarray(region.decode(), dtype=bool)
+            if full.shape != (height, width):
                 raise ValueError(
-                    f"decoded mask {region.description or ''} has shape {part.shape}, expected image size {(height, width)}"
+                    f"decoded mask {region.description or ''} has shape {full.shape}, expected image size {(height, width)}"
                 )
+            part = _crop(full)
         else:
             raise ValueError(f"unknown region type {type(region).__name__}; expected Box, Polygon or EncodedMask")
-        fine = part if fine is None else (fine | part)
-    if fine is not None:
+        if part is not None:
+            parts.append(part)
+    if parts:
+        fine, r0, c0 = _union(parts)
         if target == (height, width):
-            out |= fine
+            out[r0:r0 + fine.shape[0], c0:c0 + fine.shape[1]] |= fine
         else:
-            out |= area_resample(fine, target) >= GAMMA - _EPS
+            out |= _resample_crop((fine, r0, c0), (height, width), target) >= GAMMA - _EPS
     return out
 
 

@@ -3,7 +3,8 @@
 For every (dataset, model) of a run config:
 
 * ground truth of each positive (case, finding) pair is rasterised at the
-  evaluation grid (``grid``, default 224×224) once per dataset; positives without
+  evaluation grid (``grid``, default 224×224) once per dataset and cached
+  (:mod:`xbench.evaluation.ground_truth`: ``<output_dir>/cache/ground_truth/``); positives without
   a drawn region (e.g. CheXlocalize classes that are recognition-only) and
   negatives take no part in grounding; cases the runner skipped (missing image)
   are left out of every metric and counted;
@@ -22,6 +23,9 @@ Dice / IoU per τ per class), ``models.csv`` (model metadata) and
 ``evaluation_log.json`` (counts of pairs evaluated and excluded, and why), and the paired model
 comparisons ``comparisons.csv`` / ``ranks.csv`` (:mod:`xbench.evaluation.comparisons`: differences with CIs and
 Holm-corrected p-values, rank intervals, from the same bootstrap replicates as the CIs).
+
+The (dataset, model) pairs run in ``eval_workers`` processes (:func:`evaluate_run`); the tables are byte-identical
+to the serial evaluation's.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -40,18 +45,16 @@ from ..core.atomic import atomic_write_bytes, write_frame
 from ..spec.config import RunConfig
 from ..datasets import BaseDataset, open_dataset
 from ..core.errors import XBenchError
-from ..core.logs import progress_iter
+from ..core.logs import progress_bar
+from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers, round_trips
 from ..metrics import BEST_TAU, THRESHOLDS, ScoredTable, grounding_scores, scored_table
 from ..store.results import ResultStore, write_table
 from ..models.windows import is_whole_image, place_maps
+from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, read_cache, shippable
+from .worker_state import State, loads
 
-
-class GroundTruth(NamedTuple):
-    """Grounding pairs of one finding: dataset rows, their masks at the grid, positives left out."""
-
-    rows: np.ndarray  # (n,) int row indices into the dataset
-    masks: np.ndarray  # (n, *grid) bool
-    no_region: int  # positive cases without a region (or with one that vanishes at the grid)
+__all__ = ["GroundTruth", "PairEvaluation", "PairError", "ground_truth", "check_annotations", "evaluate_pair",
+           "evaluate_run", "load_tables"]
 
 
 class PairEvaluation(NamedTuple):
@@ -63,33 +66,6 @@ class PairEvaluation(NamedTuple):
     counts: dict[str, Any]  # pairs evaluated / excluded and why (evaluation_log.json)
     scored: ScoredTable | None = None  # tidy + its bootstrap replicates (paired model comparisons)
     rescore: Callable[..., ScoredTable] | None = None  # scored_table of these inputs; `cases=` restricts / orders
-
-
-def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True) -> dict[str, GroundTruth]:
-    """Finding → :class:`GroundTruth` (row indices, bool masks ``(n, *grid)``, positives without a region).
-
-    Only positive cases whose region is non-empty at the grid are grounding pairs; positives with
-    no drawn region (or one that vanishes at the grid) are counted, not scored. Classes marked
-    ``localized: false`` in the manifest (recognition-only) have no entry.
-    """
-    labels = dataset.labels()
-    localized = {c["name"]: c.get("localized", True) for c in dataset.manifest.get("classes", [])}
-    rows = np.flatnonzero((labels == 1).any(axis=1))
-    found: dict[str, tuple[list[int], list[np.ndarray]]] = {f: ([], []) for f in dataset.findings if localized.get(f, True)}
-    for r in progress_iter(rows, desc=f"ground truth {dataset.name}", unit="case", disable=not progress):
-        sample = dataset[int(r)]
-        for f, (idx, masks) in found.items():
-            if sample.labels.get(f) == 1 and sample.regions.get(f):
-                mask = sample.mask(f, grid)
-                if mask.any():
-                    idx.append(int(r))
-                    masks.append(mask)
-    out: dict[str, GroundTruth] = {}
-    for f, (idx, masks) in found.items():
-        positives = int((labels[:, dataset.findings.index(f)] == 1).sum())
-        out[f] = GroundTruth(np.asarray(idx, int), np.stack(masks) if masks else np.zeros((0, *grid), bool),
-                             positives - len(idx))
-    return out
 
 
 def check_annotations(dataset: BaseDataset, model: str, meta: dict) -> None:
@@ -193,28 +169,129 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
                           scored, rescore)
 
 
+class PairError(XBenchError):
+    """An error raised while a worker process evaluated one (dataset, model): the message names both.
+
+    ``original`` is the name of the error's type in the worker; its traceback is chained (``__cause__``).
+    """
+
+    def __init__(self, dataset: str, model: str, message: str, original: str = ""):
+        super().__init__(message)
+        self.dataset, self.model, self.message, self.original = dataset, model, message, original
+
+    def __reduce__(self):  # rebuilt from its fields on the other side of the process boundary
+        return (PairError, (self.dataset, self.model, self.message, self.original))
+
+
+_GT_MEMO: dict[str, tuple[str, dict[str, GroundTruth]]] = {}  # worker: the last ground truth file read
+
+
+def _worker_ground_truth(path: Path, key: dict[str, Any]) -> dict[str, GroundTruth]:
+    """The ground truth cached at ``path`` (checked against ``key``), kept in memory for the next pair of the
+    same dataset in this worker process (one file at a time)."""
+    text = json.dumps(key, sort_keys=True, default=str)
+    memo = _GT_MEMO.get(str(path))
+    if memo is None or memo[0] != text:
+        _GT_MEMO.clear()
+        _GT_MEMO[str(path)] = (text, read_cache(path, key))
+    return _GT_MEMO[str(path)][1]
+
+
+def _evaluate_pair_job(state: State, blob: bytes, cfg: RunConfig, name: str, model: str, gt_file: Path,
+                       gt_key: dict[str, Any]) -> tuple[PairEvaluation, dict[str, Any]]:
+    """:func:`evaluate_pair` in a worker process (ground truth read from the run's cache), with the model's
+    ``model_info``. An error comes back naming the pair: as itself when it is an :class:`XBenchError` whose
+    message names both dataset and model and that crosses the process boundary intact, else as a
+    :class:`PairError`. The dataset (called ``name``) arrives pickled as ``blob`` and is read after the
+    parent's ``state`` is installed (:mod:`xbench.evaluation.worker_state`)."""
+    try:
+        dataset = loads(state, blob)
+        store = ResultStore(cfg.output_dir)
+        result = evaluate_pair(cfg, dataset, model, _worker_ground_truth(gt_file, gt_key), store)
+        return result, store.meta(dataset.name, model)["model_info"]
+    except Exception as exc:
+        text = str(exc)
+        if isinstance(exc, XBenchError) and name in text and model in text and round_trips(exc):
+            raise
+        raise PairError(name, model, f"{name} × {model}: {type(exc).__name__}: {text}", type(exc).__name__) from exc
+
+
 def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
-    """Compute and write every table of a run (see the module docstring); returns the tidy table."""
+    """Compute and write every table of a run (see the module docstring); returns the tidy table.
+
+    Ground truth of each dataset comes from the run's cache (:mod:`xbench.evaluation.ground_truth`:
+    ``<output_dir>/cache/ground_truth/``, computed on a miss and shared by the dataset's models).
+    ``cfg.eval_workers`` processes (:func:`~xbench.core.workers.resolve_workers`: ``"auto"`` = min(CPUs, pairs);
+    0 / 1 = serial, in this process) rasterise ground truth and evaluate the (dataset, model) pairs; results are
+    gathered in run order (datasets, then models), and every pair's bootstrap uses ``cfg.bootstrap_seed`` as
+    it would serially, so the tables are byte-identical whatever the worker count. Every process evaluates with
+    one BLAS thread (workers and this one alike): OpenBLAS may split a matrix product's sums over its threads, so
+    with more threads the last bits of bootstrap CIs would depend on the machine's core count. Progress: at most
+    one line per finished pair.
+    """
     out = Path(cfg.output_dir) / "tables"
-    store = ResultStore(cfg.output_dir)
     from ..inference.preflight import runnable_models
 
     from .comparisons import compare_dataset, write_comparisons
 
     tidy, pairs, curves, log, models, compared = [], [], [], [], {}, []
     run_models, left_out = runnable_models(cfg, announce=False)
-    for dspec in cfg.datasets:
-        dataset = open_dataset(dspec)
-        gt = ground_truth(dataset, cfg.grid, progress=progress)
+    labels = [m.label for m in run_models]
+    workers = resolve_workers(cfg.eval_workers, len(cfg.datasets) * len(labels))
+    cache = Path(cfg.output_dir) / "cache" / "ground_truth"
+    registry: dict = {}  # warnings replayed from workers: once per (text, category, place), as serially
+    bar = progress_bar(total=len(cfg.datasets) * len(labels), desc="evaluate", unit="pair", disable=not progress)
+
+    def collect(name: str, items: list[Any]) -> None:
+        """Tables of one dataset's pairs, in model order, then its comparisons."""
         evaluated = {}
-        for mspec in run_models:
-            result = evaluated[mspec.label] = evaluate_pair(cfg, dataset, mspec.label, gt, store)
+        for label, item in zip(labels, items):
+            if isinstance(item, Future):
+                item, caught = item.result()
+                replay_warnings(caught, registry)
+            result, info = item
+            evaluated[label] = result
             tidy.append(result.tidy)
             pairs.append(result.pairs)
             curves.append(result.curves)
             log.append(result.counts)
-            models.setdefault(mspec.label, store.meta(dspec.name, mspec.label)["model_info"])
-        compared.append(compare_dataset(dataset.name, evaluated, threshold=cfg.fixed_threshold))
+            models.setdefault(label, info)
+        compared.append(compare_dataset(name, evaluated, threshold=cfg.fixed_threshold))
+
+    pool = process_pool(workers, preload=(__name__,)) if workers > 1 else None
+    blas = one_blas_thread()  # as in the workers: the tables must not depend on the BLAS thread count
+    try:
+        submitted = []  # pool: (dataset name, per model a future of (PairEvaluation, model_info)), gathered at the end
+        for dspec in cfg.datasets:
+            dataset = open_dataset(dspec)
+            shipped = shippable(dataset) if pool is not None else None
+            here = shipped is None  # serial, or the dataset / this process's state cannot cross to a worker
+            gt, gt_file, gt_key, _ = cached_ground_truth(dataset, cfg.grid, cache, options=dspec.options,
+                                                         pool=None if here else pool, workers=workers,
+                                                         progress=progress, warning_registry=registry,
+                                                         shipped=shipped)
+            items: list[Any] = []
+            for label in labels:
+                if here:  # in this process
+                    store = ResultStore(cfg.output_dir)
+                    items.append((evaluate_pair(cfg, dataset, label, gt, store), store.meta(dspec.name, label)["model_info"]))
+                    bar.update(1)
+                else:
+                    items.append(pool.submit(capture_warnings, _evaluate_pair_job, *shipped, cfg, dataset.name, label,
+                                             gt_file, gt_key))
+                    items[-1].add_done_callback(lambda _: bar.update(1))
+            if pool is None:  # serial: each dataset's tables as soon as its pairs are done
+                collect(dataset.name, items)
+            else:
+                submitted.append((dataset.name, items))
+            del gt
+        for name, items in submitted:  # run order, whatever order the workers finished in
+            collect(name, items)
+    finally:
+        blas.restore_original_limits()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
     table = pd.concat(tidy, ignore_index=True)
     write_table(table, out / "metrics")
     pair_table = pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs) else pd.DataFrame()

@@ -14,6 +14,7 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     pointing_ties: first            # first | any
     batch_size: 32
     num_workers: 0
+    eval_workers: auto              # evaluation processes: auto = min(CPUs, dataset × model pairs) | 0 or 1: serial
     precision: fp32                 # fp32 | tf32 | fp16 | bf16 (fp32: TF32 off on CUDA; fp16/bf16: autocast, CUDA only)
     device: cpu                     # cpu | cuda | cuda:1 | auto
     chunk_size: 256                 # cases per store chunk (resume granularity)
@@ -38,6 +39,10 @@ of failing it. ``explainer: gradcam`` (one of :data:`xbench.spec.registry.EXPLAI
 a post-hoc explainer's; the entry is stored and reported as ``<name>+<explainer>`` (``kad+gradcam``), beside a
 plain ``{name: kad}`` entry if there is one. A model that would run random-init (no weights, ``random_init`` in its params) is
 refused unless the run sets ``allow_random_init: true`` or the entry sets ``params: {random_init: true}``.
+
+``eval_workers`` is the number of processes that rasterise ground truth and evaluate the (dataset, model)
+pairs (spawned, one BLAS / torch thread each; ``auto``: ``min(os.cpu_count(), pairs)``; ``0`` or ``1``: serial, in
+the calling process). The tables are byte-identical for every value (:func:`xbench.evaluation.evaluate.evaluate_run`).
 
 Relative ``output_dir`` and dataset ``root`` paths are resolved against the
 current working directory.
@@ -199,6 +204,7 @@ class RunConfig:
     pointing_ties: str = "first"
     batch_size: int = 32
     num_workers: int = 0
+    eval_workers: int | str = "auto"
     precision: str = "fp32"
     device: str = "cpu"
     chunk_size: int = 256
@@ -244,6 +250,8 @@ class RunConfig:
             (self.batch_size > 0, "batch_size", "must be > 0"),
             (self.chunk_size > 0, "chunk_size", "must be > 0"),
             (self.num_workers >= 0, "num_workers", "must be >= 0"),
+            (self.eval_workers == "auto" or (isinstance(self.eval_workers, int) and self.eval_workers >= 0),
+             "eval_workers", "must be 'auto' or an integer >= 0"),
             (bool(_DEVICE.match(self.device)), "device", "must be cpu, cuda, cuda:N, mps or auto"),
             (self.bootstrap_replicates >= 0, "bootstrap_replicates", "bootstrap replicates must be >= 0"),
         ]

@@ -1,0 +1,282 @@
+"""Evaluation in parallel: the same bytes as serially, and the ground-truth cache (hit, miss, stale, damaged).
+
+* the session's phantom run evaluated serially (``eval_workers: 0``) and by two worker processes writes
+  byte-identical tables (every file evaluate_run writes);
+* ground truth rasterised by a process pool over chunks of rows equals the serial loop bit for bit;
+* the cache is served only when its key and payload digest match; a stale or damaged file is recomputed,
+  rewritten and never served;
+* an error in a worker names the (dataset, model); ``eval_workers`` is checked by the config schema.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import copy_run, tiny_run
+from xbench.core.errors import FormatError, XBenchError, XBenchWarning
+from xbench.core.workers import process_pool, resolve_workers
+from xbench.datasets import open_dataset
+from xbench.evaluation import ground_truth as gtm
+from xbench.evaluation.evaluate import PairError, _evaluate_pair_job, evaluate_run
+from xbench.spec.config import RunConfig
+
+pytestmark = pytest.mark.usefixtures("phantom_cache")
+
+GRID = (64, 64)
+
+
+def _evaluate(run_dir: Path, to: Path, workers: int | str) -> dict[str, bytes]:
+    """Evaluate a copy of ``run_dir`` (tables and caches removed first) with ``workers``; its tables' bytes."""
+    out = copy_run(run_dir, to)
+    shutil.rmtree(out / "tables", ignore_errors=True)
+    shutil.rmtree(out / "cache" / "ground_truth", ignore_errors=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        evaluate_run(RunConfig.from_dict(tiny_run(out, eval_workers=workers)), progress=False)
+    return {str(p.relative_to(out / "tables")): p.read_bytes() for p in sorted((out / "tables").rglob("*")) if p.is_file()}
+
+
+def test_serial_and_two_workers_write_byte_identical_tables(phantom_run, tmp_path):
+    serial = _evaluate(phantom_run, tmp_path / "serial", 0)
+    parallel = _evaluate(phantom_run, tmp_path / "parallel", 2)
+    expected = {"metrics.csv", "metrics.parquet", "pairs.parquet", "curves.csv", "models.csv", "evaluation_log.json",
+                "comparisons.csv", "ranks.csv"}
+    assert expected <= set(serial) and set(serial) == set(parallel)
+    differ = [name for name in serial if serial[name] != parallel[name]]
+    assert differ == [], f"tables differ between serial and 2 workers: {differ}"
+    # and the session run (eval_workers: auto) wrote the same bytes
+    for name in ("metrics.csv", "curves.csv", "comparisons.csv", "ranks.csv", "evaluation_log.json"):
+        assert (phantom_run / "tables" / name).read_bytes() == serial[name], name
+    log = json.loads(serial["evaluation_log.json"])
+    assert [e["model"] for e in log] == ["center_prior", "random_prior", "anatomical_prior"]
+
+
+@pytest.fixture(scope="module")
+def phantom(phantom_cache):
+    return open_dataset(RunConfig.from_dict(tiny_run("unused")).datasets[0])
+
+
+def _same(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for f in a:
+        assert a[f].rows.dtype == b[f].rows.dtype and np.array_equal(a[f].rows, b[f].rows), f
+        assert a[f].masks.dtype == bool and a[f].masks.shape == b[f].masks.shape, f
+        assert np.array_equal(a[f].masks, b[f].masks) and a[f].no_region == b[f].no_region, f
+
+
+def test_ground_truth_in_a_pool_equals_the_serial_loop_bit_for_bit(phantom, monkeypatch):
+    serial = gtm.ground_truth(phantom, GRID, progress=False)
+    assert sum(len(g.rows) for g in serial.values()) > 10  # there is something to compare
+    monkeypatch.setattr(gtm, "MIN_CHUNK", 3)  # several chunks of the 22 cases
+    with process_pool(2, preload=(gtm.__name__,)) as pool:
+        pooled = gtm.ground_truth(phantom, GRID, progress=False, pool=pool, workers=2)
+    _same(pooled, serial)
+
+
+def test_cache_miss_then_hit_without_rasterising(phantom, tmp_path, monkeypatch):
+    fresh, path, key, status = gtm.cached_ground_truth(phantom, GRID, tmp_path, options={"cases": 22}, progress=False)
+    assert status == "miss" and path.is_file() and path.parent == tmp_path
+    monkeypatch.setattr(gtm, "_rasterise_rows", lambda *a: pytest.fail("a cache hit must not rasterise"))
+    served, path2, key2, status = gtm.cached_ground_truth(phantom, GRID, tmp_path, options={"cases": 22}, progress=False)
+    assert status == "hit" and path2 == path and key2 == key
+    _same(served, fresh)
+    # another grid or other options: another file, computed (not served from this one)
+    assert gtm.cache_file(tmp_path, phantom, (32, 32), {"cases": 22}) != path
+    assert gtm.cache_file(tmp_path, phantom, GRID, {"cases": 23}) != path
+
+
+def test_cache_round_trip_keeps_findings_without_pairs(tmp_path):
+    """A finding with no grounding pair (0 rows) and an odd grid (bits not a multiple of 8) survive the cache."""
+    rng = np.random.default_rng(0)
+    grid = (5, 7)
+    gt = {"A": gtm.GroundTruth(np.array([1, 4, 9]), rng.random((3, *grid)) < 0.5, 2),
+          "B": gtm.GroundTruth(np.zeros(0, int), np.zeros((0, *grid), bool), 4)}
+    key = {"grid": list(grid), "dataset": "x"}
+    path = gtm.write_cache(tmp_path / "gt.npz", key, gt)
+    _same(gtm.read_cache(path, key), gt)
+
+
+@pytest.mark.parametrize("change", ["annotations", "code", "classes", "cases"])
+def test_stale_cache_is_recomputed_not_served(phantom, tmp_path, change):
+    fresh, path, key, _ = gtm.cached_ground_truth(phantom, GRID, tmp_path, progress=False)
+    # a file made from other inputs, with other masks: what a stale file would serve
+    other = {f: g._replace(masks=~g.masks) for f, g in fresh.items()}
+    gtm.write_cache(path, {**key, change: "something else"}, other)
+    with pytest.raises(gtm.CacheUnusable, match=rf"stale: .*{change} changed"):
+        gtm.read_cache(path, key)
+    served, _, _, status = gtm.cached_ground_truth(phantom, GRID, tmp_path, progress=False)
+    assert status == "stale"
+    _same(served, fresh)
+    assert gtm.cached_ground_truth(phantom, GRID, tmp_path, progress=False)[3] == "hit"  # rewritten
+
+
+def _flip_payload_byte(path: Path) -> None:
+    """Change one byte of a mask array's data inside the (uncompressed) npz, keeping its length."""
+    data = bytearray(path.read_bytes())
+    with np.load(path) as z:
+        packed = next(z[n] for n in z.files if n.startswith("masks") and z[n].size)
+    at = bytes(data).find(packed.tobytes()[:64])
+    assert at > 0
+    data[at + 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+    "empty": lambda p: p.write_bytes(b""),
+    "not a zip": lambda p: p.write_bytes(b"hello" * 100),
+    "flipped byte": _flip_payload_byte,
+}
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_damaged_cache_is_recomputed_not_served(phantom, tmp_path, kind):
+    fresh, path, key, _ = gtm.cached_ground_truth(phantom, GRID, tmp_path, progress=False)
+    DAMAGE[kind](path)
+    with pytest.raises(gtm.CacheUnusable, match="damaged"):
+        gtm.read_cache(path, key)
+    served, _, _, status = gtm.cached_ground_truth(phantom, GRID, tmp_path, progress=False)
+    assert status == "damaged"
+    _same(served, fresh)
+    assert gtm.cached_ground_truth(phantom, GRID, tmp_path, progress=False)[3] == "hit"
+
+
+def test_evaluate_run_uses_and_repairs_the_run_cache(phantom_run, tmp_path):
+    """A damaged cache file in a run folder: evaluate_run recomputes it and the tables do not change."""
+    out = copy_run(phantom_run, tmp_path / "run")
+    files = sorted((out / "cache" / "ground_truth").glob("phantom-test-64x64-*.npz"))
+    assert len(files) == 1  # written by the session run
+    files[0].write_bytes(files[0].read_bytes()[:100])
+    before = (out / "tables" / "metrics.csv").read_bytes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        evaluate_run(RunConfig.from_dict(tiny_run(out, eval_workers=0)), progress=False)
+    assert (out / "tables" / "metrics.csv").read_bytes() == before
+    phantom = open_dataset(RunConfig.from_dict(tiny_run(out)).datasets[0])
+    assert gtm.cached_ground_truth(phantom, GRID, files[0].parent, options={"cases": 22}, progress=False)[3] == "hit"
+
+
+def test_an_error_in_a_worker_names_dataset_and_model(phantom_run, phantom, tmp_path):
+    cfg = RunConfig.from_dict(tiny_run(phantom_run))
+    key = gtm.ground_truth_key(phantom, GRID, {"cases": 22})
+    with pytest.raises(PairError, match=r"phantom × center_prior: FileNotFoundError") as err:
+        _evaluate_pair_job(*gtm.shippable(phantom), cfg, "phantom", "center_prior", tmp_path / "absent.npz", key)
+    copy = pickle.loads(pickle.dumps(err.value))  # what the parent receives from the worker
+    assert isinstance(copy, XBenchError) and (copy.dataset, copy.model) == ("phantom", "center_prior")
+    assert str(copy) == str(err.value)
+
+
+def test_eval_workers_setting():
+    assert RunConfig.from_dict(tiny_run("x")).eval_workers == "auto"
+    assert RunConfig.from_dict(tiny_run("x", eval_workers=3)).eval_workers == 3
+    for bad in ("many", -1, 1.5):
+        with pytest.raises(FormatError, match="eval_workers"):
+            RunConfig.from_dict(tiny_run("x", eval_workers=bad))
+    assert resolve_workers("auto", 1) == 1 and resolve_workers(0, 5) == 1 and resolve_workers(8, 3) == 3
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path):
+    """Pool workers do not import the caller's ``__main__``: an unguarded script is not run again in them."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import os\n"
+        "from xbench.core.workers import process_pool\n"
+        "print('script body ran', flush=True)\n"
+        "with process_pool(2) as pool:\n"
+        "    pids = {f.result() for f in [pool.submit(os.getpid) for _ in range(4)]}\n"
+        "print('workers', len(pids), 'parent' if os.getpid() in pids else 'separate', flush=True)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("script body ran") == 1 and "separate" in done.stdout, done.stdout
+
+
+def test_a_dataset_that_cannot_be_pickled_is_evaluated_in_process(phantom_run, tmp_path, monkeypatch, caplog):
+    """A user loader holding a lambda cannot cross to a worker: its pairs run here, with a log line; same bytes."""
+    import logging
+
+    import xbench.evaluation.evaluate as ev
+
+    real_open = ev.open_dataset
+
+    def unpicklable(spec):
+        dataset = real_open(spec)
+        dataset.hook = lambda: None
+        return dataset
+
+    monkeypatch.setattr(ev, "open_dataset", unpicklable)
+    with caplog.at_level(logging.INFO, logger="xbench.evaluation"):
+        tables = _evaluate(phantom_run, tmp_path / "run", 2)
+    assert "cannot be pickled" in caplog.text
+    for name in ("metrics.csv", "curves.csv", "comparisons.csv", "ranks.csv", "evaluation_log.json"):
+        assert (phantom_run / "tables" / name).read_bytes() == tables[name], name
+
+
+def test_a_metric_registered_at_run_time_reaches_the_workers(phantom_run, tmp_path, monkeypatch):
+    """docs/extending.md's metric function in a user module (on a folder added to sys.path after the fork server
+    started), registered by a call at run time: the workers get the metric table and write the serial bytes."""
+    import importlib
+    import re
+    import sys
+
+    from xbench.metrics import table as metric_table
+
+    with process_pool(1) as pool:  # the fork server runs before the folder is on sys.path
+        pool.submit(int).result()
+    doc = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+    (code,) = re.findall(r"```python energy_pointing\.py\n(.*?)```", doc.read_text(), flags=re.S)
+    function, call = code.split("\n\nENERGY = ")
+    folder = tmp_path / "user_code"
+    folder.mkdir()
+    (folder / "xb_energy_metric.py").write_text(function + "\n")  # the function only: importing registers nothing
+    monkeypatch.syspath_prepend(str(folder))
+    saved = list(metric_table.METRIC_TABLE)
+    try:
+        module = importlib.import_module("xb_energy_metric")
+        eval(call, vars(module))  # the doc's register(Metric(...)) call, made here at run time
+        serial = _evaluate(phantom_run, tmp_path / "serial", 0)
+        parallel = _evaluate(phantom_run, tmp_path / "parallel", 2)
+    finally:
+        metric_table.METRIC_TABLE[:] = saved
+        sys.modules.pop("xb_energy_metric", None)
+    assert b"energy_pointing" in serial["metrics.csv"]
+    assert [n for n in serial if serial[n] != parallel[n]] == []
+
+
+def _errors():
+    import errno
+
+    from xbench.core import errors as e
+
+    return [e.FormatError("a.csv", "bad value", line=3, field="x"), e.MissingFileError("a.png", "image", "https://x"),
+            e.UnknownNameError("model", "clp", ["clip"]), e.OutputError("/out/t.csv", OSError(errno.ENOSPC, "full")),
+            e.StoreError("store/x/meta.json is damaged"), e.CheckpointError("missing keys"), XBenchError("plain")]
+
+
+@pytest.mark.parametrize("error", _errors(), ids=lambda err: type(err).__name__)
+def test_every_xbench_error_crosses_a_process_boundary_as_itself(error):
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error) and str(copy) == str(error) and copy.args == error.args
+    assert copy.__dict__ == error.__dict__ and getattr(copy, "errno", None) == getattr(error, "errno", None)
+
+
+def test_a_ground_truth_job_error_names_the_dataset_when_it_cannot_cross(phantom, monkeypatch):
+    class Odd(Exception):  # a constructor that pickling cannot call again
+        def __init__(self, a, b):
+            super().__init__(f"{a}/{b}")
+
+    def broken(*args):
+        raise Odd(1, 2)
+
+    monkeypatch.setattr(gtm, "_rasterise_rows", broken)
+    with pytest.raises(XBenchError, match=r"phantom: ground truth of dataset rows 0–5: Odd: 1/2"):
+        gtm._rasterise_job(*gtm.shippable(phantom), "phantom", np.arange(6), GRID, phantom.findings)
