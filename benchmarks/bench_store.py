@@ -25,7 +25,6 @@ models, × 12.5). Prints JSON and writes it to ``--json``.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import platform
@@ -133,9 +132,9 @@ def measure_source(run_dir: Path, levels: list[int], repeats: int, work: Path) -
         for i, (d, m, f) in enumerate(chunks):
             arrays, meta = originals[f], store.meta(d, m)
             path = folder / f"chunk-{i:05d}.npz"
-            write_s += _median_s(lambda: write(path, arrays), repeats)
+            write_s += _median_s(lambda w=write, p=path, a=arrays: w(p, a), repeats)
             size += path.stat().st_size
-            read_s += _median_s(lambda: read(path, meta), repeats)
+            read_s += _median_s(lambda r=read, p=path, m=meta: r(p, m), repeats)
             identical &= _same_bits(read(path, meta), arrays)
         result["layouts"][name] = {"bytes": int(size), "bytes_per_case": round(size / cases, 1),
                                    "write_ms_per_chunk": round(1e3 * write_s / len(chunks), 3),

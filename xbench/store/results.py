@@ -40,11 +40,13 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import shutil
 import warnings
 import zipfile
 import zlib
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,8 @@ _ARRAYS = {"case_ids": "U", "scores": "f", "probs": "f", "maps": "f", "skipped_i
 ZLIB_LEVEL = 1
 #: longest case id / skip reason (characters) a chunk may hold: bounds the text members when reading
 MAX_TEXT_CHARS = 65536
+#: most threads :meth:`ResultStore.read` decodes chunks in (at most one per CPU)
+READ_THREADS = 8
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed member date: same arrays, same bytes
 _MAP_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4")}  # number of maps_b* planes -> map dtype
 #: a member is deflated when zlib shrinks its first :data:`_SAMPLE` bytes below this fraction, else stored
@@ -345,6 +349,14 @@ class ResultStore:
                 raise StoreError(f"{path}: array {key!r} is {got}; delete it and run `xbench run` again to recompute it")
         return arrays
 
+    def _load_chunks(self, files: list[Path], meta: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+        """:meth:`load_chunk` of every file, in order; decoded in threads (zlib and the copies release the GIL)."""
+        workers = min(len(files), os.cpu_count() or 1, READ_THREADS)
+        if workers <= 1:
+            return [self.load_chunk(f, meta) for f in files]
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(lambda f: self.load_chunk(f, meta), files))
+
     def read(self, dataset: str, model: str, *, expected_chunks: int | None = None) -> StoredPredictions:
         """Concatenate every chunk; with ``expected_chunks`` a missing chunk is an error naming it."""
         meta = self.meta(dataset, model)
@@ -362,7 +374,7 @@ class ResultStore:
                     f"{self.folder(dataset, model)}: chunks {missing[:10]} of {expected_chunks} are missing — "
                     "run the remaining shards (or `xbench run` again to resume) before computing metrics."
                 )
-        parts = [self.load_chunk(f, meta) for f in files]
+        parts = self._load_chunks(files, meta)
         n_cls, grid = len(meta["findings"]), tuple(meta["grid"])
         if not parts:
             empty = np.zeros((0, n_cls), np.float32)
