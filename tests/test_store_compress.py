@@ -223,6 +223,12 @@ def test_text_beyond_the_reader_bound_is_refused_when_writing(store, monkeypatch
     assert not store.chunk_path("toy", "m", 0).exists()
 
 
+def test_maps_larger_than_meta_allows_are_refused_when_writing(store):
+    with pytest.raises(StoreError, match=r"maps of shape \(4, 3, 6, 7\) exceeds what meta.json allows"):
+        _write(store, 0, np.zeros((4, len(FINDINGS), 6, 7), np.float16), ["a", "b", "c", "d"])
+    assert not store.chunk_path("toy", "m", 0).exists()
+
+
 def test_tables_do_not_depend_on_the_chunk_layout(phantom_run, tmp_path):
     """The session phantom run (new layout) and a copy whose chunks are rewritten in the old np.savez layout give
     byte-identical metric tables."""

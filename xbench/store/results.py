@@ -40,13 +40,11 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import shutil
 import warnings
 import zipfile
 import zlib
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,8 +70,6 @@ _ARRAYS = {"case_ids": "U", "scores": "f", "probs": "f", "maps": "f", "skipped_i
 ZLIB_LEVEL = 1
 #: longest case id / skip reason (characters) a chunk may hold: bounds the text members when reading
 MAX_TEXT_CHARS = 65536
-#: most threads :meth:`ResultStore.read` decodes chunks in (at most one per CPU)
-READ_THREADS = 8
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed member date: same arrays, same bytes
 _MAP_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4")}  # number of maps_b* planes -> map dtype
 #: a member is deflated when zlib shrinks its first :data:`_SAMPLE` bytes below this fraction, else stored
@@ -319,10 +315,14 @@ class ResultStore:
                       skipped_ids=np.asarray(list(skipped), dtype=str),
                       skipped_reasons=np.asarray(list(skipped.values()), dtype=str))
         limits = chunk_limits(meta)
-        for key in ("case_ids", "skipped_ids", "skipped_reasons"):
-            if limits is not None and arrays[key].nbytes > limits[key]:
+        for key, array in arrays.items():  # what is written must be readable: the reader's bounds hold
+            if limits is None or (array.size <= limits["maps_b0"] if key == "maps" else array.nbytes <= limits[key]):
+                continue  # maps: each byte plane holds one byte per value
+            if array.dtype.kind == "U":
                 raise StoreError(f"{path}: {key} holds a text longer than {MAX_TEXT_CHARS} characters "
-                                 f"(longest: {max(arrays[key].tolist(), key=len)[:80]!r}…); not written")
+                                 f"(longest: {max(array.tolist(), key=len)[:80]!r}…); not written")
+            raise StoreError(f"{path}: {key} of shape {array.shape} exceeds what meta.json allows (chunk_size "
+                             f"{meta['chunk_size']}, {len(meta['findings'])} findings, grid {meta['grid']}); not written")
         data = encode_chunk(arrays)
         self.index_path(path).unlink(missing_ok=True)  # a chunk without index counts as absent until both are written
         atomic_write_bytes(path, data)
@@ -349,14 +349,6 @@ class ResultStore:
                 raise StoreError(f"{path}: array {key!r} is {got}; delete it and run `xbench run` again to recompute it")
         return arrays
 
-    def _load_chunks(self, files: list[Path], meta: dict[str, Any]) -> list[dict[str, np.ndarray]]:
-        """:meth:`load_chunk` of every file, in order; decoded in threads (zlib and the copies release the GIL)."""
-        workers = min(len(files), os.cpu_count() or 1, READ_THREADS)
-        if workers <= 1:
-            return [self.load_chunk(f, meta) for f in files]
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(lambda f: self.load_chunk(f, meta), files))
-
     def read(self, dataset: str, model: str, *, expected_chunks: int | None = None) -> StoredPredictions:
         """Concatenate every chunk; with ``expected_chunks`` a missing chunk is an error naming it."""
         meta = self.meta(dataset, model)
@@ -374,7 +366,7 @@ class ResultStore:
                     f"{self.folder(dataset, model)}: chunks {missing[:10]} of {expected_chunks} are missing — "
                     "run the remaining shards (or `xbench run` again to resume) before computing metrics."
                 )
-        parts = self._load_chunks(files, meta)
+        parts = [self.load_chunk(f, meta) for f in files]
         n_cls, grid = len(meta["findings"]), tuple(meta["grid"])
         if not parts:
             empty = np.zeros((0, n_cls), np.float32)
