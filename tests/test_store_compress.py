@@ -216,11 +216,29 @@ def test_inconsistent_map_members_are_named(store, change, message):
         store.read("toy", "m")
 
 
-def test_text_beyond_the_reader_bound_is_refused_when_writing(store, monkeypatch):
-    monkeypatch.setattr(results, "MAX_TEXT_CHARS", 8)
-    with pytest.raises(StoreError, match=r"case_ids holds a text longer than 8 characters"):
-        _write(store, 0, _special_maps(np.float16), ["a", "b", "c", "a-very-long-case-id"])
+def test_text_beyond_the_reader_bound_is_refused_or_cut_when_writing(store, monkeypatch):
+    monkeypatch.setattr(results, "MAX_TEXT_CHARS", 60)
+    with pytest.raises(StoreError, match=r"case_ids holds a text longer than 60 characters"):
+        _write(store, 0, _special_maps(np.float16), ["a", "b", "c", "x" * 61])
     assert not store.chunk_path("toy", "m", 0).exists()
+    reason = "DecodeError: " + "y" * 100  # a skip reason is diagnostic text: cut, its Type: prefix kept
+    store.write_chunk("toy", "m", 0, case_ids=["a"], scores=np.zeros((1, 3)), probs=np.zeros((1, 3)),
+                      maps=np.zeros((1, 3, *GRID), np.float16), skipped={"b": reason})
+    got = store.read("toy", "m").skipped["b"]
+    assert len(got) == 60 and got.startswith("DecodeError: yyy") and got.endswith("[113 characters, cut to fit the store]")
+
+
+def test_expected_content_is_read_however_well_it_compresses(tmp_path, monkeypatch):
+    """The generic .npz bound (XBENCH_MAX_EXPANSION × file size) does not refuse what meta.json allows."""
+    monkeypatch.setenv("XBENCH_MIN_EXPANDED_BYTES", "1000")
+    monkeypatch.setenv("XBENCH_MAX_EXPANSION", "2")
+    s = ResultStore(tmp_path / "run")
+    s.prepare("toy", "m", _meta(chunk_size=64))
+    zeros = np.zeros((64, len(FINDINGS), *GRID), np.float32)  # 26,880 bytes of maps in a ~3 KB file
+    path = s.write_chunk("toy", "m", 0, case_ids=[f"c{i}" for i in range(64)], scores=np.zeros((64, 3)),
+                         probs=np.zeros((64, 3)), maps=zeros, skipped={})
+    assert path.stat().st_size * 2 < zeros.nbytes
+    assert s.read("toy", "m").maps.tobytes() == zeros.tobytes()
 
 
 def test_maps_larger_than_meta_allows_are_refused_when_writing(store):

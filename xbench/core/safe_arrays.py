@@ -13,7 +13,7 @@ Guarantees (each failure is a :class:`~xbench.core.errors.FormatError` naming th
   at least ``XBENCH_MIN_EXPANDED_BYTES``), checked before decompressing, and decompression is streamed and
   never yields more than the declared size (Python's ``zipfile`` also checks each member's CRC). A caller
   that knows the expected arrays passes per-member ``limits`` (the results store: shape × itemsize from its
-  ``meta.json``), a tighter bound checked the same way.
+  ``meta.json``), checked the same way; what they allow is never refused by the archive-wide bound.
 * ``.safetensors`` is read by the ``safetensors`` library (bounds-checked header and offsets, no code),
   its errors wrapped with the file's name, and its dtypes held to the same rule.
 """
@@ -125,12 +125,17 @@ def read_npy(path: str | Path) -> np.ndarray:
         return _read_npy_stream(fh, path.stat().st_size, path, None)
 
 
+def _member_name(filename: str) -> str:
+    return filename[:-4] if filename.endswith(".npy") else filename
+
+
 def read_npz(path: str | Path, *, limits: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """An ``.npz`` archive as ``{name: array}`` (``.npy`` suffix dropped), with bounded decompression.
 
     With ``limits`` (``{name: bytes}``, names without ``.npy``) every member must be named there and may
     declare at most its limit in data bytes (its ``.npy`` header aside) — checked, like the archive's
-    bound, before anything is decompressed.
+    bound, before anything is decompressed; the archive's bound is then at least the members' limits
+    together (expected content is never refused for compressing well).
     """
     path = Path(path)
     size = path.stat().st_size
@@ -141,6 +146,8 @@ def read_npz(path: str | Path, *, limits: Mapping[str, int] | None = None) -> di
     with archive:
         infos = archive.infolist()
         bound = max_expanded_bytes(size)
+        if limits is not None:  # what the caller expects may always be read, however well it compresses
+            bound = max(bound, sum(limits.get(_member_name(i.filename), 0) + _MAX_HEADER + 16 for i in infos))
         declared = 0
         for info in infos:
             if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -149,7 +156,7 @@ def read_npz(path: str | Path, *, limits: Mapping[str, int] | None = None) -> di
                 raise FormatError(path, f"member declares {info.file_size} bytes; the archive has {size}",
                                   field=info.filename)
             if limits is not None:
-                name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                name = _member_name(info.filename)
                 if name not in limits:
                     raise FormatError(path, f"unexpected member (expected {', '.join(sorted(limits))})",
                                       field=info.filename)
@@ -163,7 +170,7 @@ def read_npz(path: str | Path, *, limits: Mapping[str, int] | None = None) -> di
                                         "the bound)", field=info.filename)
         out: dict[str, np.ndarray] = {}
         for info in infos:
-            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            name = _member_name(info.filename)
             try:
                 with archive.open(info) as fh:
                     out[name] = _read_npy_stream(fh, info.file_size, path, info.filename)

@@ -25,8 +25,9 @@ byte, little-endian), byte 1, … of every map value in C order, and ``maps_shap
 the number of planes names the dtype (2: float16, 4: float32). Every other array is stored as it is. Each
 member is deflated with zlib at level :data:`ZLIB_LEVEL` when that shrinks its first 64 KiB below 90 %,
 else stored: the low mantissa bytes of float maps are noise that deflate cannot shrink, and storing them
-keeps reading close to a plain copy. Lossless: the
-stored float16 / float32 values (NaN payloads, ±inf, −0.0 included) come back bit for bit. Bytes are
+keeps reading close to a plain copy. Lossless: the stored float16 / float32 values (NaN payloads, ±inf,
+−0.0 included) come back bit for bit, so tables are byte-identical. Sizes and times: docs/notes/store-compress.md,
+``benchmarks/bench_store.py``. Bytes are
 deterministic: fixed member order, fixed zip date (1980-01-01) and attributes, so the same arrays give the
 same file bytes (for a given zlib build). The older layout — ``np.savez`` with an uncompressed ``maps``
 member — is still read; a folder may hold both. :func:`read_chunk_file` reads either (``np.load`` still
@@ -69,7 +70,8 @@ _ARRAYS = {"case_ids": "U", "scores": "f", "probs": "f", "maps": "f", "skipped_i
 #: (docs/perf/store_cpu.json measures levels 1, 3 and 6)
 ZLIB_LEVEL = 1
 #: longest case id / skip reason (characters) a chunk may hold: bounds the text members when reading
-MAX_TEXT_CHARS = 65536
+#: (a longer skip reason is cut when written, keeping its ``Type:`` prefix; a longer case id is refused)
+MAX_TEXT_CHARS = 16384
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed member date: same arrays, same bytes
 _MAP_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4")}  # number of maps_b* planes -> map dtype
 #: a member is deflated when zlib shrinks its first :data:`_SAMPLE` bytes below this fraction, else stored
@@ -119,6 +121,14 @@ def encode_chunk(arrays: dict[str, np.ndarray], level: int = ZLIB_LEVEL) -> byte
             method = zipfile.ZIP_DEFLATED if _deflates(data, level) else zipfile.ZIP_STORED
             archive.writestr(info, data, compress_type=method, compresslevel=level)
     return buf.getvalue()
+
+
+def _fit_text(text: str) -> str:
+    """``text``, or its start with a note of its length when longer than :data:`MAX_TEXT_CHARS`."""
+    if len(text) <= MAX_TEXT_CHARS:
+        return text
+    note = f" … [{len(text)} characters, cut to fit the store]"
+    return text[: MAX_TEXT_CHARS - len(note)] + note
 
 
 def chunk_limits(meta: dict[str, Any]) -> dict[str, int] | None:
@@ -313,7 +323,7 @@ class ResultStore:
         arrays = dict(case_ids=ids, scores=np.asarray(scores, np.float32), probs=np.asarray(probs, np.float32),
                       maps=np.asarray(maps, np.float32 if np.asarray(maps).dtype == np.float32 else np.float16), sizes=sizes, windows=windows,
                       skipped_ids=np.asarray(list(skipped), dtype=str),
-                      skipped_reasons=np.asarray(list(skipped.values()), dtype=str))
+                      skipped_reasons=np.asarray([_fit_text(r) for r in skipped.values()], dtype=str))
         limits = chunk_limits(meta)
         for key, array in arrays.items():  # what is written must be readable: the reader's bounds hold
             if limits is None or (array.size <= limits["maps_b0"] if key == "maps" else array.nbytes <= limits[key]):
