@@ -20,11 +20,13 @@ Layouts, each written from the same arrays of every chunk (all in one run, equal
 
 Times are the fastest of ``--repeats`` per chunk (the least disturbed on a shared machine), summed over chunks. ``full_scale_mb`` applies each layout's
 byte ratio to the 257 MB extrapolated for today's layout (docs/performance.md: 20.6 MB at 1,033 cases × 7
-models, × 12.5). Prints JSON and writes it to ``--json``.
+models, × 12.5); ``per_model_ratio`` is the store's layout against today's, per model. Prints JSON and writes
+it to ``--json``.
 """
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -147,25 +149,35 @@ def measure_source(run_dir: Path, levels: list[int], repeats: int, work: Path, b
         entry["write_time_vs_today"] = round(entry["write_ms_per_chunk"] / today["write_ms_per_chunk"], 3)
         entry["full_scale_mb"] = round(TODAY_FULL_SCALE_MB * entry["ratio_vs_today"], 1)
     # maps alone: raw vs the shuffled planes deflated at the store's level, vs plain deflate
-    from xbench.store.results import ZLIB_LEVEL, shuffle_bytes
+    from xbench.store.results import ZLIB_LEVEL, encode_chunk, shuffle_bytes
 
     plain = sum(len(zlib.compress(a["maps"].tobytes(), ZLIB_LEVEL)) for a in originals.values())
     shuffled = sum(len(zlib.compress(b"".join(p.tobytes() for p in shuffle_bytes(a["maps"])), ZLIB_LEVEL))
                    for a in originals.values())
     result["maps_only"] = {"zlib_ratio": round(plain / map_bytes, 4), "shuffle_zlib_ratio": round(shuffled / map_bytes, 4),
                            "level": ZLIB_LEVEL}
+    per_model: dict[str, list[int]] = {}  # model -> [today's bytes, the store's bytes]
+    for _, m, f in chunks:
+        buf = io.BytesIO()
+        np.savez(buf, **originals[f])
+        sizes = per_model.setdefault(m, [0, 0])
+        sizes[0] += len(buf.getvalue())
+        sizes[1] += len(encode_chunk(originals[f]))
+    result["per_model_ratio"] = {m: round(new / old, 4) for m, (old, new) in sorted(per_model.items())}
     result["store_read"] = whole_store_read(store, pairs, originals, chunks, repeats, work / "stores", baseline)
     return result
 
 
-def today_module(commit: str) -> Any:
-    """``xbench/store/results.py`` as of ``commit`` (the store before this change), imported as a sibling module."""
+def today_module(commit: str, folder: Path) -> Any:
+    """``xbench/store/results.py`` as of ``commit`` (the store before this change), written to ``folder`` and
+    imported as a sibling module."""
     import importlib.util
     import subprocess
 
     source = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:xbench/store/results.py"], check=True,
                             capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp(prefix="bench_store_today.")) / "results_today.py"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "results_today.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("xbench.store._results_today", path)
     module = importlib.util.module_from_spec(spec)
@@ -195,7 +207,7 @@ def whole_store_read(store: Any, pairs: list[tuple[str, str]], originals: dict[P
         np.savez(path, **a)  # today's writer
         old._write_index(path, old.meta(d, m))
 
-    today_store = today_module(baseline).ResultStore(work / "today")  # today's code on today's files
+    today_store = today_module(baseline, work / "code").ResultStore(work / "today")  # today's code on today's files
 
     def today_read() -> None:
         for d, m in pairs:
