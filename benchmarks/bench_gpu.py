@@ -288,15 +288,17 @@ def tables_equal(a: Path, b: Path, decimals: int = 2) -> dict[str, Any]:
 
 def identical_stores(a: Path, b: Path) -> dict[str, Any]:
     """Every array of every chunk equal (np.array_equal), chunk by chunk, and the same chunk files."""
+    from xbench.store.results import read_chunk_file
+
     fa = {p.relative_to(a) for p in (a / "store").rglob("chunk-*.npz")}
     fb = {p.relative_to(b) for p in (b / "store").rglob("chunk-*.npz")}
     differing = []
     for rel in sorted(fa & fb):
-        with np.load(a / rel) as x, np.load(b / rel) as y:
-            if set(x.files) != set(y.files) or not all(np.array_equal(x[k], y[k]) for k in x.files):
-                diff = {k: float(np.abs(x[k].astype(np.float64) - y[k].astype(np.float64)).max())
-                        for k in ("scores", "maps") if k in x.files and k in y.files}
-                differing.append(f"{rel} {diff}")
+        x, y = read_chunk_file(a / rel), read_chunk_file(b / rel)  # either chunk layout
+        if set(x) != set(y) or not all(np.array_equal(x[k], y[k]) for k in x):
+            diff = {k: float(np.abs(x[k].astype(np.float64) - y[k].astype(np.float64)).max())
+                    for k in ("scores", "maps") if k in x and k in y}
+            differing.append(f"{rel} {diff}")
     return {"chunks": len(fa), "same_chunk_files": fa == fb, "chunks_differing": differing[:10],
             "identical": fa == fb and not differing}
 

@@ -21,6 +21,7 @@ from xbench.evaluation.comparisons import compare_dataset, comparisons_blocks, l
 from xbench.spec.config import RunConfig
 from xbench.core.errors import XBenchError
 from xbench.evaluation.evaluate import load_tables
+from xbench.store.results import read_chunk_file
 from xbench.metrics import DATASET_LEVEL, ScoredTable, bootstrap_ci, compare_models
 from xbench.metrics.compare import COMPARISON_COLUMNS, RANK_COLUMNS, bootstrap_p_value, holm, rank_intervals
 from xbench.workflows.run import run
@@ -231,7 +232,7 @@ def test_score_compares_user_maps_with_a_runs_models(phantom, tmp_path):
     from xbench.core.errors import XBenchWarning
 
     files = sorted((phantom["out"] / "store" / "phantom" / "random_prior").glob("chunk-*.npz"))
-    parts = [dict(np.load(f)) for f in files]
+    parts = [read_chunk_file(f) for f in files]
     st = {k: np.concatenate([p[k] for p in parts]) for k in ("case_ids", "probs", "maps")}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XBenchWarning)

@@ -41,9 +41,14 @@ def done(phantom_run) -> dict:
 
 
 def stored(out: Path, model: str) -> dict[str, np.ndarray]:
-    """Chunks read with plain NumPy, concatenated in chunk order."""
+    """Chunks read with plain NumPy (the maps' float16 byte planes joined by hand), concatenated in chunk order."""
     files = sorted((out / "store" / "phantom" / model).glob("chunk-*.npz"))
-    parts = [dict(np.load(f)) for f in files]
+    parts = []
+    for f in files:
+        with np.load(f, allow_pickle=False) as z:
+            part = {k: z[k] for k in z.files}
+        part["maps"] = np.stack([part.pop("maps_b0"), part.pop("maps_b1")], axis=-1).view("<f2").reshape(part["maps_shape"])
+        parts.append(part)
     return {k: np.concatenate([p[k] for p in parts]) for k in ("case_ids", "probs", "maps")}
 
 

@@ -7,8 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from xbench.core.atomic import atomic_write
 from xbench.core.errors import XBenchError
-from xbench.store.results import STORE_VERSION, ResultStore, write_table
+from xbench.store import results
+from xbench.store.results import STORE_VERSION, ResultStore, read_chunk_file, write_table
 
 FINDINGS = ["Nodule", "Effusion"]
 
@@ -60,12 +62,15 @@ def test_chunk_round_trip_keeps_values_and_dtypes(store):
 
 def test_chunk_files_are_plain_npz(store):
     path = store.write_chunk("toy", "m", 0, case_ids=["a", "b"], skipped={}, **chunk_arrays(2, 0))
-    with np.load(path) as data:
-        assert set(data.files) == {"case_ids", "scores", "probs", "maps", "sizes", "windows", "skipped_ids",
-                                   "skipped_reasons"}
-        assert data["skipped_ids"].shape == (0,)
-        # without sizes / windows: "unknown size, whole image" markers the evaluation understands
-        assert (data["sizes"] == -1).all() and np.isnan(data["windows"]).all()
+    with np.load(path, allow_pickle=False) as data:  # plain NumPy lists the members; maps as byte planes
+        assert set(data.files) == {"case_ids", "scores", "probs", "maps_shape", "maps_b0", "maps_b1", "sizes", "windows",
+                                   "skipped_ids", "skipped_reasons"}
+        assert data["maps_shape"].tolist() == [2, 2, 3, 4] and data["maps_b1"].shape == (2 * 2 * 3 * 4,)
+    data = read_chunk_file(path)
+    assert set(data) == {"case_ids", "scores", "probs", "maps", "sizes", "windows", "skipped_ids", "skipped_reasons"}
+    assert data["skipped_ids"].shape == (0,)
+    # without sizes / windows: "unknown size, whole image" markers the evaluation understands
+    assert (data["sizes"] == -1).all() and np.isnan(data["windows"]).all()
 
 
 def test_sizes_and_windows_round_trip(store):
@@ -83,12 +88,12 @@ def test_write_leaves_no_temporary_file(store):
 
 
 def test_failed_write_leaves_neither_chunk_nor_temporary(store, monkeypatch):
-    def broken(path, **arrays):
-        with open(path, "wb") as fh:
+    def broken(tmp):
+        with open(tmp, "wb") as fh:
             fh.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(np, "savez", broken)
+    monkeypatch.setattr(results, "atomic_write_bytes", lambda path, data: atomic_write(path, broken))
     with pytest.raises(OSError, match="disk full"):
         store.write_chunk("toy", "m", 0, case_ids=["a", "b"], skipped={}, **chunk_arrays(2, 0))
     assert sorted(p.name for p in store.folder("toy", "m").iterdir()) == ["meta.json"]

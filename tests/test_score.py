@@ -15,6 +15,7 @@ import torch
 import xbench
 from xbench.core.errors import FormatError, XBenchError, XBenchWarning
 from xbench.evaluation.evaluate import load_tables
+from xbench.store.results import read_chunk_file
 from xbench.workflows.score import RECOGNITION_METRICS, MapSet, load_maps, read_chexlocalize, read_chexlocalize_pickle
 
 CASES = 22
@@ -29,7 +30,7 @@ def done(phantom_run) -> Path:
 
 def stored(out: Path, model: str) -> dict[str, np.ndarray]:
     files = sorted((out / "store" / "phantom" / model).glob("chunk-*.npz"))
-    parts = [dict(np.load(f)) for f in files]
+    parts = [read_chunk_file(f) for f in files]
     return {k: np.concatenate([p[k] for p in parts]) for k in ("case_ids", "probs", "maps")}
 
 

@@ -18,6 +18,7 @@ from xbench.core.errors import XBenchWarning
 from xbench.evaluation.evaluate import evaluate_run, load_tables
 from xbench.metrics import DATASET_LEVEL, POOLED, normalize_maps, upsample_maps
 from xbench.metrics import table as metric_table
+from xbench.store.results import read_chunk_file
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 
@@ -45,7 +46,7 @@ def test_doc_metric_is_evaluated_tabled_and_reported(energy, phantom_run, tmp_pa
     data = xbench.load_dataset("phantom", split="test", cases=22)
     mine = pairs[pairs["model"] == "center_prior"]
     files = sorted((out / "store" / "phantom" / "center_prior").glob("chunk-*.npz"))
-    parts = [dict(np.load(f)) for f in files]
+    parts = [read_chunk_file(f) for f in files]
     maps, ids = np.concatenate([p["maps"] for p in parts]), np.concatenate([p["case_ids"] for p in parts]).tolist()
     row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
     expected = []

@@ -11,7 +11,9 @@ Guarantees (each failure is a :class:`~xbench.core.errors.FormatError` naming th
 * **Bounded decompression** — an ``.npz`` member must be stored or deflated; the members' declared sizes
   together may not exceed :func:`max_expanded_bytes` of the archive (``XBENCH_MAX_EXPANSION`` × its size,
   at least ``XBENCH_MIN_EXPANDED_BYTES``), checked before decompressing, and decompression is streamed and
-  never yields more than the declared size (Python's ``zipfile`` also checks each member's CRC).
+  never yields more than the declared size (Python's ``zipfile`` also checks each member's CRC). A caller
+  that knows the expected arrays passes per-member ``limits`` (the results store: shape × itemsize from its
+  ``meta.json``), checked the same way; what they allow is never refused by the archive-wide bound.
 * ``.safetensors`` is read by the ``safetensors`` library (bounds-checked header and offsets, no code),
   its errors wrapped with the file's name, and its dtypes held to the same rule.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import zipfile
 from pathlib import Path
+from collections.abc import Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -122,8 +125,18 @@ def read_npy(path: str | Path) -> np.ndarray:
         return _read_npy_stream(fh, path.stat().st_size, path, None)
 
 
-def read_npz(path: str | Path) -> dict[str, np.ndarray]:
-    """An ``.npz`` archive as ``{name: array}`` (``.npy`` suffix dropped), with bounded decompression."""
+def _member_name(filename: str) -> str:
+    return filename[:-4] if filename.endswith(".npy") else filename
+
+
+def read_npz(path: str | Path, *, limits: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """An ``.npz`` archive as ``{name: array}`` (``.npy`` suffix dropped), with bounded decompression.
+
+    With ``limits`` (``{name: bytes}``, names without ``.npy``) every member must be named there and may
+    declare at most its limit in data bytes (its ``.npy`` header aside) — checked, like the archive's
+    bound, before anything is decompressed; the archive's bound is then at least the members' limits
+    together (expected content is never refused for compressing well).
+    """
     path = Path(path)
     size = path.stat().st_size
     try:
@@ -133,6 +146,8 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
     with archive:
         infos = archive.infolist()
         bound = max_expanded_bytes(size)
+        if limits is not None:  # what the caller expects may always be read, however well it compresses
+            bound = max(bound, sum(limits.get(_member_name(i.filename), 0) + _MAX_HEADER + 16 for i in infos))
         declared = 0
         for info in infos:
             if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -140,6 +155,14 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
             if info.compress_type == zipfile.ZIP_STORED and info.file_size > size:
                 raise FormatError(path, f"member declares {info.file_size} bytes; the archive has {size}",
                                   field=info.filename)
+            if limits is not None:
+                name = _member_name(info.filename)
+                if name not in limits:
+                    raise FormatError(path, f"unexpected member (expected {', '.join(sorted(limits))})",
+                                      field=info.filename)
+                if info.file_size > limits[name] + _MAX_HEADER + 16:  # 16: the magic and header-length bytes
+                    raise FormatError(path, f"member declares {info.file_size} bytes; at most {limits[name]} data "
+                                            "bytes are expected", field=info.filename)
             declared += info.file_size
             if declared > bound:
                 raise FormatError(path, f"members expand to more than {bound} bytes ({declared} declared so far, "
@@ -147,7 +170,7 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
                                         "the bound)", field=info.filename)
         out: dict[str, np.ndarray] = {}
         for info in infos:
-            name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            name = _member_name(info.filename)
             try:
                 with archive.open(info) as fh:
                     out[name] = _read_npy_stream(fh, info.file_size, path, info.filename)

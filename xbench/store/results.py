@@ -6,7 +6,7 @@ Layout under a run's output folder::
                                                      and ``fingerprint``: sha256 of weights / annotation files)
     store/<dataset>/<model>/chunk-00003.npz         case_ids, scores (N, C) float32, probs (N, C) float32,
                                                      maps (N, C, h, w) float16, sizes (N, 2), windows (N, 4),
-                                                     skipped_ids, skipped_reasons
+                                                     skipped_ids, skipped_reasons (chunk layout below)
     store/<dataset>/<model>/chunk-00003.index.json  the chunk's size, sha256 and the digest of the inputs
                                                      (:func:`inputs_digest` of meta.json) it was made from
 
@@ -16,15 +16,35 @@ its index file likewise: a chunk counts as present only when its index exists an
 its size and sha256 match, so an interrupted run loses at most the chunk in flight,
 a damaged chunk (truncated, emptied, edited) is reported by name and recomputed,
 and a re-run skips every intact chunk. A chunk whose index names other inputs than
-``meta.json`` is refused (results of different inputs are never mixed). ``.npz``
-is plain NumPy, read with ``allow_pickle=False``: ``np.load(path)`` inspects it.
+``meta.json`` is refused (results of different inputs are never mixed).
+
+Chunk layout (written since the compressed store, issue 22): a zip archive (``.npz``) of ``.npy`` members.
+The maps are stored byte-shuffled, as HDF5's / blosc's shuffle filter does: members ``maps_b0``, ``maps_b1``
+(float32: also ``maps_b2``, ``maps_b3``) are ``uint8`` arrays of length N·C·h·w holding byte 0 (the low
+byte, little-endian), byte 1, … of every map value in C order, and ``maps_shape`` (int64, 4) is their shape;
+the number of planes names the dtype (2: float16, 4: float32). Every other array is stored as it is. Each
+member is deflated with zlib at level :data:`ZLIB_LEVEL` when that shrinks its first 64 KiB below 90 %,
+else stored: the low mantissa bytes of float maps are noise that deflate cannot shrink, and storing them
+keeps reading close to a plain copy. Lossless: the stored float16 / float32 values (NaN payloads, ±inf,
+−0.0 included) come back bit for bit, so tables are byte-identical. Sizes and times: docs/notes/store-compress.md,
+``benchmarks/bench_store.py``. Bytes are
+deterministic: fixed member order, fixed zip date (1980-01-01) and attributes, so the same arrays give the
+same file bytes (for a given zlib build). The older layout — ``np.savez`` with an uncompressed ``maps``
+member — is still read; a folder may hold both. :func:`read_chunk_file` reads either (``np.load`` still
+lists a new chunk's members, maps as planes). Reading is bounded: ``allow_pickle`` is never on, members are
+read by :func:`xbench.core.safe_arrays.read_npz` (plain dtypes, CRC-checked, streamed) and no member may
+declare more bytes than ``meta.json`` allows it (``chunk_size`` × findings × grid × itemsize for the maps,
+see :func:`chunk_limits`) — a hostile chunk cannot make the reader allocate more.
 """
 from __future__ import annotations
 
+import io
 import json
+import math
 import shutil
 import warnings
 import zipfile
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +53,8 @@ from typing import Any
 import numpy as np
 
 from ..core.atomic import atomic_write, atomic_write_bytes
-from ..core.errors import StoreError, XBenchError, XBenchWarning
+from ..core.errors import FormatError, StoreError, XBenchError, XBenchWarning
+from ..core.safe_arrays import read_npz
 from .fingerprint import diff_keys, digest, file_sha256
 
 STORE_VERSION = 2
@@ -44,6 +65,111 @@ UNCOMPARED_KEYS = ("code_version", "created")
 #: where the ``fingerprint`` (content hashes) stands for them
 LOCAL_KEYS = ("dataset_root", "weights")
 _ARRAYS = {"case_ids": "U", "scores": "f", "probs": "f", "maps": "f", "skipped_ids": "U", "skipped_reasons": "U"}
+
+#: zlib level of every chunk member: 1 writes fastest; higher levels save little on float maps
+#: (docs/perf/store_cpu.json measures levels 1, 3 and 6)
+ZLIB_LEVEL = 1
+#: longest case id / skip reason (characters) a chunk may hold: bounds the text members when reading
+#: (a longer skip reason is cut when written, keeping its ``Type:`` prefix; a longer case id is refused)
+MAX_TEXT_CHARS = 16384
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed member date: same arrays, same bytes
+_MAP_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4")}  # number of maps_b* planes -> map dtype
+#: a member is deflated when zlib shrinks its first :data:`_SAMPLE` bytes below this fraction, else stored
+_DEFLATE_BELOW = 0.9
+_SAMPLE = 65536
+
+
+def shuffle_bytes(values: np.ndarray) -> list[np.ndarray]:
+    """The byte planes of ``values`` (little-endian): plane ``k`` holds byte ``k`` of every value, in C order."""
+    flat = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).reshape(-1)
+    table = flat.view(np.uint8).reshape(-1, flat.dtype.itemsize)
+    return [np.ascontiguousarray(table[:, k]) for k in range(flat.dtype.itemsize)]
+
+
+def unshuffle_bytes(planes: list[np.ndarray], dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Inverse of :func:`shuffle_bytes`: the ``dtype`` array of ``shape`` whose bytes the planes hold."""
+    out = np.empty(math.prod(shape), dtype)
+    table = out.view(np.uint8).reshape(-1, len(planes))
+    for k, plane in enumerate(planes):
+        table[:, k] = plane
+    return out.reshape(shape)
+
+
+def _deflates(data: bytes, level: int) -> bool:
+    """Whether deflating ``data`` pays: judged on its first :data:`_SAMPLE` bytes (a function of the bytes alone)."""
+    sample = data[:_SAMPLE]
+    return len(zlib.compress(sample, level)) < _DEFLATE_BELOW * len(sample)
+
+
+def encode_chunk(arrays: dict[str, np.ndarray], level: int = ZLIB_LEVEL) -> bytes:
+    """The bytes of a chunk file (module docstring): ``arrays`` in their order, ``maps`` as byte planes."""
+    members: dict[str, np.ndarray] = {}
+    for name, array in arrays.items():
+        if name == "maps":
+            members["maps_shape"] = np.asarray(array.shape, np.int64)
+            members.update({f"maps_b{k}": plane for k, plane in enumerate(shuffle_bytes(array))})
+        else:
+            members[name] = array
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        for name, array in members.items():
+            npy = io.BytesIO()
+            np.lib.format.write_array(npy, array, allow_pickle=False)
+            data = npy.getvalue()
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
+            info.create_system, info.external_attr = 3, 0o644 << 16
+            method = zipfile.ZIP_DEFLATED if _deflates(data, level) else zipfile.ZIP_STORED
+            archive.writestr(info, data, compress_type=method, compresslevel=level)
+    return buf.getvalue()
+
+
+def _fit_text(text: str) -> str:
+    """``text``, or its start with a note of its length when longer than :data:`MAX_TEXT_CHARS`."""
+    if len(text) <= MAX_TEXT_CHARS:
+        return text
+    note = f" … [{len(text)} characters, cut to fit the store]"
+    return text[: MAX_TEXT_CHARS - len(note)] + note
+
+
+def chunk_limits(meta: dict[str, Any]) -> dict[str, int] | None:
+    """Most data bytes each member of a chunk of this ``meta.json`` may hold (``None``: meta lacks
+    ``chunk_size``, then only the generic ``.npz`` bound applies). Maps: ``chunk_size`` × findings × grid × 4."""
+    try:
+        n, classes, cells = int(meta["chunk_size"]), len(meta["findings"]), math.prod(int(g) for g in meta["grid"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    text, values = n * 4 * MAX_TEXT_CHARS, n * classes * cells
+    return {"case_ids": text, "skipped_ids": text, "skipped_reasons": text, "scores": n * classes * 8,
+            "probs": n * classes * 8, "maps": values * 4, "maps_shape": 4 * 8, "sizes": n * 2 * 8, "windows": n * 4 * 8,
+            **{f"maps_b{k}": values for k in range(4)}}
+
+
+def read_chunk_file(path: str | Path, meta: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of one chunk file of either layout, maps un-shuffled (no index check: see
+    :meth:`ResultStore.load_chunk`). Bounded by :func:`chunk_limits` of ``meta`` (default: the folder's
+    ``meta.json`` when present); damage raises :class:`StoreError` naming the file."""
+    path = Path(path)
+    if meta is None and (path.parent / "meta.json").exists():
+        meta = ResultStore._read_meta(path.parent / "meta.json")
+    try:
+        arrays = read_npz(path, limits=chunk_limits(meta) if meta is not None else None)
+    except FormatError as exc:
+        raise StoreError(f"{exc.message}; delete it and run `xbench run` again to recompute it") from None
+    except OSError as exc:
+        raise StoreError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    k = sum(1 for name in arrays if name.startswith("maps_b"))
+    if k or "maps_shape" in arrays:
+        planes = [arrays.pop(f"maps_b{i}", None) for i in range(k)]
+        shape = arrays.pop("maps_shape", None)
+        shape_ok = shape is not None and shape.dtype.kind in "iu" and shape.shape == (4,) and bool((shape >= 0).all())
+        n = math.prod(int(d) for d in shape) if shape_ok else -1
+        if not shape_ok or "maps" in arrays or k not in _MAP_DTYPES or any(
+                p is None or p.dtype != np.uint8 or p.shape != (n,) for p in planes):
+            raise StoreError(f"{path}: map members {sorted(a for a in arrays if a.startswith('maps'))} / maps_shape "
+                             f"{None if shape is None else shape.tolist()} / {k} byte planes do not fit together; "
+                             "delete it and run `xbench run` again to recompute it")
+        arrays["maps"] = unshuffle_bytes(planes, _MAP_DTYPES[k], tuple(int(d) for d in shape))
+    return arrays
 
 
 def inputs_digest(meta: dict[str, Any]) -> str:
@@ -197,9 +323,19 @@ class ResultStore:
         arrays = dict(case_ids=ids, scores=np.asarray(scores, np.float32), probs=np.asarray(probs, np.float32),
                       maps=np.asarray(maps, np.float32 if np.asarray(maps).dtype == np.float32 else np.float16), sizes=sizes, windows=windows,
                       skipped_ids=np.asarray(list(skipped), dtype=str),
-                      skipped_reasons=np.asarray(list(skipped.values()), dtype=str))
+                      skipped_reasons=np.asarray([_fit_text(r) for r in skipped.values()], dtype=str))
+        limits = chunk_limits(meta)
+        for key, array in arrays.items():  # what is written must be readable: the reader's bounds hold
+            if limits is None or (array.size <= limits["maps_b0"] if key == "maps" else array.nbytes <= limits[key]):
+                continue  # maps: each byte plane holds one byte per value
+            if array.dtype.kind == "U":
+                raise StoreError(f"{path}: {key} holds a text longer than {MAX_TEXT_CHARS} characters "
+                                 f"(longest: {max(array.tolist(), key=len)[:80]!r}…); not written")
+            raise StoreError(f"{path}: {key} of shape {array.shape} exceeds what meta.json allows (chunk_size "
+                             f"{meta['chunk_size']}, {len(meta['findings'])} findings, grid {meta['grid']}); not written")
+        data = encode_chunk(arrays)
         self.index_path(path).unlink(missing_ok=True)  # a chunk without index counts as absent until both are written
-        atomic_write(path, lambda tmp: np.savez(tmp, **arrays))
+        atomic_write_bytes(path, data)
         self._write_index(path, meta)
         return path
 
@@ -216,12 +352,7 @@ class ResultStore:
         problem = self.check_chunk(path, meta)
         if problem is not None:
             raise StoreError(f"{path.parent}: {problem}; run `xbench run` again to recompute it")
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {key: data[key] for key in data.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-            raise StoreError(f"{path} cannot be read ({type(exc).__name__}: {exc}); delete it and run `xbench run` "
-                             "again to recompute it") from exc
+        arrays = read_chunk_file(path, meta if meta is not None else self._read_meta(path.parent / "meta.json"))
         for key, kind in _ARRAYS.items():
             if key not in arrays or arrays[key].dtype.kind != kind:
                 got = "absent" if key not in arrays else f"dtype {arrays[key].dtype}"
