@@ -1,0 +1,65 @@
+"""The decode stage alone: :class:`xbench.inference.cache.InputFeed` over every stand-in dataset of ``bench_gpu.py``,
+with preprocess-only stand-ins of the ported adapters (no networks) plus the centre prior.
+
+It answers "how fast can the decode stage feed the models?" apart from the models: images/s and the stage's own
+profile (worker CPU seconds reading files and preprocessing on the CPU, device preprocessing seconds in this process,
+wall). Stand-ins are made with ``benchmarks/bench_gpu.py --phases none`` (``--root``).
+
+Usage::
+
+    python benchmarks/bench_decode.py --root /tmp/data --workers 16 --device cuda      # GPU preprocessing
+    python benchmarks/bench_decode.py --root /tmp/data --workers 16 --device cpu       # every resize in the workers
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+DATASETS = ["rsna_pneumonia", "siim_acr", "covid_rural", "chestx_det10", "chexlocalize", "nih_bbox", "vindr_cxr"]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--root", type=Path, required=True, help="stand-ins written by bench_gpu.py")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--device", default="cuda", help="where ported resizes run; 'cpu': in the decode workers")
+    p.add_argument("--cache-dir", default=None, help="a cold decode cache folder (entries written as in a run)")
+    args = p.parse_args(argv)
+    os.environ["XBENCH_MANIFESTS"] = str(args.root / "manifests")
+    import xbench
+    import xbench.spec.registry as registry
+    from xbench.inference.cache import InputFeed
+    from xbench.inference.gpu_preprocess import preprocess_standins
+
+    registry.MANIFEST_DIRS[:] = [args.root / "manifests"]
+    standins = preprocess_standins()
+    adapters = [standins[k] for k in ("clip", "medklip", "kad", "carzero", "devide")] + [xbench.create_model("center_prior")]
+    total = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0}
+    per: dict[str, Any] = {}
+    cases, started = 0, time.perf_counter()
+    for name in DATASETS:
+        data = xbench.load_dataset(f"standin_{name}", root=str(args.root / name))
+        feed = InputFeed(data, adapters, workers=args.workers, preprocess_device=None if args.device == "cpu" else args.device,
+                         cache_dir=f"{args.cache_dir}/{name}" if args.cache_dir else None)
+        t = time.perf_counter()
+        feed.ensure(range(len(data)))
+        per[name] = {"cases": len(data), "seconds": round(time.perf_counter() - t, 2),
+                     **{k: round(v, 2) for k, v in feed.profile.items()}}
+        cases += len(data)
+        for k in total:
+            total[k] += feed.profile[k]
+        print(name, json.dumps(per[name]), flush=True)
+    wall = time.perf_counter() - started
+    out = {"cases": cases, "wall": round(wall, 2), "img_s": round(cases / wall, 1), "workers": args.workers,
+           "device": args.device, "cache": bool(args.cache_dir), **{k: round(v, 2) for k, v in total.items()},
+           "per_dataset": per}
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
