@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--device", default="cuda", help="where ported resizes run; 'cpu': in the decode workers")
     p.add_argument("--cache-dir", default=None, help="a cold decode cache folder (entries written as in a run)")
+    p.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated stand-ins to decode")
     args = p.parse_args(argv)
     os.environ["XBENCH_MANIFESTS"] = str(args.root / "manifests")
     import xbench
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     total = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0}
     per: dict[str, Any] = {}
     cases, started = 0, time.perf_counter()
-    for name in DATASETS:
+    for name in args.datasets.split(","):
         data = xbench.load_dataset(f"standin_{name}", root=str(args.root / name))
         feed = InputFeed(data, adapters, workers=args.workers, preprocess_device=None if args.device == "cpu" else args.device,
                          cache_dir=f"{args.cache_dir}/{name}" if args.cache_dir else None)
