@@ -134,9 +134,10 @@ def test_skipped_cases_are_named_in_log_run_log_and_csv(damaged_dataset, capsys)
     assert {(r["model"], r["case_id"], r["reason"]) for r in rows} == {
         (m, c, r) for m in ("center_prior", "random_prior")
         for c, r in ((d["missing"][0], "MissingFileError"), (d["corrupt"][0], "FormatError"))}
-    # progress counts work done, skips apart (8 of 10 images read)
-    last = [line for line in captured.err.splitlines() if line.startswith("xbench: center_prior × phantom: ")][-1]
-    assert re.match(r"xbench: center_prior × phantom: 8/10 img done, 2 skipped \(\d", last), last
+    # progress counts work done, skips apart (8 of 10 images read by each of the 2 models, stepped in turn: one line
+    # for the dataset, counting image-model passes)
+    last = [line for line in captured.err.splitlines() if line.startswith("xbench: 2 models × phantom: ")][-1]
+    assert re.match(r"xbench: 2 models × phantom: 16/20 pass done, 4 skipped \(\d", last), last
     # `xbench run` writes the paper-form tables beside the tidy ones
     for suffix in (".csv", ".md", ".tex"):
         assert (d["out"] / "tables" / "paper" / f"table1_grounding{suffix}").stat().st_size > 0
@@ -157,14 +158,14 @@ def test_run_keep_going_runs_the_other_pairs_and_lists_failures(damaged_dataset,
     import xbench.workflows.run as pipeline
     import xbench.inference.runner as runner
 
-    real = runner.infer
+    real = runner.PairRun.steps
 
-    def failing(cfg, dspec, mspec, **kw):
-        if mspec.name == "center_prior":
+    def failing(self):  # the pair fails at its first step, while the other model of the dataset is stepped on
+        if self.mspec.name == "center_prior":
             raise XBenchError("boom in center_prior")
-        return real(cfg, dspec, mspec, **kw)
+        yield from real(self)
 
-    monkeypatch.setattr(runner, "infer", failing)
+    monkeypatch.setattr(runner.PairRun, "steps", failing)
     d = damaged_dataset
     assert main(["run", "--config", str(d["config"]), "--no-check", "--keep-going", "-q"]) == 2
     err = capsys.readouterr().err
