@@ -285,3 +285,18 @@ def test_papers_table3_underlines_devide_infiltration_though_medklip_is_higher()
     assert inf.at["devide", "mark"] == "underline" and inf.at["devide", "value"] == 47.15
     assert inf.at["medklip", "value"] == 51.22 and inf.at["carzero", "value"] == 74.8
     assert sorted(inf["value"], reverse=True)[1] == 51.22  # the second best is MedKLIP's
+
+
+def test_keep_going_with_an_unreadable_image_lists_every_model_of_the_dataset(damaged_dataset, capsys):
+    """``on_missing_image: raise``: the shared decoding meets the missing file; every model waiting for it fails
+    with it (noted, not hung), the run log is written and the run ends with the failures listed."""
+    d = damaged_dataset
+    raw = yaml.safe_load(d["config"].read_text())
+    raw["on_missing_image"] = "raise"
+    d["config"].write_text(yaml.safe_dump(raw))
+    assert main(["run", "--config", str(d["config"]), "--no-check", "--keep-going", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "2 model × dataset pair(s) failed" in err and "Missing image" in err
+    log = {e["model"]: e for e in json.loads((d["out"] / "run_log.json").read_text())}
+    assert set(log) == {"center_prior", "random_prior"}
+    assert all(str(d["missing"][1]) in log[m]["failed"] for m in log), log

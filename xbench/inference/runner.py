@@ -505,8 +505,6 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             if report is not None:
                 entry["preflight_images"] = summary(report).get(dspec.name)
             log.append(entry)
-        if feed is not None:
-            feed.close()
         log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
                 for name, why in left_out.items()]
         del feed, adapters
@@ -578,6 +576,10 @@ def _infer_dataset(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, mod
         raise
     finally:
         bar.close()
+    if any("failed" in e for e in entries.values()):
+        feed.stop()  # a decoding error reached every pair that waited for it and is noted there (keep_going)
+    else:
+        feed.close()  # the decoding thread has ended; an error it met is raised here
     return [entries[i] for i in range(len(models))]
 
 
