@@ -51,7 +51,7 @@ from ..metrics import BEST_TAU, THRESHOLDS, ScoredTable, grounding_scores, score
 from ..store.results import ResultStore, write_table
 from ..models.windows import is_whole_image, place_maps
 from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, read_cache, shippable
-from .worker_state import State, loads
+from .worker_state import State, apply_state
 
 __all__ = ["GroundTruth", "PairEvaluation", "PairError", "ground_truth", "check_annotations", "evaluate_pair",
            "evaluate_run", "load_tables"]
@@ -197,15 +197,14 @@ def _worker_ground_truth(path: Path, key: dict[str, Any]) -> dict[str, GroundTru
     return _GT_MEMO[str(path)][1]
 
 
-def _evaluate_pair_job(state: State, blob: bytes, cfg: RunConfig, name: str, model: str, gt_file: Path,
+def _evaluate_pair_job(state: State, dataset: BaseDataset, cfg: RunConfig, name: str, model: str, gt_file: Path,
                        gt_key: dict[str, Any]) -> tuple[PairEvaluation, dict[str, Any]]:
     """:func:`evaluate_pair` in a worker process (ground truth read from the run's cache), with the model's
     ``model_info``. An error comes back naming the pair: as itself when it is an :class:`XBenchError` whose
     message names both dataset and model and that crosses the process boundary intact, else as a
-    :class:`PairError`. The dataset (called ``name``) arrives pickled as ``blob`` and is read after the
-    parent's ``state`` is installed (:mod:`xbench.evaluation.worker_state`)."""
+    :class:`PairError`. The parent's ``state`` is installed first (:mod:`xbench.evaluation.worker_state`)."""
     try:
-        dataset = loads(state, blob)
+        apply_state(state)
         store = ResultStore(cfg.output_dir)
         result = evaluate_pair(cfg, dataset, model, _worker_ground_truth(gt_file, gt_key), store)
         return result, store.meta(dataset.name, model)["model_info"]

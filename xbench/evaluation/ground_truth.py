@@ -39,7 +39,7 @@ from ..core.errors import XBenchError
 from ..core.workers import capture_warnings, replay_warnings, round_trips
 from ..datasets import BaseDataset
 from ..datasets.regions import Region, rasterize
-from .worker_state import State, loads, process_state
+from .worker_state import State, apply_state, process_state
 
 __all__ = ["GroundTruth", "ground_truth", "rasterize_stack", "shippable", "ground_truth_key", "cache_file", "cached_ground_truth", "read_cache",
            "write_cache", "CACHE_FORMAT", "MIN_CHUNK"]
@@ -86,13 +86,13 @@ def _rasterise_rows(dataset: BaseDataset, rows: np.ndarray, grid: tuple[int, int
             for f, (idx, masks) in found.items()}
 
 
-def _rasterise_job(state: State, blob: bytes, name: str, rows: np.ndarray, grid: tuple[int, int],
+def _rasterise_job(state: State, dataset: BaseDataset, name: str, rows: np.ndarray, grid: tuple[int, int],
                    findings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """:func:`_rasterise_rows` in a worker: the dataset (called ``name``) arrives pickled, read after the parent's
-    state. An error comes back as itself (XBench errors name their file and line), or, when it cannot cross
+    """:func:`_rasterise_rows` in a worker, after the parent's state is installed. An error comes back as itself (XBench errors name their file and line), or, when it cannot cross
     the process boundary intact, as an :class:`~xbench.core.errors.XBenchError` naming the dataset and rows."""
     try:
-        return _rasterise_rows(loads(state, blob), rows, grid, findings)
+        apply_state(state)
+        return _rasterise_rows(dataset, rows, grid, findings)
     except Exception as exc:
         if round_trips(exc):
             raise
@@ -100,13 +100,14 @@ def _rasterise_job(state: State, blob: bytes, name: str, rows: np.ndarray, grid:
                           f"{exc}") from exc
 
 
-def shippable(dataset: BaseDataset) -> tuple[State, bytes] | None:
-    """``(parent state, pickled dataset)`` for worker jobs, or None (with a log line saying why) when either
+def shippable(dataset: BaseDataset) -> tuple[State, BaseDataset] | None:
+    """``(parent state, dataset)`` for worker jobs once both are known to pickle, or None (with a log line saying why) when either
     cannot be pickled: then the dataset is handled in the calling process."""
     state, why = process_state()
     if state is not None:
         try:
-            return state, pickle.dumps(dataset)
+            pickle.dumps(dataset)  # the pool pickles it for every job; refused here, it stays in this process
+            return state, dataset
         except Exception as exc:  # PicklingError, TypeError, AttributeError ("Can't pickle local object")
             why = f"the dataset cannot be pickled ({type(exc).__name__}: {exc})"
     else:
@@ -117,7 +118,7 @@ def shippable(dataset: BaseDataset) -> tuple[State, bytes] | None:
 
 def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool = True,
                  pool: Executor | None = None, workers: int = 1, warning_registry: dict | None = None,
-                 shipped: tuple[State, bytes] | None = None) -> dict[str, GroundTruth]:
+                 shipped: tuple[State, BaseDataset] | None = None) -> dict[str, GroundTruth]:
     """Finding → :class:`GroundTruth` (row indices, bool masks ``(n, *grid)``, positives without a region).
 
     With a ``pool`` of ``workers`` processes the positive cases are split into chunks of consecutive rows
@@ -277,7 +278,7 @@ def read_cache(path: str | Path, key: Mapping[str, Any]) -> dict[str, GroundTrut
 def cached_ground_truth(dataset: BaseDataset, grid: tuple[int, int], folder: str | Path, *,
                         options: Mapping[str, Any] | None = None, pool: Executor | None = None, workers: int = 1,
                         progress: bool = True, warning_registry: dict | None = None,
-                        shipped: tuple[State, bytes] | None = None) -> tuple[dict[str, GroundTruth], Path, dict[str, Any], str]:
+                        shipped: tuple[State, BaseDataset] | None = None) -> tuple[dict[str, GroundTruth], Path, dict[str, Any], str]:
     """:func:`ground_truth` through the cache in ``folder``: ``(gt, file, key, status)``, status one of
     ``"hit"``, ``"miss"``, ``"stale"``, ``"damaged"`` (the last three recompute and rewrite the file)."""
     key = ground_truth_key(dataset, grid, options)
