@@ -373,7 +373,6 @@ class InputFeed:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.waited = 0.0  # seconds consumers spent waiting for rows still decoding
         self._queued: set[int] = set()  # rows the decoding thread was started for
         self._halt = threading.Event()
 
@@ -418,7 +417,6 @@ class InputFeed:
     def wait(self, rows: Iterable[int]) -> None:
         """Block until every row of ``rows`` is held; the decoding thread's error is raised here."""
         rows = list(rows)
-        started = time.perf_counter()
         with self._cond:
             while not all(r in self.rows for r in rows):
                 if self._error is not None:
@@ -427,7 +425,6 @@ class InputFeed:
                     missing = [r for r in rows if r not in self.rows]
                     raise RuntimeError(f"rows {missing[:5]} were never decoded (start() them first)")
                 self._cond.wait(timeout=0.5)
-        self.waited += time.perf_counter() - started
 
     def ensure(self, rows: Iterable[int]) -> None:
         """Decode (or read from the cache) every row not yet held, for every registered model; returns when done."""
