@@ -57,7 +57,7 @@ with :func:`read_image` and wrapped as it is (:meth:`SourceImage.from_image`).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,7 @@ class SourceImage:
 
     values: np.ndarray
     levels: np.ndarray | None
+    occurring: np.ndarray | None = field(default=None, repr=False, compare=False)  # present(), when the reader knew it
 
     @classmethod
     def from_image(cls, image: np.ndarray) -> "SourceImage":
@@ -167,7 +168,27 @@ class SourceImage:
         """Indices of the levels that occur in the image (sorted)."""
         if self.levels is None:
             raise ValueError("a float-only SourceImage has no levels")
-        return np.flatnonzero(np.bincount(self.values.reshape(-1), minlength=len(self.levels)))
+        if self.occurring is not None:
+            return self.occurring
+        return occurring(self.values, len(self.levels))
+
+
+def occurring(values: np.ndarray, n: int) -> np.ndarray:
+    """Sorted integers that occur in ``values`` (``uint8``/``uint16``, each < ``n``): ``flatnonzero(bincount)``.
+
+    Counted by ``torch.bincount`` where the values fit ``int16``/``uint8`` (one pass, ~3x faster than numpy's, which
+    first widens a 3,000² image to 72 MB of int64), else by ``np.bincount``; both give the same counts.
+    """
+    flat = values.reshape(-1)
+    small = flat.dtype == np.uint8 or (flat.dtype == np.uint16 and n <= 1 << 15)
+    if small and flat.flags.writeable and flat.size:
+        import torch
+
+        counts = torch.bincount(torch.from_numpy(flat.view(np.int16) if flat.dtype == np.uint16 else flat),
+                                minlength=n).numpy()
+    else:
+        counts = np.bincount(flat, minlength=n)
+    return np.flatnonzero(counts)
 
 
 _LEVELS8 = np.arange(256, dtype=np.float32) / np.float32(255.0)
@@ -349,7 +370,7 @@ def _read_dicom(path: Path, limit: int | None = None, source: bool = False) -> A
                 index = (raw.astype(np.int64) - lo if raw.dtype.itemsize > 2 or raw.dtype.kind == "i" else raw - raw.dtype.type(lo))
                 index = index.astype(np.uint8 if hi - lo < 256 else np.uint16)
                 domain = np.arange(lo, hi + 1, dtype=raw.dtype)
-                present = np.flatnonzero(np.bincount(index.reshape(-1), minlength=hi - lo + 1))
+                present = occurring(index, hi - lo + 1)
                 raw = domain
         modality = apply_modality_lut(raw, ds)
         voi = apply_voi_lut(modality, ds)
@@ -368,4 +389,4 @@ def _read_dicom(path: Path, limit: int | None = None, source: bool = False) -> A
     out = out.astype(np.float32)
     if not source:
         return out
-    return SourceImage.from_image(out) if domain is None else SourceImage(index, out)
+    return SourceImage.from_image(out) if domain is None else SourceImage(index, out, present)

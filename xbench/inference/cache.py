@@ -40,7 +40,6 @@ Cache on disk (``cache_dir``; optional — without it the feed lives in memory f
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import tempfile
@@ -56,9 +55,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from ..core.errors import FormatError, MissingFileError
+from .decode_pool import DecodePool
 
 __all__ = ["CaseItem", "Decoded", "ModelInput", "model_input", "InputFeed", "content_hash"]
 
@@ -314,11 +314,7 @@ class _Decode(Dataset):
                        time.perf_counter() - started - read)
 
 
-def _identity(item: Any) -> Any:
-    return item
-
-
-def _share_by_name(worker_id: int) -> None:
+def _share_by_name() -> None:
     """In a decoding process: send tensors as named shared memory (``file_system``). The default (``file_descriptor``)
     makes the receiver fetch each tensor's descriptor from the sender's resource-sharer thread, an authenticated
     round trip that waits for the busy worker's GIL: measured at ~7 ms per image, serial in the receiving thread
@@ -326,10 +322,7 @@ def _share_by_name(worker_id: int) -> None:
     torch.multiprocessing.set_sharing_strategy("file_system")
 
 
-_PREFETCH = 8  # rows in flight per decoding process
-# Rows are taken as they finish, not in row order: in order, one slow file (a JPEG 2000 VinDr image: over a second)
-# held every other worker idle once its prefetched rows were done. Consumers wait for the rows they need (``wait``).
-_OUT_OF_ORDER = {"in_order": False} if "in_order" in inspect.signature(DataLoader).parameters else {}
+_PREFETCH = 2  # rows in flight per decoding process: a new row is sent as soon as one comes back (decode_pool)
 
 
 class InputFeed:
@@ -343,7 +336,7 @@ class InputFeed:
     cache_dir : path, optional
         Persistent cache (second runs and other ranks reuse it); None keeps the feed in memory.
     workers : int
-        Decoding processes (``DataLoader`` workers); 0 decodes in this process.
+        Decoding processes (:class:`~xbench.inference.decode_pool.DecodePool`); 0 decodes in this process.
     skip_missing : bool
         A missing / undecodable image becomes a counted skip instead of an error.
     preprocess_device : torch.device or str, optional
@@ -455,7 +448,7 @@ class InputFeed:
             raise error
 
     def _produce(self, todo: list[int]) -> None:
-        """The decoding thread: DataLoader workers read the files; device preprocessing runs here on a CUDA stream of
+        """The decoding thread: worker processes (:class:`~xbench.inference.decode_pool.DecodePool`) read the files; device preprocessing runs here on a CUDA stream of
         its own, so it overlaps the models on the default stream."""
         started = time.perf_counter()
         adapters = {k: a for k, (a, _) in self._by_key.items()}
@@ -463,12 +456,14 @@ class InputFeed:
         source = _Decode(self.dataset, adapters, inputs, self.cache, self.skip_missing, frozenset(self.plans))
         device = self.preprocess_device
         side = torch.cuda.Stream(device) if self.plans and device is not None and device.type == "cuda" else None
+        pool: DecodePool | None = None
+        finished = False
         try:
-            loader = DataLoader(source, batch_size=None, sampler=todo, num_workers=self.workers,
-                                collate_fn=_identity, prefetch_factor=_PREFETCH if self.workers else None,
-                                worker_init_fn=_share_by_name if self.workers else None, **_OUT_OF_ORDER)
+            if self.workers:
+                pool = DecodePool(source.__getitem__, self.workers, prefetch=_PREFETCH, init=_share_by_name)
+            items = pool.imap_unordered(todo) if pool is not None else map(source.__getitem__, todo)
             with torch.cuda.stream(side) if side is not None else nullcontext():
-                for item in loader:
+                for item in items:
                     if self._halt.is_set():
                         break
                     self.profile["read"] += item.read_seconds
@@ -481,11 +476,15 @@ class InputFeed:
                         self.rows[item.row] = (item.case_id, item.inputs, item.reason, item.shape)
                         self.stats["skipped" if item.reason else ("decoded" if item.decoded else "from_cache")] += 1
                         self._cond.notify_all()
+                else:
+                    finished = True
         except BaseException as exc:  # raised to the consumer (wait) and at close
             with self._cond:
                 self._error = exc
                 self._cond.notify_all()
         finally:
+            if pool is not None:
+                pool.close(now=not finished)
             self.seconds += time.perf_counter() - started
             self.profile["wall"] = self.seconds
 
