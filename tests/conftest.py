@@ -97,3 +97,18 @@ def copy_run(run_dir: Path, to: Path) -> Path:
 
     shutil.copytree(run_dir, to)
     return to
+
+
+class Files:
+    """A minimal dataset for the input feed's tests: rows → samples reading the given image paths."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from xbench.datasets import Sample
+
+        return Sample(case_id=f"c{i}", dataset="files", image_path=self.paths[i], size=(0, 0), view=None, labels={})

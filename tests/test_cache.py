@@ -16,7 +16,8 @@ import torch
 from PIL import Image
 
 import xbench
-from conftest import tiny_run
+from conftest import Files, tiny_run
+from xbench.datasets.images import read_image
 from xbench.inference.cache import InputFeed, model_input
 from xbench.spec.config import RunConfig
 from xbench.core.errors import XBenchWarning
@@ -119,7 +120,8 @@ def test_decode_once_store_equals_decode_per_model_and_cache_is_reused(tmp_path)
             np.testing.assert_array_equal(a[name][key], b[name][key], err_msg=f"{name}:{key}")
     log = json.loads((once / "run_log.json").read_text())
     assert log[-1]["decode_once"] == {"decoded": 10, "from_cache": 0, "skipped": 0}
-    assert len(list((cache / "entries").iterdir())) == 3  # one transform key per model here
+    # one transform key per model that reads pixels: the center prior (reads_pixels false) gets zeros, nothing cached
+    assert len(list((cache / "entries").iterdir())) == 2
 
     again = quiet(RunConfig.from_dict(tiny_run(tmp_path / "c", cases=10, models=MODELS, cache_dir=str(cache))))
     assert json.loads((again / "run_log.json").read_text())[-1]["decode_once"] == {
@@ -141,21 +143,6 @@ def write_pngs(folder: Path, n: int) -> list[Path]:
     return paths
 
 
-class Files:
-    """A minimal dataset: rows → Sample-like objects reading PNGs."""
-
-    def __init__(self, paths):
-        self.paths = paths
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        from xbench.datasets import Sample
-
-        return Sample(case_id=f"c{i}", dataset="files", image_path=self.paths[i], size=(0, 0), view=None, labels={})
-
-
 def test_changed_file_is_decoded_again_never_served_stale(adapters, tmp_path):
     paths = write_pngs(tmp_path / "img", 3)
     cache = tmp_path / "cache"
@@ -175,7 +162,7 @@ def test_changed_file_is_decoded_again_never_served_stale(adapters, tmp_path):
 
 def _prepare(args):
     cache, paths = args
-    adapter = xbench.create_model("center_prior")
+    adapter = xbench.create_model("random_prior")  # a cheap model that reads pixels (the center prior reads none)
     feed = InputFeed(Files([Path(p) for p in paths]), [adapter], cache_dir=cache)
     feed.ensure(range(len(paths)))
     return feed.stats["decoded"] + feed.stats["from_cache"]
@@ -233,3 +220,29 @@ def test_map_dtype_float32_stores_float32_maps_within_float16_error(tmp_path):
     normal = np.abs(f) >= 2.0 ** -14  # float16 normal range
     rel = np.abs(h.astype(np.float32) - f)[normal] / np.abs(f)[normal]
     assert normal.mean() > 0.9 and 0 < rel.max() <= 2.0 ** -11  # float16 rounding: relative error at most 4.9e-4
+
+
+def test_a_model_that_reads_no_pixels_gets_zeros_and_nothing_is_decoded_for_it(tmp_path):
+    """The center prior reads only the batch size: the feed computes no input for it (no thumbnail of a full-size
+    float image) and passes zeros of its input shape; its maps and scores equal those from its real inputs. When a
+    pixel-reading model shares its preprocessing (the random prior), the decoded thumbnails are passed instead."""
+    from xbench.models.priors import CenterPrior, RandomPrior
+
+    paths = write_pngs(tmp_path / "img", 4)
+    center = xbench.create_model("center_prior")
+    assert CenterPrior.reads_pixels is False and RandomPrior.reads_pixels is True
+    feed = InputFeed(Files(paths), [center])
+    feed.ensure(range(4))
+    assert feed.stats == {"decoded": 4, "from_cache": 0, "skipped": 0}  # files still read: shapes, skips
+    assert all(inputs == {} for _, inputs, _, _ in feed.rows.values())
+    [(items, pixels)] = list(feed.batches(center, [[0, 1, 2, 3]], torch.device("cpu")))
+    assert pixels.dtype == torch.float32 and tuple(pixels.shape) == (4, 3, center.input_size, center.input_size)
+    assert not pixels.any() and [it.shape for it in items] == [(40 + i, 50) for i in range(4)]
+    real = torch.stack([torch.as_tensor(center.preprocess(read_image(p))) for p in paths])
+    got, want = center.predict(pixels, ["a", "b"]), center.predict(real, ["a", "b"])
+    assert torch.equal(got.scores, want.scores) and torch.equal(got.maps, want.maps)
+
+    shared = InputFeed(Files(paths), [center, xbench.create_model("random_prior")])
+    shared.ensure(range(4))
+    [(_, thumbs)] = list(shared.batches(center, [[0, 1, 2, 3]], torch.device("cpu")))
+    assert torch.equal(thumbs, real)

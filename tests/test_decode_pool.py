@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import Files
 from xbench.core.errors import FormatError
 from xbench.inference.cache import _share_by_name
 from xbench.inference.decode_pool import DecodePool
@@ -98,21 +99,6 @@ def test_no_workers_is_refused():
         DecodePool(_square, 0)
 
 
-class _Files:
-    """A minimal dataset: rows → samples reading PNGs."""
-
-    def __init__(self, paths):
-        self.paths = paths
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        from xbench.datasets import Sample
-
-        return Sample(case_id=f"c{i}", dataset="files", image_path=self.paths[i], size=(0, 0), view=None, labels={})
-
-
 def test_the_feed_through_workers_equals_the_feed_in_process(tmp_path):
     """InputFeed rows are the same bytes through 2 worker processes as in-process: CPU-path floats, and codes computed
     from native-size uploads that crossed as shared memory (device preprocessing run on the CPU device)."""
@@ -130,7 +116,7 @@ def test_the_feed_through_workers_equals_the_feed_in_process(tmp_path):
         paths.append(path)
     paths.append(tmp_path / "missing.png")
     adapters = [preprocess_standins()["kad"], create_model("center_prior")]
-    feeds = {w: InputFeed(_Files(paths), adapters, workers=w, skip_missing=True, preprocess_device="cpu")
+    feeds = {w: InputFeed(Files(paths), adapters, workers=w, skip_missing=True, preprocess_device="cpu")
              for w in (0, 2)}
     for feed in feeds.values():
         feed.ensure(range(len(paths)))

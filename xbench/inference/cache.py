@@ -71,6 +71,7 @@ class ModelInput:
 
     key: str                 # transform identity: equal keys ⇔ equal preprocessing
     lut: np.ndarray | None   # (3, 256) float32, or None when inputs are never 8-bit codes
+    shape: tuple[int, ...] = ()  # shape of one ``preprocess`` output (the zeros given to a pixel-free model)
 
     def encode(self, x: torch.Tensor | np.ndarray) -> np.ndarray:
         """``preprocess`` output ``(3, S, S)`` → uint8 codes ``(S, S)`` if exactly representable, else float32 copy."""
@@ -138,7 +139,7 @@ def model_input(adapter: Any) -> ModelInput:
     digest = hashlib.sha256(f"{out.shape}|{outs[1].shape}".encode())
     for part in (*outs, lut if lut is not None else np.zeros(0, np.float32)):
         digest.update(part.tobytes())
-    spec = ModelInput(digest.hexdigest()[:20], lut)
+    spec = ModelInput(digest.hexdigest()[:20], lut, tuple(int(d) for d in out.shape))
     try:
         _CALIBRATED[adapter] = spec
     except TypeError:  # not weak-referenceable
@@ -370,10 +371,12 @@ class InputFeed:
         self._halt = threading.Event()
 
     def add(self, adapter: Any) -> ModelInput:
+        """Register an adapter's input (computed for every row decoded from now on); an adapter that does not read
+        pixels (:attr:`~xbench.models.base.Adapter.reads_pixels` false) gets nothing decoded (see :meth:`batches`)."""
         if id(adapter) not in self.specs:
             spec = model_input(adapter)
             self.specs[id(adapter)] = spec
-            if spec.key not in self._by_key:
+            if getattr(adapter, "reads_pixels", True) and spec.key not in self._by_key:
                 self._by_key[spec.key] = (adapter, spec)
                 plan = self._device_plan(adapter, spec)
                 if plan is not None:
@@ -525,6 +528,9 @@ class InputFeed:
         Batches are stacked (and pinned for CUDA) in a background thread while the previous one runs.
         """
         spec = self.add(adapter)
+        # a model that reads only the batch size gets zeros of its input shape, unless a model that reads pixels
+        # registered the same preprocessing (then its decoded inputs, equal to preprocess, are passed)
+        blank = spec.key not in self._by_key
         needed = [r for b in batches for r in b]
         if any(r not in self.rows and r not in self._queued for r in needed):
             self.start(needed)  # a caller stepping several models has started every row already
@@ -538,9 +544,11 @@ class InputFeed:
                 window = adapter.input_window(shape) if reason is None else None
                 items.append(CaseItem(r, case_id, reason, shape, window))
                 if reason is None:
-                    arrays.append(out[spec.key])
+                    arrays.append(None if blank else out[spec.key])
             if not arrays:
                 return items, None
+            if blank:
+                return items, torch.zeros((len(arrays), *spec.shape), dtype=torch.float32)
             stacked = torch.from_numpy(np.stack(arrays))
             return items, stacked.pin_memory() if pin else stacked
 
@@ -567,7 +575,9 @@ class InputFeed:
                 raise got
             items, stacked = got
             pixels = None
-            if stacked is not None:
+            if stacked is not None and blank:
+                pixels = stacked.to(device)
+            elif stacked is not None:
                 stacked = stacked.to(device, non_blocking=pin)
                 pixels = spec.decode(stacked, self._luts.get(lut_key), channels_last)
             yield items, pixels

@@ -10,6 +10,9 @@ An adapter wraps one model's *inference path* and exposes
 * ``scores`` / ``saliency`` — thin views of ``predict``;
 * ``to_probability(scores)`` — how a score becomes a probability for F1 / accuracy
   (identity for probability heads, sigmoid for raw logits);
+* ``reads_pixels`` (class attribute, default True) — False only for a model whose ``predict`` reads nothing of
+  ``pixels`` but the batch size (the centre and anatomical priors); the decode-once feed then decodes nothing for
+  it and passes zeros of its input shape;
 * facts, copied from the model's YAML (``xbench/configs/models/<name>.yaml``, the only
   place they are written): ``name``, ``map_source`` (``"similarity"``, ``"cross-attention"``
   or ``"prior"``), ``score_rule`` (``"probability"``, ``"logit"``, ``"constant"``,
@@ -67,6 +70,10 @@ class Adapter(ABC):
     """
 
     config_name: ClassVar[str] = ""  # registry entry whose YAML describes this class when built directly
+    #: False when ``predict`` / ``predict_cases`` read nothing of ``pixels`` but the batch size (the center and
+    #: anatomical priors): the decode-once feed then computes no input for the model and passes zeros of its
+    #: ``preprocess`` output's shape (stores are the same bytes; the model's maps and scores ignore the pixels).
+    reads_pixels: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)

@@ -104,6 +104,7 @@ class CenterPrior(_Prior):
     """Centre Gaussian map (``sigma`` a fraction of the side, default 0.25) and constant score 0.5."""
 
     config_name = "center_prior"
+    reads_pixels = False  # only the batch size (module docstring): the decode-once feed decodes nothing for it
 
     def __init__(self, sigma: float = 0.25, grid: Sequence[int] | None = None, input_size: int | None = None,
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
@@ -211,6 +212,7 @@ class AnatomicalPrior(_Prior):
     """
 
     config_name = "anatomical_prior"
+    reads_pixels = False  # only the batch size (module docstring)
 
     def __init__(self, maps: Mapping[str, np.ndarray], rates: Mapping[str, float],
                  input_size: int | None = None, config: Mapping[str, Any] | None = None,
