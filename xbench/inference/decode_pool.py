@@ -1,12 +1,14 @@
 """Decoding processes that each answer on a pipe of their own: rows in, results out as they finish.
 
 Why not ``torch.utils.data.DataLoader`` (which the feed used before): its workers hand every result to one shared
-result queue. Each worker's results are written by a feeder thread that must take the queue's cross-process write
-lock *and* this worker's GIL; while the worker's main thread sits in a long GIL-holding call (``np.bincount`` or a
-table gather over a 3,000² DICOM, tens of ms), the feeder holds the lock and cannot write, so every other worker's
+result queue. A worker's results are written by its feeder thread, which takes the queue's cross-process write
+lock and then needs this worker's GIL to write; while the worker's main thread sits in a long GIL-holding call
+(``np.bincount`` or a table gather over a 3,000² DICOM, tens of ms), the lock is held and every other worker's
 result waits behind it. Profiled on a 16-core H100 host (``docs/perf/profile_decode_pool_h100.txt``): during the
-VinDr-CXR stand-ins the workers spent most of their time blocked on that lock or idle waiting for new rows, the
-machine ran at ~15 % CPU, and the decode stage took 57 s where its CPU work needed ~14 s.
+VinDr-CXR stand-ins the workers' feeder threads sat at that lock acquisition (waiting for it, or holding it and
+waiting for their own GIL: a sample cannot tell which) and the workers otherwise waited for new rows; the machine
+ran at 13-19 % CPU and the stage took 57 s where its CPU work needed ~14 s. With this pool the same stage took
+11.2 s (``docs/perf/decode_pool_h100.json``).
 
 Here each worker sends its result itself, from its main thread, on its own pipe (no lock shared between workers,
 no feeder thread), and gets a new row as soon as it returns one (``prefetch`` rows in flight per worker), so a slow
