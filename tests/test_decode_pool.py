@@ -128,3 +128,13 @@ def test_the_feed_through_workers_equals_the_feed_in_process(tmp_path):
         for key in a[1]:
             assert a[1][key].dtype == b[1][key].dtype and np.array_equal(a[1][key], b[1][key])
     assert feeds[2].rows[5][2].startswith("MissingFileError")
+
+
+def test_a_platform_without_fork_is_told_to_decode_in_process(monkeypatch):
+    import multiprocessing
+
+    from xbench.core.errors import XBenchError
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    with pytest.raises(XBenchError, match="num_workers: 0"):
+        DecodePool(_square, 2)

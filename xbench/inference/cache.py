@@ -451,8 +451,8 @@ class InputFeed:
             raise error
 
     def _produce(self, todo: list[int]) -> None:
-        """The decoding thread: worker processes (:class:`~xbench.inference.decode_pool.DecodePool`) read the files; device preprocessing runs here on a CUDA stream of
-        its own, so it overlaps the models on the default stream."""
+        """The decoding thread: worker processes (:class:`~xbench.inference.decode_pool.DecodePool`) read the files;
+        device preprocessing runs here on a CUDA stream of its own, so it overlaps the models on the default stream."""
         started = time.perf_counter()
         adapters = {k: a for k, (a, _) in self._by_key.items()}
         inputs = {k: s for k, (_, s) in self._by_key.items()}

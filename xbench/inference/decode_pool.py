@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from ..core.errors import XBenchError
+
 __all__ = ["DecodePool"]
 
 _STOP = None
@@ -90,6 +92,9 @@ class DecodePool:
             raise ValueError(f"a decode pool needs at least one worker, got {workers}")
         self.prefetch = max(1, int(prefetch))
         self._owner = os.getpid()
+        if "fork" not in multiprocessing.get_all_start_methods():
+            raise XBenchError("decoding processes (num_workers > 0) are forked from this process, and this platform "
+                              "has no fork start method: set num_workers: 0")
         ctx = multiprocessing.get_context("fork")
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
