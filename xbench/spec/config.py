@@ -13,7 +13,7 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     fixed_threshold: 0.5
     pointing_ties: first            # first | any
     batch_size: 32
-    num_workers: 0
+    num_workers: 0                  # decoding processes (forked, a pipe each; 0: in this process)
     eval_workers: auto              # evaluation processes: auto = min(CPUs, dataset × model pairs) | 0 or 1: serial
     precision: fp32                 # fp32 | tf32 | fp16 | bf16 (fp32: TF32 off on CUDA; fp16/bf16: autocast, CUDA only)
     device: cpu                     # cpu | cuda | cuda:1 | auto
