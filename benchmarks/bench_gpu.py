@@ -192,6 +192,27 @@ def run_config(root: Path, out: Path, *, fraction: float = 1.0, models: list[str
             "grid": [224, 224], "chunk_size": 256, "bootstrap": {"replicates": 0, "seed": 0}, **changes}
 
 
+def _build_seconds(log: list[dict[str, Any]]) -> float:
+    """Seconds spent building models (each model's cumulative ``build_seconds``, last entry per model, summed)."""
+    last = {e["model"]: e.get("build_seconds", 0.0) for e in log if "model" in e}
+    return round(sum(last.values()), 2)
+
+
+def rank_timings(out: Path) -> list[dict[str, float]]:
+    """Per rank of a sharded run (``run_log.shard<i>of<n>.json``): its wall to the end of its last dataset, its model
+    builds, and its models' own seconds (decode waits excluded), so an imbalance between ranks can be seen."""
+    found = []
+    for path in sorted(out.glob("run_log.shard*of*.json")):
+        log = json.loads(path.read_text())
+        found.append({"log": path.name,
+                      "wall_seconds": round(max((e.get("since_start_seconds", 0.0) for e in log), default=0.0), 2),
+                      "build_seconds": _build_seconds(log),
+                      "model_seconds": round(sum(e.get("seconds", 0.0) - e.get("decode_seconds", 0.0) for e in log), 2),
+                      "decode_wait_seconds": round(sum(e.get("decode_seconds", 0.0) for e in log), 2),
+                      "cases": int(sum(e.get("cases_inferred", 0) for e in log))})
+    return found
+
+
 def _decode_profile(log: list[dict[str, Any]]) -> dict[str, float]:
     """Decode-stage seconds summed over datasets (each dataset's last, cumulative, run-log entry)."""
     last = {e["dataset"]: e["decode_profile"] for e in log if "decode_profile" in e}
@@ -237,6 +258,7 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
             "passes_per_s": round(passes / infer_s, 1), "per_model": per_model,
             "gpu_alone_passes_per_s": round(passes / max(model_seconds, 1e-9), 1),  # model time only, decoding out
             "decode_profile": _decode_profile(log),
+            "build_seconds": _build_seconds(log),
             "preprocessed_on": sorted({json.dumps(e["preprocessed_on"]) for e in log if "preprocessed_on" in e}),
             "store_mb": round(sum(f.stat().st_size for f in (Path(cfg.output_dir) / "store").rglob("*.npz")) / 2**20, 1)}
 
@@ -487,6 +509,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 wall = time.perf_counter() - started
                 multi: dict[str, Any] = {"gpus": gpus, "returncode": proc.returncode, "wall_seconds": round(wall, 2),
                                          "infer_wall_seconds": round(infer_wall, 2),
+                                         "ranks": rank_timings(args.out / tag),
                                          "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
                 if proc.returncode == 0 and "default" in result:
                     multi["one_gpu_wall_seconds"] = result["default"]["whole_seconds"]

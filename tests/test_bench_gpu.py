@@ -47,3 +47,20 @@ def test_tiny_cpu_benchmark(bench, tmp_path, monkeypatch):
     assert bench.tables_equal(tmp_path / "out" / "default", tmp_path / "out" / "cached", decimals=12)[
         "equal_to_12_decimals"]
     assert (tmp_path / "out" / "default" / "tables" / "metrics.parquet").exists()
+
+
+def test_rank_timings_read_each_ranks_log(bench, tmp_path):
+    """The multi-GPU phase reports each rank's wall, builds, model and wait seconds from its own run log."""
+    def entry(model, build, since, seconds, wait, cases):
+        return {"dataset": "d", "model": model, "build_seconds": build, "since_start_seconds": since,
+                "seconds": seconds, "decode_seconds": wait, "cases_inferred": cases}
+
+    (tmp_path / "run_log.shard0of2.json").write_text(json.dumps([entry("a", 2.0, 10.0, 5.0, 1.0, 7),
+                                                                 entry("b", 3.0, 10.0, 4.0, 0.5, 7)]))
+    (tmp_path / "run_log.shard1of2.json").write_text(json.dumps([entry("a", 2.5, 20.0, 9.0, 2.0, 9)]))
+    (tmp_path / "run_log.json").write_text("[]")  # not a rank's log
+    assert bench.rank_timings(tmp_path) == [
+        {"log": "run_log.shard0of2.json", "wall_seconds": 10.0, "build_seconds": 5.0, "model_seconds": 7.5,
+         "decode_wait_seconds": 1.5, "cases": 14},
+        {"log": "run_log.shard1of2.json", "wall_seconds": 20.0, "build_seconds": 2.5, "model_seconds": 7.0,
+         "decode_wait_seconds": 2.0, "cases": 9}]

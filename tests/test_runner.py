@@ -190,6 +190,16 @@ def test_changed_model_params_are_refused_unless_overwrite(base, tmp_path, predi
     assert ResultStore(out).meta("phantom", "center_prior")["params"] == {"sigma": 0.1}
 
 
+def test_run_log_times_the_builds_and_the_rank(base):
+    """Every entry says how long its model took to build (cumulative) and how far into the run its dataset ended."""
+    log = base["log"]
+    assert set(log) == set(MODELS)
+    for entry in log.values():
+        assert 0.0 <= entry["build_seconds"] <= entry["since_start_seconds"]
+        assert entry["since_start_seconds"] >= entry["seconds"]  # the dataset's inference lies inside it
+    assert len({e["since_start_seconds"] for e in log.values()}) == 1  # one dataset: one end for its models
+
+
 def test_worker_processes_give_the_same_store(base, tmp_path):
     cfg = tiny_config(tmp_path / "run", models=["random_prior"], num_workers=2)
     quiet_run(cfg, evaluate=False)

@@ -465,6 +465,8 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     failures: list[str] = []
     skipped_rows: list[dict[str, str]] = []
     built: dict[int, Adapter] = {}  # models without fit_split are built once and serve every dataset
+    build_seconds: dict[int, float] = {}  # per model spec: wall seconds of open_model, summed over datasets
+    run_started = time.perf_counter()
     opened = []
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
@@ -477,7 +479,11 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
         adapters = []
         for mspec in models:
             key = id(mspec)
-            adapter = built.get(key) or open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
+            adapter = built.get(key)
+            if adapter is None:
+                t = time.perf_counter()
+                adapter = open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
+                build_seconds[key] = build_seconds.get(key, 0.0) + time.perf_counter() - t
             if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
                 raise XBenchError(f"model {mspec.name!r} was built random-init (no weights found) but this config does not "
                                   "allow random-init models (allow_random_init: true, or params: {random_init: true})")
@@ -495,6 +501,8 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
                                  progress=progress, chunks=mine, keep_going=keep_going, failures=failures)
         for mspec, adapter, entry in zip(models, adapters, entries):
             skipped_rows += entry.pop("skipped_cases", [])
+            entry["build_seconds"] = round(build_seconds.get(id(mspec), 0.0), 3)  # cumulative for the model
+            entry["since_start_seconds"] = round(time.perf_counter() - run_started, 3)  # this dataset done, this rank
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
             entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
