@@ -138,3 +138,20 @@ def test_a_platform_without_fork_is_told_to_decode_in_process(monkeypatch):
     monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
     with pytest.raises(XBenchError, match="num_workers: 0"):
         DecodePool(_square, 2)
+
+
+class _OneWay(Exception):
+    """Pickles (its args are one string) but cannot be rebuilt: its constructor needs two arguments."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+
+
+def _raises_one_way(row: int) -> int:
+    raise _OneWay("x", "y")
+
+
+def test_an_answer_that_cannot_be_rebuilt_is_a_named_error():
+    with pytest.raises(RuntimeError, match="decode worker 0: its answer could not be read"):
+        with DecodePool(_raises_one_way, 1) as pool:
+            list(pool.imap_unordered([0]))

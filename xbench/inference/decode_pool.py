@@ -142,6 +142,9 @@ class DecodePool:
                     answer = handle.recv()
                 except (EOFError, OSError):  # OSError: connection reset by a killed worker
                     raise dead(i) from None
+                except Exception as exc:  # an answer that pickled in the worker but cannot be rebuilt here
+                    raise RuntimeError(f"decode worker {i}: its answer could not be read "
+                                       f"({type(exc).__name__}: {exc})") from exc
                 busy[i] -= 1
                 if answer[0] == "error":
                     _, row, exc, text = answer
