@@ -160,6 +160,36 @@ def test_changed_file_is_decoded_again_never_served_stale(adapters, tmp_path):
     assert torch.equal(got, want)
 
 
+def test_device_codes_are_cached_by_the_saving_thread_and_its_errors_raised(adapters, tmp_path, monkeypatch):
+    """Device-computed codes (here the kernels on the CPU) are written to the cache by the feed's saving thread: once
+    the stage is over every entry is on disk and a second feed reads every row from it, the same codes; a failed
+    save is raised when the feed closes, not lost."""
+    paths = write_pngs(tmp_path / "img", 4)
+    cache = tmp_path / "cache"
+    kad = adapters["kad"]
+    feed = InputFeed(Files(paths), [kad], cache_dir=cache, preprocess_device="cpu")
+    assert feed.plans  # the kernel path
+    feed.ensure(range(4))
+    key = feed.specs[id(kad)].key
+    assert feed.stats["decoded"] == 4 and feed.device_inputs == 4
+    again = InputFeed(Files(paths), [kad], cache_dir=cache, preprocess_device="cpu")
+    again.ensure(range(4))
+    assert again.stats == {"decoded": 0, "from_cache": 4, "skipped": 0}
+    assert all(np.array_equal(again.rows[r][1][key], feed.rows[r][1][key]) for r in range(4))
+
+    from xbench.inference.cache import _DiskCache
+
+    def full(self, *args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_DiskCache, "save", full)
+    broken = InputFeed(Files(paths), [kad], cache_dir=tmp_path / "cache2", preprocess_device="cpu")
+    broken.start(range(4))
+    broken.wait(range(4))  # the rows themselves are served
+    with pytest.raises(OSError, match="No space left"):
+        broken.close()
+
+
 def _prepare(args):
     cache, paths = args
     adapter = xbench.create_model("random_prior")  # a cheap model that reads pixels (the center prior reads none)

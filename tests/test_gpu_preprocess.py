@@ -143,6 +143,24 @@ def test_adapter_preprocess_bit_identical(tmp_path):
             assert torch.equal(got, want), f"{name} on {image_name}"
 
 
+def test_plans_on_a_stack_equal_each_image():
+    """A stack of images of one size (the decode stage's batches) gives each image's own codes, for every plan and
+    both upload dtypes: 8-bit noise / constant / gradient / spikes and 16-bit values, sizes that take CARZero's integer
+    and float area branches and Pillow's either pass order."""
+    rng = np.random.default_rng(2211)
+    plans = {plan_for(a) for a in _adapters().values()}
+    for h, w in [(640, 640), (300, 257), (263, 301), (1024, 512)]:
+        stack8 = np.stack([_content(rng, h, w, kind) for kind in range(4)])
+        stack16 = rng.integers(0, 65536, (3, h, w)).astype(np.uint16)
+        for stack in (stack8, stack16):
+            for plan in plans:
+                got = plan(_on(stack)).cpu()
+                want = torch.stack([plan(_on(image)).cpu() for image in stack])
+                assert got.shape == want.shape and torch.equal(got, want), (plan, h, w, stack.dtype)
+    flat = _on(rng.integers(0, 256, (2, 3, 90, 70), dtype=np.uint8))  # two leading dimensions
+    assert torch.equal(resize_area(flat, 31, 23)[1, 2], resize_area(flat[1, 2], 31, 23))
+
+
 def test_plans_shared_and_absent():
     """Models with equal preprocessing share one plan; priors and reference models have none (CPU path)."""
     ads = _adapters()

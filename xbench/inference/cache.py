@@ -19,7 +19,8 @@ Exactness (the parity-proven numerics are kept bit for bit):
 
 GPU preprocessing (``preprocess_device``, :mod:`xbench.inference.gpu_preprocess`): the decode workers return the
 image at native size as ``uint8``/``uint16`` (:func:`~xbench.inference.gpu_preprocess.source_array`) instead of
-running the resizes; this process uploads it once and computes every ported model's codes on the device.
+running the resizes; this process uploads it once and computes every ported model's codes on the device, for stacks
+of equal-size images at a time (:class:`~xbench.inference.device_stage.DeviceStage`).
 A model gets this path only when its kernel reproduces its own ``preprocess`` on probe images and its
 code table equals :class:`ModelInput`'s (checked once per adapter); its codes are then the same bytes
 as the CPU path's (``tests/test_gpu_preprocess.py``), so caches and stores do not depend on the path.
@@ -47,6 +48,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +61,7 @@ from torch.utils.data import Dataset
 
 from ..core.errors import FormatError, MissingFileError
 from .decode_pool import DecodePool
+from .device_stage import DeviceStage
 
 __all__ = ["CaseItem", "Decoded", "ModelInput", "model_input", "InputFeed", "content_hash"]
 
@@ -369,6 +372,8 @@ class InputFeed:
         self._error: BaseException | None = None
         self._queued: set[int] = set()  # rows the decoding thread was started for
         self._halt = threading.Event()
+        self._saver: ThreadPoolExecutor | None = None
+        self._saves: list[Future] = []
 
     def add(self, adapter: Any) -> ModelInput:
         """Register an adapter's input (computed for every row decoded from now on); an adapter that does not read
@@ -452,13 +457,19 @@ class InputFeed:
 
     def _produce(self, todo: list[int]) -> None:
         """The decoding thread: worker processes (:class:`~xbench.inference.decode_pool.DecodePool`) read the files;
-        device preprocessing runs here on a CUDA stream of its own, so it overlaps the models on the default stream."""
+        device codes are computed here in stacks (:class:`~xbench.inference.device_stage.DeviceStage`) on a CUDA
+        stream of its own, so they overlap the models on the default stream."""
         started = time.perf_counter()
         adapters = {k: a for k, (a, _) in self._by_key.items()}
         inputs = {k: s for k, (_, s) in self._by_key.items()}
         source = _Decode(self.dataset, adapters, inputs, self.cache, self.skip_missing, frozenset(self.plans))
         device = self.preprocess_device
         side = torch.cuda.Stream(device) if self.plans and device is not None and device.type == "cuda" else None
+        stage = DeviceStage(self.plans, device, self._computed) if self.plans and device is not None else None
+        # device codes' cache entries are written by a thread of their own, off this (the decode stage's) thread
+        self._saver = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbench-cache")
+                       if stage is not None and self.cache is not None else None)
+        self._saves: list[Future] = []
         pool: DecodePool | None = None
         finished = False
         try:
@@ -471,15 +482,17 @@ class InputFeed:
                         break
                     self.profile["read"] += item.read_seconds
                     self.profile["cpu_prep"] += item.prep_seconds
-                    if item.source is not None:
+                    if item.source is not None and stage is not None:
                         t = time.perf_counter()
-                        self._on_device(item)
+                        stage.put(item)  # published by _computed once its codes are back
                         self.profile["device_prep"] += time.perf_counter() - t
-                    with self._cond:
-                        self.rows[item.row] = (item.case_id, item.inputs, item.reason, item.shape)
-                        self.stats["skipped" if item.reason else ("decoded" if item.decoded else "from_cache")] += 1
-                        self._cond.notify_all()
+                    else:
+                        self._publish(item)
                 else:
+                    if stage is not None:
+                        t = time.perf_counter()
+                        stage.drain()
+                        self.profile["device_prep"] += time.perf_counter() - t
                     finished = True
         except BaseException as exc:  # raised to the consumer (wait) and at close
             with self._cond:
@@ -488,32 +501,36 @@ class InputFeed:
         finally:
             if pool is not None:
                 pool.close(now=not finished)
+            if self._saver is not None:
+                self._saver.shutdown(wait=True)  # every entry on disk before the stage is over
+                failed = next((f.exception() for f in self._saves if f.exception() is not None), None)
+                if failed is not None and self._error is None:
+                    with self._cond:
+                        self._error = failed
+                        self._cond.notify_all()
+                self._saver, self._saves = None, []
+            if stage is not None:
+                self.device_inputs += stage.device_inputs
             self.seconds += time.perf_counter() - started
             self.profile["wall"] = self.seconds
 
-    def _on_device(self, item: Decoded) -> None:
-        """One upload of ``item.source``; the codes of every device key it lacks (equal plans computed once), brought
-        back to the host in one copy."""
-        image = item.source.to(self.preprocess_device)
-        wanted = [key for key in self.plans if key not in item.inputs]
-        done: dict[Any, torch.Tensor] = {}
-        for key in wanted:
-            plan = self.plans[key]
-            if plan not in done:
-                done[plan] = plan(image)
-                self.device_inputs += 1
-        host: dict[Any, np.ndarray] = {}
-        if done:
-            flat = torch.cat([codes.reshape(-1) for codes in done.values()]).cpu().numpy()
-            at = 0
-            for plan, codes in done.items():
-                host[plan] = flat[at: at + codes.numel()].reshape(tuple(codes.shape))
-                at += codes.numel()
-        for key in wanted:
-            item.inputs[key] = host[self.plans[key]]
-            if self.cache is not None and item.content is not None:
-                self.cache.save(key, item.content, item.inputs[key])
-        item.source = None
+    def _computed(self, item: Decoded, keys: list[str]) -> None:
+        """A row whose device codes are back: published, and their cache entries queued for the saving thread (an
+        error there is raised once the stage ends, like any decoding error)."""
+        if self._saver is not None and item.content is not None:
+            entries = {key: item.inputs[key] for key in keys}
+            self._saves.append(self._saver.submit(self._save, item.content, entries))
+        self._publish(item)
+
+    def _save(self, content: str, entries: dict[str, np.ndarray]) -> None:
+        for key, array in entries.items():
+            self.cache.save(key, content, array)
+
+    def _publish(self, item: Decoded) -> None:
+        with self._cond:
+            self.rows[item.row] = (item.case_id, item.inputs, item.reason, item.shape)
+            self.stats["skipped" if item.reason else ("decoded" if item.decoded else "from_cache")] += 1
+            self._cond.notify_all()
 
     def release(self) -> None:
         self.stop()

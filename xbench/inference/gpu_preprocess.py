@@ -207,13 +207,15 @@ def _area_passes(src: int, dst: int, scale: float, device: torch.device) -> list
 
 
 def resize_area(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """:func:`xbench.models.carzero.resize_area` (OpenCV ``INTER_AREA``, downscaling) on a uint8 ``(H, W)`` tensor.
+    """:func:`xbench.models.carzero.resize_area` (OpenCV ``INTER_AREA``, downscaling) on a uint8 ``(..., H, W)`` tensor.
 
-    Same branches and float32 operations in the same order, so the result is the same bytes on any device.
+    Same branches and float32 operations in the same order, so the result is the same bytes on any device. Leading
+    dimensions are images of one size, each resized alike (every operation is elementwise or an integer sum per image).
     """
-    if image.ndim != 2 or image.dtype != torch.uint8:
-        raise ValueError(f"resize_area expects a 2-D uint8 tensor, got {image.dtype} {tuple(image.shape)}")
-    in_h, in_w = int(image.shape[0]), int(image.shape[1])
+    if image.ndim < 2 or image.dtype != torch.uint8:
+        raise ValueError(f"resize_area expects a uint8 (..., H, W) tensor, got {image.dtype} {tuple(image.shape)}")
+    lead = tuple(image.shape[:-2])
+    in_h, in_w = int(image.shape[-2]), int(image.shape[-1])
     if height < 1 or width < 1 or height > in_h or width > in_w:
         raise ValueError(f"resize_area only downscales: input {in_h}x{in_w}, requested {height}x{width}")
     if (height, width) == (in_h, in_w):
@@ -222,21 +224,22 @@ def resize_area(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
     kx, ky = round(scale_x), round(scale_y)
     eps = np.finfo(np.float64).eps
     if abs(scale_x - kx) < eps and abs(scale_y - ky) < eps:
-        sums = image[: height * ky, : width * kx].to(torch.int64).reshape(height, ky, width, kx).sum(dim=(1, 3))
+        blocks = image[..., : height * ky, : width * kx].to(torch.int64).reshape(*lead, height, ky, width, kx)
+        sums = blocks.sum(dim=(-3, -1))
         if kx == 2 and ky == 2:
             return ((sums + 2) >> 2).to(torch.uint8)
         factor = torch.tensor(np.float32(1.0 / (kx * ky)), device=image.device)
         return torch.round(sums.to(torch.float32) * factor).clamp_(0, 255).to(torch.uint8)
     dev = image.device
     source = image.to(torch.float32)
-    rows = torch.zeros((in_h, width), dtype=torch.float32, device=dev)
+    rows = torch.zeros((*lead, in_h, width), dtype=torch.float32, device=dev)
     for outs, srcs, weights in _area_passes(in_w, width, scale_x, dev):
-        term = source[:, srcs] * weights
-        rows[:, outs] = rows[:, outs] + term
-    out = torch.zeros((height, width), dtype=torch.float32, device=dev)
+        term = source[..., srcs] * weights
+        rows[..., outs] = rows[..., outs] + term
+    out = torch.zeros((*lead, height, width), dtype=torch.float32, device=dev)
     for j, (outs, srcs, weights) in enumerate(_area_passes(in_h, height, scale_y, dev)):
-        term = rows[srcs] * weights[:, None]
-        out[outs] = term if j == 0 else out[outs] + term
+        term = rows[..., srcs, :] * weights[:, None]
+        out[..., outs, :] = term if j == 0 else out[..., outs, :] + term
     return torch.round(out).clamp_(0, 255).to(torch.uint8)
 
 
@@ -319,8 +322,9 @@ class CodePlan:
     rule: str
 
     def __call__(self, source: torch.Tensor) -> torch.Tensor:
+        """Codes ``(..., S, S)`` of an uploaded ``(..., H, W)`` array; leading dimensions are images of one size."""
         u8 = to_codes8(source, self.rule)
-        h, w = int(u8.shape[0]), int(u8.shape[1])
+        h, w = int(u8.shape[-2]), int(u8.shape[-1])
         if self.kind == "square":
             return resize_pillow(u8, (self.size, self.size), self.resample)
         if self.kind == "shortest":
@@ -331,7 +335,7 @@ class CodePlan:
             top, left = int(round((new_h - self.crop) / 2.0)), int(round((new_w - self.crop) / 2.0))
             if top < 0 or left < 0:
                 raise ValueError(f"CenterCrop({self.crop}) of a {new_h}x{new_w} image would pad: not ported")
-            return x[top: top + self.crop, left: left + self.crop].contiguous()
+            return x[..., top: top + self.crop, left: left + self.crop].contiguous()
         if self.kind == "carzero":
             size = self.size
             if h >= w:
@@ -339,11 +343,11 @@ class CodePlan:
             else:
                 new_h, new_w = int(float(h) * float(size / float(w))), size
             small = resize_area(u8, new_h, new_w)
-            padded = torch.zeros((size, size), dtype=torch.uint8, device=u8.device)
+            padded = torch.zeros((*u8.shape[:-2], size, size), dtype=torch.uint8, device=u8.device)
             top, left = (size - new_h) // 2, (size - new_w) // 2
-            padded[top: top + new_h, left: left + new_w] = small
+            padded[..., top: top + new_h, left: left + new_w] = small
             off = int(round((size - self.crop) / 2.0))
-            return padded[off: off + self.crop, off: off + self.crop].contiguous()
+            return padded[..., off: off + self.crop, off: off + self.crop].contiguous()
         raise ValueError(f"unknown plan kind {self.kind!r}")
 
 
