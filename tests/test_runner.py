@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import shutil
 import socket
+import time
 import traceback
 import warnings
 from collections import Counter
@@ -153,6 +154,38 @@ def test_resume_after_an_interrupted_run_computes_only_missing_chunks(base, tmp_
     assert log["anatomical_prior"]["chunks_written"] == 3
     assert predict_calls == {"center_prior": CASES - CHUNK, "random_prior": CASES - CHUNK, "anatomical_prior": CASES}
     assert_same_tables(tmp_path / "run", base["out"])
+
+
+def test_a_failed_background_write_stops_its_pair_early(tmp_path, monkeypatch, predict_calls):
+    """Chunks are written in a writer thread: a write that fails stops its pair at that pair's next batch (not at the
+    end of the dataset); with keep_going the other pairs finish and every chunk they made is on disk."""
+    from xbench.core.errors import StoreError
+    from xbench.inference.runner import infer_run
+
+    cfg = tiny_config(tmp_path / "run", batch_size=2)  # 4 batches per 8-case chunk
+    real = ResultStore.write_chunk
+
+    def full_for_random(self, dataset, model, chunk, **kw):
+        if model == "random_prior":
+            raise StoreError(f"simulated full disk writing {model} chunk {chunk}")
+        return real(self, dataset, model, chunk, **kw)
+
+    def slowed(self, *args, _counted=RandomPrior.predict_cases):  # a batch takes as long as a real model's would
+        time.sleep(0.05)
+        return _counted(self, *args)
+
+    monkeypatch.setattr(ResultStore, "write_chunk", full_for_random)
+    monkeypatch.setattr(RandomPrior, "predict_cases", slowed)
+    with warnings.catch_warnings(), pytest.raises(XBenchError, match="1 model × dataset pair") as err:
+        warnings.simplefilter("ignore", XBenchWarning)
+        infer_run(cfg, progress=False, keep_going=True)
+    assert "simulated full disk writing random_prior chunk 0" in str(err.value)
+    assert predict_calls["random_prior"] < CASES - 2  # stopped within a few batches of its first chunk
+    assert predict_calls["center_prior"] == predict_calls["anatomical_prior"] == CASES
+    store = ResultStore(tmp_path / "run")
+    for model in ("center_prior", "anatomical_prior"):
+        assert len(store.chunks("phantom", model)) == 3
+    assert not store.chunks("phantom", "random_prior")
 
 
 def test_resume_after_deleting_a_chunk_recomputes_only_that_chunk(base, tmp_path, predict_calls):

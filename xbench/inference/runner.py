@@ -23,7 +23,8 @@ import os
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -198,15 +199,17 @@ class PairRun:
     ``feed`` (an :class:`xbench.inference.cache.InputFeed` over ``dataset``) supplies inputs decoded once for every
     model; without it (``decode_once: false``) each model decodes through its own DataLoader. ``chunks`` (given by
     :func:`infer_run`: its share of :func:`assign_chunks`) names this rank's chunks of the dataset; without it, shard
-    ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``. Several pairs of one dataset are stepped in
+    ``(i, n)`` takes the chunks ``k`` with ``(k + chunk_offset) % n == i``. ``writer`` (an executor) writes finished
+    chunks in the background; without it they are written in :meth:`steps`. Several pairs of one dataset are stepped in
     turn by :func:`infer_run` (one batch of each model while the feed decodes ahead), so every model's batches are the
     ones it would get alone and its outputs are the same bytes.
     """
 
     def __init__(self, cfg: RunConfig, dspec: DatasetSpec, mspec: ModelSpec, *, dataset: BaseDataset | None = None,
                  adapter: Adapter | None = None, shard: tuple[int, int] = (0, 1), overwrite: bool = False,
-                 feed: Any = None, chunk_offset: int = 0, chunks: Sequence[int] | None = None):
-        self.cfg, self.dspec, self.mspec, self.feed = cfg, dspec, mspec, feed
+                 feed: Any = None, chunk_offset: int = 0, chunks: Sequence[int] | None = None, writer: Executor | None = None):
+        self.cfg, self.dspec, self.mspec, self.feed, self.writer = cfg, dspec, mspec, feed, writer
+        self._writes: list[Future] = []
         self.device = device = cfg.resolved_device()
         self.dataset = dataset = dataset if dataset is not None else open_dataset(dspec)
         self.adapter = adapter = (adapter if adapter is not None
@@ -233,7 +236,11 @@ class PairRun:
         self.wait_seconds = 0.0  # waiting for this pair's inputs (decoding; with a feed also stacking and upload)
 
     def steps(self) -> Iterator[tuple[int, int]]:
-        """Predict batch by batch; yields ``(cases inferred, cases skipped)`` after each batch."""
+        """Predict batch by batch; yields ``(cases inferred, cases skipped)`` after each batch.
+
+        Chunks are written by ``writer`` (a thread, when given) while inference goes on: a failed write is raised at
+        the pair's next batch, and the pair's last step waits for its writes.
+        """
         if not self.batches:
             return
         cfg, device, adapter, dataset = self.cfg, self.device, self.adapter, self.dataset
@@ -241,11 +248,11 @@ class PairRun:
         amp = autocast(cfg.precision, device)
         if cfg.channels_last:
             to_channels_last(adapter)
-        map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
+        self._map_dtype = np.float32 if cfg.map_dtype == "float32" else np.float16
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         self.started = time.perf_counter()
-        pending: dict[int, dict[str, list]] = {}
+        self._pending: dict[int, dict[str, Any]] = {}
         stream = _stream(cfg, dataset, adapter, self.batches, device, self.feed)
         while True:
             began = time.perf_counter()
@@ -255,31 +262,53 @@ class PairRun:
                 break
             items, pixels = got
             chunk = items[0].row // cfg.chunk_size
-            acc = pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [],
-                                             "windows": [], "skipped": {}})
+            acc = self._pending.setdefault(chunk, {"ids": [], "scores": [], "probs": [], "maps": [], "sizes": [],
+                                                   "windows": [], "skipped": {}})
             ok = [it for it in items if it.reason is None]
             for it in items:
                 if it.reason is not None:
                     acc["skipped"][it.case_id] = self.skipped[it.case_id] = it.reason
                     self.reasons[it.reason.split(":")[0]] += 1
+            pred = None
             if ok:
                 with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if self.feed is not None
                                                                   else nullcontext()):
                     pred = adapter.predict_cases(pixels, prompts, [it.case_id for it in ok])
-                scores = pred.scores.float().cpu().numpy()
                 acc["ids"] += [it.case_id for it in ok]
                 acc["sizes"] += [it.shape for it in ok]
                 acc["windows"] += [it.window for it in ok]
-                acc["scores"].append(scores)
-                acc["probs"].append(adapter.to_probability(scores).astype(np.float32))
-                acc["maps"].append(pred.maps.float().cpu().numpy().astype(map_dtype))
-            self.remaining[chunk] -= len(items)
-            if self.remaining[chunk] == 0:  # every planned row of the chunk seen: flush it
-                _flush(self.store, self.dspec.name, self.mspec.label, chunk, pending.pop(chunk), dataset, len(prompts),
-                       adapter.grid, map_dtype, self.counts)
+            self._land(chunk, len(items), pred)
             self.wait_seconds += wait
             self.model_seconds += time.perf_counter() - began - wait
             yield len(ok), len(items) - len(ok)
+        began = time.perf_counter()
+        for write in self._writes:  # this pair's chunks are on disk (or their error is raised here)
+            write.result()
+        self.model_seconds += time.perf_counter() - began
+
+    def _land(self, chunk: int, rows: int, pred: Any) -> None:
+        """Take in one batch's outputs; write its chunk once every planned row of it has been seen."""
+        acc = self._pending[chunk]
+        if pred is not None:
+            scores = pred.scores.float().cpu().numpy()
+            acc["scores"].append(scores)
+            acc["probs"].append(self.adapter.to_probability(scores).astype(np.float32))
+            acc["maps"].append(pred.maps.float().cpu().numpy().astype(self._map_dtype))
+        self.remaining[chunk] -= rows
+        for write in [w for w in self._writes if w.done()]:  # a failed write stops the pair at once
+            self._writes.remove(write)
+            write.result()
+        if self.remaining[chunk] == 0:
+            done = self._pending.pop(chunk)
+            self.counts["chunks_written"] += 1
+            self.counts["cases_inferred"] += len(done["ids"])
+            self.counts["cases_skipped"] += len(done["skipped"])
+            args = (self.store, self.dspec.name, self.mspec.label, chunk, done, self.dataset,
+                    len(self.dataset.findings), self.adapter.grid, self._map_dtype)
+            if self.writer is None:
+                _flush(*args)
+            else:
+                self._writes.append(self.writer.submit(_flush, *args))
 
     def finish(self) -> dict[str, Any]:
         """The pair's counts for the run log (skipped cases named; a warning when any)."""
@@ -346,8 +375,9 @@ def _stream(cfg: RunConfig, dataset: BaseDataset, adapter: Adapter, batches: lis
 
 
 def _flush(store: ResultStore, dataset_name: str, model: str, chunk: int, acc: dict[str, Any], dataset: BaseDataset,
-           n_classes: int, grid: tuple[int, int], map_dtype: Any, counts: dict[str, Any]) -> None:
-    """Write one finished chunk (joined with the stored one on a retry of skipped cases) and count it."""
+           n_classes: int, grid: tuple[int, int], map_dtype: Any) -> None:
+    """Write one finished chunk (joined with the stored one on a retry of skipped cases); safe in a writer thread
+    (chunks are written by exactly one pair, and each pair's chunks are distinct files)."""
     h, w = grid
     arrays = {
         "case_ids": acc["ids"],
@@ -360,9 +390,6 @@ def _flush(store: ResultStore, dataset_name: str, model: str, chunk: int, acc: d
     if store.has_chunk(dataset_name, model, chunk):  # a retry of formerly skipped cases: join the chunk
         arrays = _join_chunk(store.load_chunk(store.chunk_path(dataset_name, model, chunk)), arrays, dataset)
     store.write_chunk(dataset_name, model, chunk, skipped=acc["skipped"], **arrays)
-    counts["chunks_written"] += 1
-    counts["cases_inferred"] += len(acc["ids"])
-    counts["cases_skipped"] += len(acc["skipped"])
 
 
 def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: BaseDataset, chunks: list[int],
@@ -431,14 +458,15 @@ def _join_chunk(old: dict[str, np.ndarray], new: dict[str, Any], dataset: BaseDa
 
 def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False,
               progress: bool = True, check: bool = True,
-              keep_going: bool = False) -> tuple[Path, bool]:
+              keep_going: bool = False, on_dataset: Callable[[int], None] | None = None) -> tuple[Path, bool]:
     """Infer every (dataset, model) of ``cfg`` into the store; the metric tables are computed above this layer
     (:func:`xbench.workflows.run.run`).
 
     ``keep_going``: a pair whose inference fails with an :class:`~xbench.core.errors.XBenchError` is logged, noted in
     ``run_log.json`` (``failed``) and the run goes on with the other pairs; the failures are raised together at the
     end (no tables are computed then: re-run once fixed, the finished pairs are not recomputed). Every skipped
-    case (``on_missing_image: skip``) is listed in ``<output_dir>/skipped_cases.csv``.
+    case (``on_missing_image: skip``) is listed in ``<output_dir>/skipped_cases.csv``. ``on_dataset(i)`` is called once
+    every pair of ``cfg.datasets[i]`` is in the store without failure (so its evaluation can start).
 
     With ``check`` (default) :func:`xbench.inference.preflight.preflight` runs first and any problem stops the run before a
     model is built. Optional models without weights are left out (logged; noted in ``run_log.json``).
@@ -447,6 +475,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     """
     from .preflight import preflight, runnable_models, summary
 
+    run_started = time.perf_counter()  # since_start_seconds in the run log count from here (preflight included)
     report = preflight(cfg) if check else None
     if report is not None:
         report.raise_for_problems()
@@ -466,7 +495,6 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     skipped_rows: list[dict[str, str]] = []
     built: dict[int, Adapter] = {}  # models without fit_split are built once and serve every dataset
     build_seconds: dict[int, float] = {}  # per model spec: wall seconds of open_model, summed over datasets
-    run_started = time.perf_counter()
     opened = []
     for dspec in cfg.datasets:
         dataset = open_dataset(dspec)
@@ -516,6 +544,8 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
         log += [{"dataset": dspec.name, "model": name, "weights_label": "absent", "left_out": why}
                 for name, why in left_out.items()]
         del feed, adapters
+        if on_dataset is not None and not any("failed" in e for e in entries):
+            on_dataset(i)
     suffix = "" if shard == (0, 1) else f".shard{shard[0]}of{shard[1]}"
     atomic_write_bytes(out / f"run_log{suffix}.json", json.dumps(log, indent=1, default=str).encode())
     write_skips_csv(out / f"skipped_cases{suffix}.csv", skipped_rows)
@@ -549,21 +579,35 @@ def _infer_dataset(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, mod
         entries[i] = {"dataset": dspec.name, "model": label, "failed": str(exc)}
 
     pairs: dict[int, PairRun] = {}
-    for i, (mspec, adapter) in enumerate(zip(models, adapters)):
-        try:
-            pairs[i] = PairRun(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
-                               feed=feed, chunks=chunks)
-        except XBenchError as exc:
-            failed(i, exc)
-    if feed is None:  # each model decodes for itself: one after the other
-        for i, pair in pairs.items():
+    # chunks are compressed and written in the background while the models run (zlib releases the GIL), in the order
+    # they finish (one thread); leaving this block waits for every queued write, so a failure elsewhere loses no chunk
+    writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbench-write") if feed is not None else None
+    try:
+        for i, (mspec, adapter) in enumerate(zip(models, adapters)):
             try:
-                entries[i] = _drive(pair, progress)
+                pairs[i] = PairRun(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
+                                   feed=feed, chunks=chunks, writer=writer)
             except XBenchError as exc:
                 failed(i, exc)
-        return [entries[i] for i in range(len(models))]
+        if feed is None:  # each model decodes for itself: one after the other
+            for i, pair in pairs.items():
+                try:
+                    entries[i] = _drive(pair, progress)
+                except XBenchError as exc:
+                    failed(i, exc)
+            return [entries[i] for i in range(len(models))]
+        _step_in_turn(pairs, feed, dspec.name, progress, entries, failed)
+    finally:
+        if writer is not None:
+            writer.shutdown(wait=True)
+    return [entries[i] for i in range(len(models))]
+
+
+def _step_in_turn(pairs: dict[int, PairRun], feed: Any, name: str, progress: bool, entries: dict[int, dict[str, Any]],
+                  failed: Any) -> None:
+    """One batch of each pair in turn while the feed decodes ahead; finished pairs' run-log entries into ``entries``."""
     feed.start(sorted({r for pair in pairs.values() for r in pair.rows}))  # decoded ahead in the background
-    bar = progress_bar(total=sum(p.total for p in pairs.values()), desc=f"{len(pairs)} models × {dspec.name}",
+    bar = progress_bar(total=sum(p.total for p in pairs.values()), desc=f"{len(pairs)} models × {name}",
                        unit="pass", disable=not progress)
     started = time.perf_counter()
     running = {i: pair.steps() for i, pair in pairs.items()}
@@ -588,7 +632,6 @@ def _infer_dataset(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, mod
         feed.stop()  # a decoding error reached every pair that waited for it and is noted there (keep_going)
     else:
         feed.close()  # the decoding thread has ended; an error it met is raised here
-    return [entries[i] for i in range(len(models))]
 
 
 def merge_shards(cfg: RunConfig, sources: Sequence[str | Path]) -> Path:
