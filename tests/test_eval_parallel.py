@@ -280,3 +280,37 @@ def test_a_ground_truth_job_error_names_the_dataset_when_it_cannot_cross(phantom
     monkeypatch.setattr(gtm, "_rasterise_rows", broken)
     with pytest.raises(XBenchError, match=r"phantom: ground truth of dataset rows 0–5: Odd: 1/2"):
         gtm._rasterise_job(*gtm.shippable(phantom), "phantom", np.arange(6), GRID, phantom.findings)
+
+
+def test_a_run_evaluates_each_dataset_as_soon_as_it_is_inferred(tmp_path, monkeypatch):
+    """``run`` hands each dataset to the evaluation (worker pool) from inside inference, before ``infer_run``
+    returns; the tables are the bytes of evaluating the finished store afterwards, serially."""
+    import os
+
+    import xbench.workflows.run as workflow
+    from xbench.evaluation.evaluate import RunEvaluation
+
+    events: list[tuple] = []
+    real_ready, real_infer = RunEvaluation.ready, workflow.infer_run
+
+    def ready(self, index):
+        events.append(("ready", index, self.pool is not None))
+        return real_ready(self, index)
+
+    def infer(*args, **kwargs):
+        got = real_infer(*args, **kwargs)
+        events.append(("inferred",))
+        return got
+
+    monkeypatch.setattr(RunEvaluation, "ready", ready)
+    monkeypatch.setattr(workflow, "infer_run", infer)
+    out = tmp_path / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        workflow.run(RunConfig.from_dict(tiny_run(out, eval_workers=2)), progress=False)
+    assert events[:2] == [("ready", 0, True), ("inferred",)]
+    overlapped = {p.name: p.read_bytes() for p in sorted((out / "tables").glob("*")) if p.is_file()}
+    serial = _evaluate(out, tmp_path / "serial", 0)
+    assert [n for n in serial if serial[n] != overlapped.get(n)] == []
+    with process_pool(1, nice=3) as pool:  # the overlapped evaluation's workers yield the CPU to inference
+        assert pool.submit(os.nice, 0).result() == os.nice(0) + 3

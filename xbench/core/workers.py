@@ -23,6 +23,7 @@ Conventions
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import sys
@@ -115,17 +116,26 @@ def _main_hidden() -> Iterator[None]:
             main.__dict__.update(saved)
 
 
-def process_pool(workers: int, preload: tuple[str, ...] = (), *, main: bool = False) -> ProcessPoolExecutor:
+def process_pool(workers: int, preload: tuple[str, ...] = (), *, main: bool = False, nice: int = 0) -> ProcessPoolExecutor:
     """A pool of ``workers`` single-threaded processes started by the fork server (see the module docstring);
     ``preload``: modules the server imports before its first fork (only when it is not running yet); ``main``:
-    let the workers import the caller's ``__main__`` (jobs defined in a script)."""
+    let the workers import the caller's ``__main__`` (jobs defined in a script); ``nice``: added to the workers' CPU
+    niceness (lower priority than this process, e.g. while it feeds a GPU)."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         if preload:
             context.set_forkserver_preload(list(preload))
     else:  # pragma: no cover - Windows
         context = multiprocessing.get_context("spawn")
-    return _Pool(max_workers=workers, mp_context=context, initializer=single_threaded, hide_main=not main)
+    init = functools.partial(_lower_priority, int(nice)) if nice else single_threaded
+    return _Pool(max_workers=workers, mp_context=context, initializer=init, hide_main=not main)
+
+
+def _lower_priority(nice: int) -> None:
+    """A pool's initializer: :func:`single_threaded`, then ``os.nice(nice)`` where the platform has it."""
+    single_threaded()
+    if hasattr(os, "nice"):
+        os.nice(nice)
 
 
 class _Pool(ProcessPoolExecutor):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -54,7 +55,7 @@ from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, read_c
 from .worker_state import State, apply_state
 
 __all__ = ["GroundTruth", "PairEvaluation", "PairError", "ground_truth", "check_annotations", "evaluate_pair",
-           "evaluate_run", "load_tables"]
+           "evaluate_run", "RunEvaluation", "load_tables"]
 
 
 class PairEvaluation(NamedTuple):
@@ -226,82 +227,198 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     it would serially, so the tables are byte-identical whatever the worker count. Every process evaluates with
     one BLAS thread (workers and this one alike): OpenBLAS may split a matrix product's sums over its threads, so
     with more threads the last bits of bootstrap CIs would depend on the machine's core count. Progress: at most
-    one line per finished pair.
+    one line per finished pair. :class:`RunEvaluation` is the same work, started while inference still runs.
     """
-    out = Path(cfg.output_dir) / "tables"
-    from ..inference.preflight import runnable_models
-
-    from .comparisons import compare_dataset, write_comparisons
-
-    tidy, pairs, curves, log, models, compared = [], [], [], [], {}, []
-    run_models, left_out = runnable_models(cfg, announce=False)
-    labels = [m.label for m in run_models]
-    workers = resolve_workers(cfg.eval_workers, len(cfg.datasets) * len(labels))
-    cache = Path(cfg.output_dir) / "cache" / "ground_truth"
-    registry: dict = {}  # warnings replayed from workers: once per (text, category, place), as serially
-    bar = progress_bar(total=len(cfg.datasets) * len(labels), desc="evaluate", unit="pair", disable=not progress)
-
-    def collect(name: str, items: list[Any]) -> None:
-        """Tables of one dataset's pairs, in model order, then its comparisons."""
-        evaluated = {}
-        for label, item in zip(labels, items):
-            if isinstance(item, Future):
-                item, caught = item.result()
-                replay_warnings(caught, registry)
-            result, info = item
-            evaluated[label] = result
-            tidy.append(result.tidy)
-            pairs.append(result.pairs)
-            curves.append(result.curves)
-            log.append(result.counts)
-            models.setdefault(label, info)
-        compared.append(compare_dataset(name, evaluated, threshold=cfg.fixed_threshold))
-
-    pool = process_pool(workers, preload=(__name__,)) if workers > 1 else None
-    blas = one_blas_thread()  # as in the workers: the tables must not depend on the BLAS thread count
+    evaluation = RunEvaluation(cfg, progress=progress)
     try:
-        submitted = []  # pool: (dataset name, per model a future of (PairEvaluation, model_info)), gathered at the end
-        for dspec in cfg.datasets:
-            dataset = open_dataset(dspec)
-            shipped = shippable(dataset) if pool is not None else None
-            here = shipped is None  # serial, or the dataset / this process's state cannot cross to a worker
-            gt, gt_file, gt_key, _ = cached_ground_truth(dataset, cfg.grid, cache, options=dspec.options,
-                                                         pool=None if here else pool, workers=workers,
-                                                         progress=progress, warning_registry=registry,
-                                                         shipped=shipped)
-            items: list[Any] = []
-            for label in labels:
-                if here:  # in this process
-                    store = ResultStore(cfg.output_dir)
-                    items.append((evaluate_pair(cfg, dataset, label, gt, store), store.meta(dspec.name, label)["model_info"]))
-                    bar.update(1)
-                else:
-                    items.append(pool.submit(capture_warnings, _evaluate_pair_job, *shipped, cfg, dataset.name, label,
-                                             gt_file, gt_key))
-                    items[-1].add_done_callback(lambda _: bar.update(1))
-            if pool is None:  # serial: each dataset's tables as soon as its pairs are done
-                collect(dataset.name, items)
-            else:
-                submitted.append((dataset.name, items))
-            del gt
-        for name, items in submitted:  # run order, whatever order the workers finished in
-            collect(name, items)
+        return evaluation.finish()
     finally:
-        blas.restore_original_limits()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        bar.close()
-    table = pd.concat(tidy, ignore_index=True)
-    write_table(table, out / "metrics")
-    pair_table = pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs) else pd.DataFrame()
-    write_frame(pair_table, out / "pairs.parquet")  # every table atomically: a full disk leaves no truncated file
-    write_frame(pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True), out / "curves.csv")
-    for name, why in left_out.items():  # optional models without weights: a row saying so
-        models[name] = {"model": name, "weights": "absent", "note": why}
-    write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
-    atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
-    write_comparisons(compared, out)
-    return table
+        evaluation.close()
+
+
+class RunEvaluation:
+    """The tables of one run, computed dataset by dataset as each dataset's store becomes complete.
+
+    :func:`xbench.workflows.run.run` overlaps evaluation with inference through it:
+
+    * :meth:`start` prepares each dataset's ground truth in a background thread, through the worker pool;
+    * :meth:`ready` is called with a dataset's index once every one of its pairs is in the store, and the thread
+      submits that dataset's pairs to the pool; with ``watch_store`` (rank 0 of a distributed run, whose store the
+      other ranks write too) the thread also looks for datasets whose every chunk index is present;
+    * :meth:`finish` waits for the rest, gathers the results in run order and writes the tables.
+
+    The tables are the same bytes as :func:`evaluate_run` (which is :meth:`finish` alone). The work that runs in
+    this process is done in :meth:`finish`, under one BLAS thread: datasets that cannot be shipped to a worker, and
+    every dataset when there is no pool (``eval_workers`` ≤ 1). Workers started by :meth:`start` run at lower CPU
+    priority (``nice`` 10), so the inference feeding the GPU keeps the cores it needs. :meth:`close` stops the
+    thread and the pool (after a failed inference, or after :meth:`finish`).
+    """
+
+    def __init__(self, cfg: RunConfig, *, progress: bool = True, nice: int = 0, watch_store: bool = False):
+        from ..inference.preflight import runnable_models
+
+        self.cfg, self.progress = cfg, progress
+        run_models, self.left_out = runnable_models(cfg, announce=False)
+        self.labels = [m.label for m in run_models]
+        self.workers = resolve_workers(cfg.eval_workers, len(cfg.datasets) * len(self.labels))
+        self.cache = Path(cfg.output_dir) / "cache" / "ground_truth"
+        self.registry: dict = {}  # warnings replayed from workers: once per (text, category, place), as serially
+        self.bar = progress_bar(total=len(cfg.datasets) * len(self.labels), desc="evaluate", unit="pair",
+                                disable=not progress)
+        self.pool = process_pool(self.workers, preload=(__name__,), nice=nice) if self.workers > 1 else None
+        self.items: dict[int, tuple[str, list[Any]]] = {}  # dataset index -> (name, per model a result or a future)
+        self._ready: set[int] = set()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.watch_store = watch_store  # other processes write the store (ranks): a dataset is ready once it is full
+
+    def start(self) -> None:
+        """Prepare ground truth and submit ready datasets in a background thread (only with a pool)."""
+        if self.pool is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._ahead, daemon=True, name="xbench-evaluate")
+            self._thread.start()
+
+    def ready(self, index: int) -> None:
+        """Dataset ``index`` of the config has every pair in the store: its pairs may be evaluated now."""
+        with self._cond:
+            self._ready.add(index)
+            self._cond.notify_all()
+
+    def _ahead(self) -> None:
+        try:
+            prepared: dict[int, Any] = {}
+            for i, dspec in enumerate(self.cfg.datasets):
+                if self._stop:
+                    return
+                prepared[i] = self._prepare(dspec, in_pool=True)
+                self._submit_ready(prepared)
+            while prepared and not self._stop:
+                with self._cond:
+                    while not self._stop and not (self._ready & set(prepared)):
+                        if self.watch_store:
+                            self._ready |= {i for i, got in prepared.items() if got is not None and self._full(got[0])}
+                            if self._ready & set(prepared):
+                                break
+                        self._cond.wait(timeout=0.5)
+                self._submit_ready(prepared)
+        except BaseException as exc:  # raised by finish
+            self._error = exc
+
+    def _full(self, dataset: BaseDataset) -> bool:
+        """Every chunk of every model of ``dataset`` has its index in the store (written after the chunk itself)."""
+        store = ResultStore(self.cfg.output_dir)
+        chunks = range(math.ceil(len(dataset) / self.cfg.chunk_size))
+        return all(store.index_path(store.chunk_path(dataset.name, label, k)).exists()
+                   for label in self.labels for k in chunks)
+
+    def _submit_ready(self, prepared: dict[int, Any]) -> None:
+        with self._cond:
+            due = sorted(self._ready & set(prepared))
+        for i in due:
+            got = prepared.pop(i)
+            if got is not None and not self._stop:
+                self.items[i] = (got[0].name, self._pairs(*got))
+
+    def _prepare(self, dspec: Any, *, in_pool: bool) -> tuple[Any, ...] | None:
+        """``(dataset, shipped, gt, gt_file, gt_key)``; None when ``in_pool`` and the dataset cannot be shipped."""
+        dataset = open_dataset(dspec)
+        shipped = shippable(dataset) if self.pool is not None else None
+        if in_pool and shipped is None:
+            return None  # evaluated in this process by finish()
+        gt, gt_file, gt_key, _ = cached_ground_truth(dataset, self.cfg.grid, self.cache, options=dspec.options,
+                                                     pool=None if shipped is None else self.pool, workers=self.workers,
+                                                     progress=self.progress, warning_registry=self.registry,
+                                                     shipped=shipped)
+        return dataset, shipped, gt, gt_file, gt_key
+
+    def _pairs(self, dataset: BaseDataset, shipped: Any, gt: dict[str, GroundTruth], gt_file: Path,
+               gt_key: dict[str, Any]) -> list[Any]:
+        """Every model's evaluation of one dataset: futures in the pool, or results computed here."""
+        items: list[Any] = []
+        for label in self.labels:
+            if shipped is None:  # in this process
+                store = ResultStore(self.cfg.output_dir)
+                items.append((evaluate_pair(self.cfg, dataset, label, gt, store), store.meta(dataset.name, label)["model_info"]))
+                self.bar.update(1)
+            else:
+                items.append(self.pool.submit(capture_warnings, _evaluate_pair_job, *shipped, self.cfg, dataset.name,
+                                              label, gt_file, gt_key))
+                items[-1].add_done_callback(lambda _: self.bar.update(1))
+        return items
+
+    def finish(self) -> pd.DataFrame:
+        """Evaluate what is left, gather in run order, write every table; returns the tidy table."""
+        cfg = self.cfg
+        for i in range(len(cfg.datasets)):
+            self.ready(i)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+        tidy, pairs, curves, log, models, compared = [], [], [], [], {}, []
+
+        def collect(name: str, items: list[Any]) -> None:
+            """Tables of one dataset's pairs, in model order, then its comparisons."""
+            evaluated = {}
+            for label, item in zip(self.labels, items):
+                if isinstance(item, Future):
+                    item, caught = item.result()
+                    replay_warnings(caught, self.registry)
+                result, info = item
+                evaluated[label] = result
+                tidy.append(result.tidy)
+                pairs.append(result.pairs)
+                curves.append(result.curves)
+                log.append(result.counts)
+                models.setdefault(label, info)
+            compared.append(compare_dataset(name, evaluated, threshold=cfg.fixed_threshold))
+
+        from .comparisons import compare_dataset, write_comparisons
+
+        blas = one_blas_thread()  # as in the workers: the tables must not depend on the BLAS thread count
+        try:
+            for i, dspec in enumerate(cfg.datasets):
+                if i not in self.items:  # serial, or not shippable: in this process, as soon as it is ready
+                    got = self._prepare(dspec, in_pool=False)
+                    self.items[i] = (got[0].name, self._pairs(*got))
+                    if self.pool is None:
+                        collect(*self.items.pop(i))  # serial: each dataset's tables as soon as its pairs are done
+            for i in range(len(cfg.datasets)):  # run order, whatever order the workers finished in
+                if i in self.items:
+                    collect(*self.items.pop(i))
+        finally:
+            blas.restore_original_limits()
+        out = Path(cfg.output_dir) / "tables"
+        table = pd.concat(tidy, ignore_index=True)
+        write_table(table, out / "metrics")
+        pair_table = (pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs)
+                      else pd.DataFrame())
+        write_frame(pair_table, out / "pairs.parquet")  # every table atomically: a full disk leaves no truncated file
+        write_frame(pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True), out / "curves.csv")
+        for name, why in self.left_out.items():  # optional models without weights: a row saying so
+            models[name] = {"model": name, "weights": "absent", "note": why}
+        write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
+        atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
+        write_comparisons(compared, out)
+        return table
+
+    def close(self) -> None:
+        """Stop the background thread and the pool (queued pairs are cancelled); idempotent."""
+        self._stop = True
+        with self._cond:
+            self._cond.notify_all()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+        self.bar.close()
 
 
 def load_tables(output_dir: str | Path) -> dict[str, pd.DataFrame]:
