@@ -223,6 +223,7 @@ def test_paper_tables_set_other_models_apart_and_do_not_rank_baselines(tmp_path)
     assert list(csv.columns[:2]) == ["ChestX-ray14 / Point", "ChestX-ray14 / Point / n_pairs"]
     html = paths[3].read_text()
     assert "font-weight: bold" in html and "text-decoration: underline" in html and "984 positive pairs" in html
+    assert t.to_html() == html  # the same bytes on every render (the Styler's element ids come from the caption)
 
 
 def test_no_ranking_where_n_is_too_small():

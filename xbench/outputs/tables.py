@@ -18,6 +18,7 @@ second only where the order is significant (:data:`SIGNIFICANCE_RULE`, printed u
 """
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 from collections.abc import Mapping, Sequence
@@ -398,6 +399,7 @@ class PaperTable:
         shown.columns = [" ".join(map(str, c)) if isinstance(c, tuple) else str(c) for c in shown.columns]
         ranks.columns = shown.columns
         style = shown.style.format("{:.2f}", na_rep="–", escape="html")
+        style = style.set_uuid(hashlib.sha256(self.caption.encode()).hexdigest()[:10])  # same bytes on every run
         style = style.format_index(escape="html", axis=0).format_index(escape="html", axis=1)
         style = style.apply(lambda col: ["font-weight: bold" if r == 1 else "text-decoration: underline" if r == 2
                                          else "" for r in ranks[col.name]], axis=0)
