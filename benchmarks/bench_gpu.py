@@ -12,11 +12,14 @@ Phases (``--phases``, in this order; results go to ``<out>/bench_gpu.json`` afte
 * ``paper``   — the paper setting on ``--paper-fraction`` of every dataset: batch 8, fp32, decode per
   model (``decode_once: false``), 4 loader workers, no cache.
 * ``default`` — XBench's default on everything: decode once (``--workers`` processes, a cold disk
-  cache), batch ``--batch-size``, fp32; then the evaluation (``--bootstrap`` replicates) timed apart.
+  cache), batch ``--batch-size``, fp32, the evaluation (``--bootstrap`` replicates) included as ``xbench run`` does it
+  (each dataset evaluated while the next infers): ``whole_seconds`` end to end, ``infer_seconds`` the run log's
+  inference wall, ``eval_seconds`` the evaluation left after it.
   Max deviation of scores / maps from ``paper`` on the shared cases.
 * ``multi``   — ``torchrun --nproc_per_node G`` for each G of ``--gpus`` (NCCL; NVLink multicast off) of
-  the default config with its own cold cache and ``--workers`` decode processes per rank; wall time against ``default`` (same machine) and identity of every stored
-  array and of the metric tables.
+  the default config with its own cold cache and ``--workers`` decode processes per rank, run as ``xbench run`` under
+  torchrun (rank 0 evaluates after the barrier); wall time against ``default``'s whole run (same machine), each rank's
+  timings, and identity of every stored array and of the metric tables.
 * ``cached``  — the default run again into a new store from the warm decode cache, evaluation included.
 * ``profile`` — CPU milliseconds per image of each decode step (file read, each model's preprocess).
 * ``options`` — speed options (tf32, bf16, fp16, channels_last) against fp32 on ``--paper-fraction``:
@@ -221,9 +224,10 @@ def _decode_profile(log: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
-    """``xbench.run`` (inference only), then the evaluation timed apart; per-model rates from the run log."""
+    """``xbench.run``; with ``evaluate`` the whole run as a user runs it (each dataset evaluated while the next one
+    infers), timed end to end, else inference alone. Inference wall = the run log's last ``since_start_seconds``
+    (from the start of ``infer_run``, preflight included); per-model rates from the run log."""
     from xbench.spec.config import RunConfig
-    from xbench.evaluation.evaluate import evaluate_run
     from xbench.workflows.run import run
 
     cfg = RunConfig.from_dict(raw)
@@ -231,13 +235,11 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run(cfg, progress=False, evaluate=False)
-        infer_s = time.perf_counter() - started
-        eval_s = None
-        if evaluate:
-            t = time.perf_counter()
-            evaluate_run(cfg, progress=False)
-            eval_s = time.perf_counter() - t
+        run(cfg, progress=False, evaluate=evaluate)
+    whole_s = time.perf_counter() - started
+    log = json.loads((Path(cfg.output_dir) / "run_log.json").read_text())
+    infer_s = max(e.get("since_start_seconds", 0.0) for e in log) if evaluate else whole_s
+    eval_s = round(whole_s - infer_s, 2) if evaluate else None  # the evaluation left after inference
     log = json.loads((Path(cfg.output_dir) / "run_log.json").read_text())
     per_model: dict[str, dict[str, float]] = {}
     decode = 0.0
@@ -253,7 +255,7 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
         m["gpu_peak_gb"] = round(m["gpu_peak_gb"], 2)
     passes = sum(m["cases"] for m in per_model.values())
     model_seconds = sum(m["seconds"] for m in per_model.values())
-    return {"infer_seconds": round(infer_s, 2), "eval_seconds": None if eval_s is None else round(eval_s, 2),
+    return {"infer_seconds": round(infer_s, 2), "eval_seconds": eval_s, "whole_seconds": round(whole_s, 2),
             "decode_seconds": round(decode, 2), "image_model_passes": passes,
             "passes_per_s": round(passes / infer_s, 1), "per_model": per_model,
             "gpu_alone_passes_per_s": round(passes / max(model_seconds, 1e-9), 1),  # model time only, decoding out
@@ -450,7 +452,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             shutil.rmtree(args.out / "cache", ignore_errors=True)
             result["default"] = timed_run(default, evaluate=True)
-            result["default"]["whole_seconds"] = round(result["default"]["infer_seconds"] + result["default"]["eval_seconds"], 2)
             if "paper" in result:
                 result["default"]["speedup_vs_paper_passes_per_s"] = round(
                     result["default"]["passes_per_s"] / result["paper"]["passes_per_s"], 2)
@@ -494,22 +495,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 config.write_text(yaml.safe_dump(raw))
                 env = {**os.environ, **MULTICAST_OFF, "XBENCH_MANIFESTS": str(args.root / "manifests"),
                        "PYTHONWARNINGS": "ignore"}
-                started = time.perf_counter()
+                started = time.perf_counter()  # the user's command: every rank infers, rank 0 then evaluates
                 proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                        f"--nproc_per_node={gpus}", "-m", "xbench.cli", "run", "--config", str(config),
-                                       "--quiet", "--no-eval"], env=env, capture_output=True, text=True)
-                infer_wall = time.perf_counter() - started
-                if proc.returncode == 0:  # the tables, timed apart as for one GPU
-                    from xbench.spec.config import RunConfig
-                    from xbench.evaluation.evaluate import evaluate_run
-
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        evaluate_run(RunConfig.from_dict(raw), progress=False)
+                                       "--quiet"], env=env, capture_output=True, text=True)
                 wall = time.perf_counter() - started
+                ranks = rank_timings(args.out / tag)
+                infer_wall = max((r["wall_seconds"] for r in ranks), default=float("nan"))  # slowest rank
                 multi: dict[str, Any] = {"gpus": gpus, "returncode": proc.returncode, "wall_seconds": round(wall, 2),
-                                         "infer_wall_seconds": round(infer_wall, 2),
-                                         "ranks": rank_timings(args.out / tag),
+                                         "infer_wall_seconds": round(infer_wall, 2), "ranks": ranks,
                                          "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
                 if proc.returncode == 0 and "default" in result:
                     multi["one_gpu_wall_seconds"] = result["default"]["whole_seconds"]
@@ -528,7 +522,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             raw = {**default, "output_dir": str(args.out / "cached")}
             result["cached"] = timed_run(raw, evaluate=True)
-            result["cached"]["whole_seconds"] = round(result["cached"]["infer_seconds"] + result["cached"]["eval_seconds"], 2)
             log(json.dumps(result["cached"]))
             save()
         except Exception as exc:  # report and go on with the next phase
