@@ -132,6 +132,17 @@ def test_overwrite_drops_old_chunks_and_rewrites_meta(store):
     assert store.meta("toy", "m")["params"] == {"sigma": 0.1}
 
 
+def test_indexed_says_whether_every_chunk_has_its_index(store):
+    """What rank 0's evaluation polls: chunks 0..n-1 each with their index; a chunk whose index is not yet written
+    (it is written after the chunk) does not count."""
+    store.write_chunk("toy", "m", 1, case_ids=["c"], skipped={}, **chunk_arrays(1, 1))
+    assert not store.indexed("toy", "m", 2) and store.indexed("toy", "m", 0)
+    store.write_chunk("toy", "m", 0, case_ids=["a", "b"], skipped={}, **chunk_arrays(2, 0))
+    assert store.indexed("toy", "m", 2) and not store.indexed("toy", "m", 3)
+    store.index_path(store.chunk_path("toy", "m", 0)).unlink()
+    assert not store.indexed("toy", "m", 2)
+
+
 def test_missing_chunk_error_names_the_chunks(store):
     store.write_chunk("toy", "m", 1, case_ids=["c"], skipped={}, **chunk_arrays(1, 1))
     with pytest.raises(XBenchError, match=r"chunks \[0, 2\] of 3 are missing") as err:

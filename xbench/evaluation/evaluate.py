@@ -295,12 +295,10 @@ class RunEvaluation:
                 prepared[i] = self._prepare(dspec, in_pool=True)
                 self._submit_ready(prepared)
             while prepared and not self._stop:
+                full = {i for i, got in prepared.items() if got is not None and self._full(got[0])} if self.watch_store else set()
                 with self._cond:
-                    while not self._stop and not (self._ready & set(prepared)):
-                        if self.watch_store:
-                            self._ready |= {i for i, got in prepared.items() if got is not None and self._full(got[0])}
-                            if self._ready & set(prepared):
-                                break
+                    self._ready |= full
+                    if not self._stop and not (self._ready & set(prepared)):
                         self._cond.wait(timeout=0.5)
                 self._submit_ready(prepared)
         except BaseException as exc:  # raised by finish
@@ -308,10 +306,8 @@ class RunEvaluation:
 
     def _full(self, dataset: BaseDataset) -> bool:
         """Every chunk of every model of ``dataset`` has its index in the store (written after the chunk itself)."""
-        store = ResultStore(self.cfg.output_dir)
-        chunks = range(math.ceil(len(dataset) / self.cfg.chunk_size))
-        return all(store.index_path(store.chunk_path(dataset.name, label, k)).exists()
-                   for label in self.labels for k in chunks)
+        store, chunks = ResultStore(self.cfg.output_dir), math.ceil(len(dataset) / self.cfg.chunk_size)
+        return all(store.indexed(dataset.name, label, chunks) for label in self.labels)
 
     def _submit_ready(self, prepared: dict[int, Any]) -> None:
         with self._cond:

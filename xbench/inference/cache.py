@@ -503,7 +503,7 @@ class InputFeed:
                 pool.close(now=not finished)
             if self._saver is not None:
                 self._saver.shutdown(wait=True)  # every entry on disk before the stage is over
-                failed = next((f.exception() for f in self._saves if f.exception() is not None), None)
+                failed = next(filter(None, (f.exception() for f in self._saves)), None)
                 if failed is not None and self._error is None:
                     with self._cond:
                         self._error = failed

@@ -48,7 +48,7 @@ class DeviceStage:
         self.cuda = self.device.type == "cuda"
         self.groups: dict[tuple[tuple[int, ...], torch.dtype], list[tuple[Any, list[str]]]] = {}
         self.held = 0
-        self.flight: deque[tuple[list[tuple[Any, list[str]]], dict[Any, tuple[int, tuple[int, ...]]], torch.Tensor,
+        self.flight: deque[tuple[list[tuple[Any, list[str]]], dict[Any, tuple[slice, tuple[int, ...]]], torch.Tensor,
                                  Any]] = deque()
         self.device_inputs = 0  # model inputs computed (equal plans counted once per image)
         self.stacks = 0
@@ -89,12 +89,12 @@ class DeviceStage:
         for _, wanted in rows:
             for key in wanted:
                 plans.setdefault(self.plans[key])
-        layout: dict[Any, tuple[int, tuple[int, ...]]] = {}
+        layout: dict[Any, tuple[slice, tuple[int, ...]]] = {}  # plan -> (its columns of a row, one image's shape)
         outs, at = [], 0
         for plan in plans:
             codes = plan(stack)
             outs.append(codes.reshape(len(rows), -1))
-            layout[plan] = (at, tuple(codes.shape[1:]))
+            layout[plan] = (slice(at, at + outs[-1].shape[1]), tuple(codes.shape[1:]))
             at += outs[-1].shape[1]
         flat = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
         event = None
@@ -122,8 +122,8 @@ class DeviceStage:
                 for key in wanted:
                     plan = self.plans[key]
                     if plan not in per_plan:
-                        at, shape = layout[plan]
-                        per_plan[plan] = codes[i, at: at + int(np.prod(shape))].reshape(shape)
+                        columns, shape = layout[plan]
+                        per_plan[plan] = codes[i, columns].reshape(shape)
                         self.device_inputs += 1
                     item.inputs[key] = per_plan[plan]
                 self.done(item, wanted)

@@ -295,6 +295,11 @@ class ResultStore:
                              "digest differs); results of different inputs are never mixed — use --overwrite")
         return None
 
+    def indexed(self, dataset: str, model: str, chunks: int) -> bool:
+        """Chunks ``0 … chunks-1`` all have their index file (written after the chunk itself): a cheap test that another
+        process has finished writing them, without reading or checking them (:meth:`has_chunk` does that)."""
+        return all(self.index_path(self.chunk_path(dataset, model, k)).exists() for k in range(chunks))
+
     def has_chunk(self, dataset: str, model: str, chunk: int) -> bool:
         """True when the chunk is present and intact; a damaged one is reported (warning naming it) and False."""
         path = self.chunk_path(dataset, model, chunk)

@@ -31,39 +31,31 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     """
     world = int(os.environ.get("WORLD_SIZE", "1")) if shard is None else 1
     alone = shard in (None, (0, 1)) and world <= 1
-    if not evaluate or not alone and not (world > 1 and os.environ.get("RANK", "0") == "0"):
-        # an independent shard (`xbench merge` evaluates), a rank other than 0, or no evaluation
+    rank0 = world > 1 and os.environ.get("RANK", "0") == "0"
+    if not evaluate or not (alone or rank0):  # no evaluation, a rank other than 0, or a shard (`xbench merge`)
         out, evaluate_here = infer_run(cfg, shard=shard, overwrite=overwrite, progress=progress, check=check,
                                        keep_going=keep_going)
         if evaluate and evaluate_here:
             evaluate_run(cfg, progress=progress)
             write_paper_tables(cfg.output_dir)
         return out
-    if not alone:  # rank 0 of torchrun: datasets are evaluated as the ranks fill the store, the rest after the barrier
-        evaluation = RunEvaluation(cfg, progress=progress, nice=10, watch_store=True)
-        try:
-            evaluation.start()
-            out, _ = infer_run(cfg, shard=shard, overwrite=overwrite, progress=progress, check=check,
-                               keep_going=keep_going)
-            evaluation.finish()
-        finally:
-            evaluation.close()
-        write_paper_tables(cfg.output_dir)
-        return out
-    # one process: each dataset's pairs are evaluated (worker processes, lower priority) while the next dataset infers
+    # each dataset is evaluated (worker processes, lower priority) while the next one infers: in one process once its
+    # pairs are inferred; on rank 0 of torchrun once every rank's chunks of it are in the store (from the start)
     evaluation: RunEvaluation | None = None
 
-    def inferred(index: int) -> None:
+    def started() -> RunEvaluation:
         nonlocal evaluation
-        if evaluation is None:  # after preflight and the first dataset: a run stopped earlier starts no workers
-            evaluation = RunEvaluation(cfg, progress=progress, nice=10)
+        if evaluation is None:
+            evaluation = RunEvaluation(cfg, progress=progress, nice=10, watch_store=rank0)
             evaluation.start()
-        evaluation.ready(index)
+        return evaluation
 
     try:
+        if rank0:
+            started()
         out, _ = infer_run(cfg, shard=shard, overwrite=overwrite, progress=progress, check=check,
-                           keep_going=keep_going, on_dataset=inferred)
-        if evaluation is None:
+                           keep_going=keep_going, on_dataset=(lambda i: started().ready(i)) if alone else None)
+        if evaluation is None:  # no dataset was handed over (infer_run raises when a pair failed)
             evaluation = RunEvaluation(cfg, progress=progress)
         evaluation.finish()
     finally:
