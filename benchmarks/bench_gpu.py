@@ -261,6 +261,8 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
             "gpu_alone_passes_per_s": round(passes / max(model_seconds, 1e-9), 1),  # model time only, decoding out
             "decode_profile": _decode_profile(log),
             "build_seconds": _build_seconds(log),
+            # models whose networks were built while their first dataset decoded (input twins)
+            "built_while_decoding": sorted({e["model"] for e in log if e.get("built_while_decoding")}),
             "preprocessed_on": sorted({json.dumps(e["preprocessed_on"]) for e in log if "preprocessed_on" in e}),
             "store_mb": round(sum(f.stat().st_size for f in (Path(cfg.output_dir) / "store").rglob("*.npz")) / 2**20, 1)}
 

@@ -407,8 +407,11 @@ class InputFeed:
     def start(self, rows: Iterable[int]) -> None:
         """Decode (or read from the cache) every row not yet held, in row order, in a background thread; consumers
         :meth:`wait` for the rows they need, so the models run while later rows decode."""
+        wanted = set(rows)
+        if self._thread is not None and self._thread.is_alive() and wanted <= self._queued:
+            return  # already being decoded (a feed started before its models were built)
         self._join()
-        todo = sorted(set(rows) - set(self.rows))
+        todo = sorted(wanted - set(self.rows))
         self._queued = set(todo)
         if not todo:
             return

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from ..datasets import BaseDataset, open_dataset
 from ..core.errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from ..store.fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
 from ..models import Adapter, create_model
+from ..models.base import input_twin
 from ..spec.registry import dataset_manifest, import_target, model_config
 from ..core.logs import advance, progress_bar
 from .skips import first_examples, format_examples, skip_records, write_skips_csv
@@ -423,6 +425,48 @@ def chunk_costs(dataset: BaseDataset, chunk_size: int) -> list[float]:
     return [float(pixels[k: k + chunk_size].sum()) for k in range(0, len(dataset), chunk_size)]
 
 
+def _new_feed(cfg: RunConfig, dataset: BaseDataset, device: torch.device, adapters: Sequence[Any]) -> Any:
+    """The decode-once feed (:class:`xbench.inference.cache.InputFeed`) of ``dataset`` for ``adapters``."""
+    from .cache import InputFeed
+
+    return InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
+                     skip_missing=cfg.on_missing_image == "skip", preprocess_device=_preprocess_device(cfg, device))
+
+
+def _input_twins(cfg: RunConfig, dspec: DatasetSpec, models: Sequence[ModelSpec], built: dict[int, Adapter],
+                 chunks: Sequence[int], overwrite: bool) -> dict[int, Adapter]:
+    """Network-less copies (:func:`xbench.models.base.input_twin`) of the models still to build, keyed by ``id(spec)``,
+    when this rank's ``chunks`` of the dataset are in no model's store yet (or ``overwrite``): then every row of them
+    is needed and can be decoded while the networks are built. Empty otherwise (a resumed dataset decodes what its
+    pairs plan, as before). A baseline with ``fit_split`` or a post-hoc explainer has no twin (built first)."""
+    pending = [m for m in models if id(m) not in built and m.fit_split is None and m.explainer is None]
+    store = ResultStore(cfg.output_dir)
+    if not pending or not chunks or (not overwrite and any(store.chunk_path(dspec.name, m.label, k).exists()
+                                             for m in models for k in chunks)):
+        return {}
+    twins = {id(m): input_twin(m.name, m.weights, **m.params) for m in pending}
+    return {k: t for k, t in twins.items() if t is not None}
+
+
+def _adopt(feed: Any, models: Sequence[ModelSpec], adapters: Sequence[Adapter], twins: dict[int, Adapter],
+           new_feed: Callable[[Sequence[Any]], Any]) -> Any:
+    """The feed started with input twins, once the real adapters are built: kept when every real adapter's input
+    calibration (transform key and whether it reads pixels) is its twin's, so what was decoded is what the model
+    would get; otherwise (a twin whose preprocessing differs: a bug) that decoding is dropped, logged, and a new feed
+    of the real adapters decodes from the start."""
+    from .cache import model_input
+
+    differ = [m.label for m, a in zip(models, adapters) if id(m) in twins
+              and (model_input(a).key != model_input(twins[id(m)]).key
+                   or getattr(a, "reads_pixels", True) != getattr(twins[id(m)], "reads_pixels", True))]
+    if not differ:
+        return feed
+    logger.warning("inputs decoded ahead for %s do not match the built model's preprocessing; decoding again",
+                   ", ".join(differ))
+    feed.release()
+    return new_feed(adapters)
+
+
 def assign_chunks(costs: Sequence[Sequence[float]], ranks: int) -> dict[tuple[int, int], int]:
     """Rank of every ``(dataset index, chunk)``: longest processing time first — chunks by decreasing cost (ties in
     dataset, then chunk order), each to the rank with the least cost so far (ties: the lowest rank).
@@ -502,37 +546,53 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             raise XBenchError(f"dataset {dspec.name} [{dataset.split}] has no cases (check its root, split and options)")
         opened.append(dataset)
     owner = assign_chunks([chunk_costs(d, cfg.chunk_size) for d in opened], shard[1])  # same on every rank
+
+    def build(mspec: ModelSpec, dspec: DatasetSpec) -> Adapter:
+        key = id(mspec)
+        adapter = built.get(key)
+        if adapter is None:
+            t = time.perf_counter()
+            adapter = open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
+            build_seconds[key] = build_seconds.get(key, 0.0) + time.perf_counter() - t
+        if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
+            raise XBenchError(f"model {mspec.name!r} was built random-init (no weights found) but this config does not "
+                              "allow random-init models (allow_random_init: true, or params: {random_init: true})")
+        if mspec.fit_split is None:
+            built[key] = adapter
+        return adapter
+
     for i, (dspec, dataset) in enumerate(zip(cfg.datasets, opened)):
         mine = [k for (d, k), rank in owner.items() if d == i and rank == shard[0]]
-        adapters = []
-        for mspec in models:
-            key = id(mspec)
-            adapter = built.get(key)
-            if adapter is None:
-                t = time.perf_counter()
-                adapter = open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
-                build_seconds[key] = build_seconds.get(key, 0.0) + time.perf_counter() - t
-            if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
-                raise XBenchError(f"model {mspec.name!r} was built random-init (no weights found) but this config does not "
-                                  "allow random-init models (allow_random_init: true, or params: {random_init: true})")
-            if mspec.fit_split is None:
-                built[key] = adapter
-            adapters.append(adapter)
-        feed = None
-        if cfg.decode_once:
-            from .cache import InputFeed
-
-            feed = InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
-                             skip_missing=cfg.on_missing_image == "skip",
-                             preprocess_device=_preprocess_device(cfg, device))
-        entries = _infer_dataset(cfg, dspec, dataset, models, adapters, feed, shard=shard, overwrite=overwrite,
-                                 progress=progress, chunks=mine, keep_going=keep_going, failures=failures)
+        # a fresh dataset's inputs are decoded while its networks are built (input twins stand in for them)
+        twins = _input_twins(cfg, dspec, models, built, mine, overwrite) if cfg.decode_once else {}
+        by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}
+        new_feed = partial(_new_feed, cfg, dataset, device)
+        feed = new_feed([twins.get(id(m)) or by_spec[id(m)] for m in models]) if cfg.decode_once else None
+        if twins:
+            feed.start(r for k in mine for r in range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset))))
+            try:
+                by_spec.update({id(m): build(m, dspec) for m in models if id(m) in twins})
+            except BaseException:
+                feed.stop()
+                raise
+        adapters = [by_spec[id(m)] for m in models]
+        if twins:
+            feed = _adopt(feed, models, adapters, twins, new_feed)
+        try:
+            entries = _infer_dataset(cfg, dspec, dataset, models, adapters, feed, shard=shard, overwrite=overwrite,
+                                     progress=progress, chunks=mine, keep_going=keep_going, failures=failures)
+        except BaseException:
+            if feed is not None:
+                feed.stop()  # it may be decoding ahead (input twins) with no pair left to read it
+            raise
+        done_at = round(time.perf_counter() - run_started, 3)  # this dataset done, this rank: one end for its models
         for mspec, adapter, entry in zip(models, adapters, entries):
             skipped_rows += entry.pop("skipped_cases", [])
             entry["build_seconds"] = round(build_seconds.get(id(mspec), 0.0), 3)  # cumulative for the model
-            entry["since_start_seconds"] = round(time.perf_counter() - run_started, 3)  # this dataset done, this rank
+            entry["since_start_seconds"] = done_at
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
+            entry["built_while_decoding"] = id(mspec) in twins
             entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
             if feed is not None:
                 entry["decode_profile"] = {k: round(v, 3) for k, v in feed.profile.items()}  # cumulative, seconds

@@ -37,6 +37,7 @@ by executing pickled code.
 """
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from abc import ABC, abstractmethod
@@ -412,3 +413,37 @@ def create_model(name: str, weights: str | Path | None = None, device: str | tor
     cls = import_target(cfg["class"])
     config = {**cfg, "params": {**cfg.get("params", {}), **params}}
     return cls.from_config(config, weights_dir(name, weights), device)
+
+
+def input_twin(name: str, weights: str | Path | None = None, **params: Any) -> Adapter | None:
+    """A network-less copy of ``create_model(name, weights, **params)`` for its inputs alone, or None.
+
+    The copy is the class's random-init build (:meth:`Adapter._random`, with only the files marked ``random:
+    required``; a checkpoint is never read) made under ``torch.device("meta")``: its networks have shapes but no
+    memory and no initialisation, so it costs the imports and little else. Its ``preprocess``, ``input_window`` and
+    facts are the real adapter's (the runner still compares the two inputs' calibration, :func:`~xbench.inference.
+    cache.model_input`, before using anything decoded for the copy); its ``predict`` cannot run. None for a class
+    without a ``_random`` hook, or when the copy cannot be built (the caller then builds the real model first: a
+    real problem is reported by that build).
+
+    >>> twin = input_twin("kad")
+    >>> next(twin.network.parameters()).device.type, tuple(twin.preprocess(np.zeros((40, 30), np.float32)).shape)
+    ('meta', (3, 224, 224))
+    """
+    cfg = model_config(name)
+    cls = import_target(cfg["class"])
+    if getattr(cls._random, "__func__", None) is Adapter._random.__func__:
+        return None
+    config = with_yaml_facts(cls.config_name, {**cfg, "params": {**cfg.get("params", {}), **params, "random_init": True}})
+    given = weights_dir(name, weights)
+    folder = Path(given) if given is not None else bundled_weights(config)
+    needs = [k for k, e in weight_entries(config).items() if e.get("random") == "required"]
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")  # the real build warns once (e.g. DeViDe's unverified architecture)
+            twin = cls._random(resolve_weight_files(config, folder, needs), config, "meta")
+    except Exception as exc:  # an optimisation only; the real build reports what is wrong
+        logging.getLogger(__name__).debug("no input twin of %s: %s: %s", name, type(exc).__name__, exc)
+        return None
+    twin.weights_label = "input-twin"
+    return twin

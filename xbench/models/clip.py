@@ -78,7 +78,8 @@ def build_clip(seed: int = 0) -> torch.nn.Module:
 
     Seeded by :func:`~xbench.models._common.seeded_build`, so the global RNG state is left untouched.
     """
-    return seeded_build(seed, lambda: open_clip.create_model(ARCHITECTURE, pretrained=None)).eval()
+    return seeded_build(seed, lambda: open_clip.create_model(ARCHITECTURE, pretrained=None,
+                                                             device=torch.get_default_device())).eval()
 
 
 def clip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
