@@ -1,6 +1,7 @@
-"""A fresh dataset's inputs are decoded while its networks are built (input twins, issue 22): the decoding thread is
-running during the real builds, the store is the same bytes as without twins, a twin whose preprocessing differs is
-caught (decoded again, logged), and a resumed dataset builds first as before."""
+"""Decoding ahead (issue 22): a fresh dataset's inputs are decoded while its networks are built (input twins), and
+the next dataset's while this one's models run. The decoding thread is running during the real builds and before
+the previous dataset's pairs finish, the store is the same bytes as without decoding ahead, a twin whose
+preprocessing differs is caught (decoded again, logged), and a resumed dataset builds first as before."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,9 @@ import torch
 from conftest import tiny_run
 from xbench.core.errors import XBenchWarning
 from xbench.inference import runner
+from xbench.inference.cache import InputFeed
 from xbench.models.base import input_twin
+from xbench.spec import registry
 from xbench.spec.config import RunConfig
 from xbench.store.results import ResultStore
 from xbench.workflows.run import run
@@ -29,8 +32,9 @@ MODELS = ["ref_xattn", "ref_patchsim", "random_prior", "center_prior"]
 TWINNED = {"ref_xattn", "ref_patchsim"}
 
 
-def infer(out: Path) -> dict[str, dict]:
-    cfg = RunConfig.from_dict(tiny_run(out, cases=12, models=MODELS, grid=[32, 32], num_workers=0))
+def infer(out: Path, models: list[str] = MODELS, **changes) -> dict[str, dict]:
+    cfg = RunConfig.from_dict(tiny_run(out, cases=12, models=models, grid=[32, 32], num_workers=0,
+                                       **{"decode_ahead": True, **changes}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XBenchWarning)
         run(cfg, progress=False, evaluate=False)
@@ -105,3 +109,56 @@ def test_a_resumed_dataset_builds_its_models_first(tmp_path, without_twins):
     assert not any(e["built_while_decoding"] for e in log.values())
     assert log["ref_xattn"]["chunks_written"] == 1 and log["ref_patchsim"]["chunks_written"] == 0
     assert chunk_bytes(out) == chunk_bytes(without_twins)
+
+
+def test_decode_ahead_is_on_for_cuda_runs_unless_turned_off(tmp_path, monkeypatch):
+    """``auto`` (the default) decodes ahead only where the models run on CUDA: on the CPU decoding competes with them
+    (docs/performance.md, round 5). ``false`` builds first on any device."""
+    assert RunConfig.from_dict(tiny_run(tmp_path)).decode_ahead == "auto"
+    chained: list = []
+    monkeypatch.setattr(InputFeed, "then", lambda self, action: chained.append(action))
+    log = infer(tmp_path / "auto", decode_ahead="auto")  # a CPU run
+    assert not any(e["built_while_decoding"] for e in log.values()) and chained == []
+    infer(tmp_path / "on", decode_ahead=True)  # the same run with decoding ahead: its twins, no next dataset
+    assert json.loads((tmp_path / "on" / "run_log.json").read_text())[0]["built_while_decoding"] is True
+
+
+@pytest.fixture()
+def two_datasets(tmp_path, monkeypatch) -> list[dict]:
+    """The phantom test split and a second dataset (the phantom manifest under another name, from a config path)."""
+    monkeypatch.setattr(registry, "MODEL_CONFIG_DIRS", list(registry.MODEL_CONFIG_DIRS))
+    monkeypatch.setattr(registry, "MANIFEST_DIRS", list(registry.MANIFEST_DIRS))
+    folder = tmp_path / "configs"
+    (folder / "datasets").mkdir(parents=True)
+    (folder / "datasets" / "phantom_b.yaml").write_text((registry.PACKAGE_DIR.parent / "data_manifests" /
+                                                         "phantom.yaml").read_text())
+    registry.add_search_dir(folder)
+    return [{"name": "phantom", "split": "test", "cases": 12}, {"name": "phantom_b", "split": "test", "cases": 10}]
+
+
+def test_the_next_dataset_decodes_while_this_one_infers(tmp_path, monkeypatch, two_datasets):
+    models = ["ref_xattn", "random_prior", "center_prior"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "_ahead_rows", lambda *a, **k: [])  # nothing decoded ahead: the reference store
+        infer(tmp_path / "plain", models, datasets=two_datasets)
+
+    second_started = threading.Event()
+    real_produce, real_finish = InputFeed._produce, runner.PairRun.finish
+    seen: list[bool] = []
+
+    def produce(self, todo):
+        if len(self.dataset) == 10:  # phantom_b
+            second_started.set()
+        return real_produce(self, todo)
+
+    def finish(self):
+        if self.dspec.name == "phantom":  # the first dataset's pairs end only once the second one decodes
+            seen.append(second_started.wait(timeout=60))
+        return real_finish(self)
+
+    monkeypatch.setattr(InputFeed, "_produce", produce)
+    monkeypatch.setattr(runner.PairRun, "finish", finish)
+    infer(tmp_path / "ahead", models, datasets=two_datasets)
+    assert seen == [True] * len(models)
+    got, want = chunk_bytes(tmp_path / "ahead"), chunk_bytes(tmp_path / "plain")
+    assert len(got) == 2 * 3 * 2 and got == want  # 2 datasets x 3 models x 2 chunks, the same bytes

@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -374,6 +374,10 @@ class InputFeed:
         self._halt = threading.Event()
         self._saver: ThreadPoolExecutor | None = None
         self._saves: list[Future] = []
+        self._start_lock = threading.Lock()  # start() is called by the consumer and by another feed's then()
+        self._then_lock = threading.Lock()  # not _start_lock: start() joins the decoding thread while holding that
+        self._then: Callable[[], None] | None = None  # run once this feed's decoding first ends without error
+        self._ended_once = False
 
     def add(self, adapter: Any) -> ModelInput:
         """Register an adapter's input (computed for every row decoded from now on); an adapter that does not read
@@ -408,15 +412,26 @@ class InputFeed:
         """Decode (or read from the cache) every row not yet held, in row order, in a background thread; consumers
         :meth:`wait` for the rows they need, so the models run while later rows decode."""
         wanted = set(rows)
-        if self._thread is not None and self._thread.is_alive() and wanted <= self._queued:
-            return  # already being decoded (a feed started before its models were built)
-        self._join()
-        todo = sorted(wanted - set(self.rows))
-        self._queued = set(todo)
-        if not todo:
-            return
-        self._thread = threading.Thread(target=self._produce, args=(todo,), daemon=True, name="xbench-decode")
-        self._thread.start()
+        with self._start_lock:
+            if self._thread is not None and self._thread.is_alive() and wanted <= self._queued:
+                return  # already being decoded (started ahead: before the models were built, or by then())
+            self._join()
+            todo = sorted(wanted - set(self.rows))
+            self._queued = set(todo)
+            if not todo:
+                return
+            self._thread = threading.Thread(target=self._produce, args=(todo,), daemon=True, name="xbench-decode")
+            self._thread.start()
+
+    def then(self, action: Callable[[], None]) -> None:
+        """Run ``action`` (another feed's :meth:`start`: the next dataset's) in the decoding thread once this feed's
+        decoding has ended without error, or now if it already has; so the decode stage goes on into the next
+        dataset while this one's models still run, one decoding thread and worker pool at a time."""
+        with self._then_lock:
+            if not self._ended_once:
+                self._then = action
+                return
+        action()
 
     def wait(self, rows: Iterable[int]) -> None:
         """Block until every row of ``rows`` is held; the decoding thread's error is raised here."""
@@ -516,6 +531,11 @@ class InputFeed:
                 self.device_inputs += stage.device_inputs
             self.seconds += time.perf_counter() - started
             self.profile["wall"] = self.seconds
+            if finished and self._error is None:
+                with self._then_lock:
+                    self._ended_once, action, self._then = True, self._then, None
+                if action is not None:
+                    action()
 
     def _computed(self, item: Decoded, keys: list[str]) -> None:
         """A row whose device codes are back: published, and their cache entries queued for the saving thread (an

@@ -433,19 +433,16 @@ def _new_feed(cfg: RunConfig, dataset: BaseDataset, device: torch.device, adapte
                      skip_missing=cfg.on_missing_image == "skip", preprocess_device=_preprocess_device(cfg, device))
 
 
-def _input_twins(cfg: RunConfig, dspec: DatasetSpec, models: Sequence[ModelSpec], built: dict[int, Adapter],
-                 chunks: Sequence[int], overwrite: bool) -> dict[int, Adapter]:
-    """Network-less copies (:func:`xbench.models.base.input_twin`) of the models still to build, keyed by ``id(spec)``,
-    when this rank's ``chunks`` of the dataset are in no model's store yet (or ``overwrite``): then every row of them
-    is needed and can be decoded while the networks are built. Empty otherwise (a resumed dataset decodes what its
-    pairs plan, as before). A baseline with ``fit_split`` or a post-hoc explainer has no twin (built first)."""
-    pending = [m for m in models if id(m) not in built and m.fit_split is None and m.explainer is None]
+def _ahead_rows(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models: Sequence[ModelSpec],
+                chunks: Sequence[int], overwrite: bool) -> list[int]:
+    """Every row of this rank's ``chunks`` of a dataset when none of them is in any model's store yet (or
+    ``overwrite``): then every pair needs every row, and they can be decoded before the pairs are planned (while the
+    networks are built, or while the previous dataset's models run). Empty otherwise: a resumed dataset decodes what
+    its pairs plan."""
     store = ResultStore(cfg.output_dir)
-    if not pending or not chunks or (not overwrite and any(store.chunk_path(dspec.name, m.label, k).exists()
-                                             for m in models for k in chunks)):
-        return {}
-    twins = {id(m): input_twin(m.name, m.weights, **m.params) for m in pending}
-    return {k: t for k, t in twins.items() if t is not None}
+    if not overwrite and any(store.chunk_path(dspec.name, m.label, k).exists() for m in models for k in chunks):
+        return []
+    return [r for k in sorted(chunks) for r in range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset)))]
 
 
 def _adopt(feed: Any, models: Sequence[ModelSpec], adapters: Sequence[Adapter], twins: dict[int, Adapter],
@@ -561,29 +558,55 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             built[key] = adapter
         return adapter
 
+    def twin(mspec: ModelSpec) -> Adapter | None:  # its seconds (imports, mostly) count as the model's build
+        t = time.perf_counter()
+        copy = input_twin(mspec.name, mspec.weights, **mspec.params)
+        build_seconds[id(mspec)] = build_seconds.get(id(mspec), 0.0) + time.perf_counter() - t
+        return copy
+
+    def chunks_of(d: int) -> list[int]:
+        return [k for (dd, k), rank in owner.items() if dd == d and rank == shard[0]]
+
+    # decoding ahead pays where the models run on the GPU and leave the CPU to decoding; on the CPU it competes with them
+    ahead_on = cfg.decode_once and (cfg.decode_ahead is True or (cfg.decode_ahead == "auto" and device.type == "cuda"))
+    ahead: dict[int, Any] = {}  # dataset index -> its feed, whose decoding follows the previous dataset's
     for i, (dspec, dataset) in enumerate(zip(cfg.datasets, opened)):
-        mine = [k for (d, k), rank in owner.items() if d == i and rank == shard[0]]
-        # a fresh dataset's inputs are decoded while its networks are built (input twins stand in for them)
-        twins = _input_twins(cfg, dspec, models, built, mine, overwrite) if cfg.decode_once else {}
-        by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}
-        new_feed = partial(_new_feed, cfg, dataset, device)
-        feed = new_feed([twins.get(id(m)) or by_spec[id(m)] for m in models]) if cfg.decode_once else None
-        if twins:
-            feed.start(r for k in mine for r in range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset))))
-            try:
-                by_spec.update({id(m): build(m, dspec) for m in models if id(m) in twins})
-            except BaseException:
-                feed.stop()
-                raise
-        adapters = [by_spec[id(m)] for m in models]
-        if twins:
-            feed = _adopt(feed, models, adapters, twins, new_feed)
+        mine = chunks_of(i)
+        feed = ahead.pop(i, None)
+        twins: dict[int, Adapter] = {}
+        if feed is not None:  # decoding began behind the previous dataset's; every model was built then
+            adapters = [built[id(m)] for m in models]
+        else:
+            # a fresh dataset's inputs are decoded while its networks are built (input twins stand in for them)
+            rows = _ahead_rows(cfg, dspec, dataset, models, mine, overwrite) if ahead_on else []
+            pending = [m for m in models if id(m) not in built and m.fit_split is None and m.explainer is None]
+            twins = {id(m): t for m in (pending if rows else []) if (t := twin(m)) is not None}
+            by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}
+            new_feed = partial(_new_feed, cfg, dataset, device)
+            feed = new_feed([twins.get(id(m)) or by_spec[id(m)] for m in models]) if cfg.decode_once else None
+            if twins:
+                feed.start(rows)
+                try:
+                    by_spec.update({id(m): build(m, dspec) for m in models if id(m) in twins})
+                except BaseException:
+                    feed.stop()
+                    raise
+            adapters = [by_spec[id(m)] for m in models]
+            if twins:
+                feed = _adopt(feed, models, adapters, twins, new_feed)
+        nxt = i + 1  # the next dataset's decoding follows this one's, while this one's models still run
+        if ahead_on and nxt < len(opened) and all(id(m) in built for m in models):
+            rows = _ahead_rows(cfg, cfg.datasets[nxt], opened[nxt], models, chunks_of(nxt), overwrite)
+            if rows:
+                ahead[nxt] = _new_feed(cfg, opened[nxt], device, adapters)
+                feed.then(partial(ahead[nxt].start, rows))
         try:
             entries = _infer_dataset(cfg, dspec, dataset, models, adapters, feed, shard=shard, overwrite=overwrite,
                                      progress=progress, chunks=mine, keep_going=keep_going, failures=failures)
         except BaseException:
-            if feed is not None:
-                feed.stop()  # it may be decoding ahead (input twins) with no pair left to read it
+            for running in (feed, *ahead.values()):  # this feed first: it starts the next one when it ends
+                if running is not None:
+                    running.stop()  # decoding ahead (input twins, the next dataset) with no pair left to read it
             raise
         done_at = round(time.perf_counter() - run_started, 3)  # this dataset done, this rank: one end for its models
         for mspec, adapter, entry in zip(models, adapters, entries):

@@ -22,6 +22,7 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     decode_once: true               # decode each image once for all models (xbench/inference/cache.py); false: per model
     cache_dir: null                 # persistent decode cache folder (null: in memory for the run)
     preprocess_device: auto         # auto: the run device if CUDA, else cpu | cpu | device: where models' resizes run
+    decode_ahead: auto              # auto: on if the run device is CUDA | true | false: decode while networks build / the previous dataset infers
     map_dtype: float16              # float16 | float32 storage of the native-grid maps
     channels_last: false            # NHWC layout for CNN trunks (speed option)
     bootstrap: {replicates: 1000, seed: 0}
@@ -212,6 +213,7 @@ class RunConfig:
     decode_once: bool = True
     cache_dir: str | None = field(default=None, metadata={"kind": "path"})
     preprocess_device: str = "auto"
+    decode_ahead: bool | str = "auto"
     map_dtype: str = "float16"
     channels_last: bool = False
     bootstrap_replicates: int = field(default=1000, metadata={"key": "bootstrap.replicates"})
@@ -244,6 +246,7 @@ class RunConfig:
             (self.precision in ("fp32", "tf32", "fp16", "bf16"), "precision", "must be fp32, tf32, fp16 or bf16"),
             (self.map_dtype in ("float16", "float32"), "map_dtype", "must be float16 or float32"),
             (self.preprocess_device in ("auto", "cpu", "device"), "preprocess_device", "must be 'auto', 'cpu' or 'device'"),
+            (self.decode_ahead in (True, False, "auto"), "decode_ahead", "must be auto, true or false"),
             (self.on_missing_image in ("raise", "skip"), "on_missing_image", "must be 'raise' or 'skip'"),
             (0.0 <= self.fixed_threshold <= 1.0, "fixed_threshold", "must lie in [0, 1]"),
             (len(self.grid) == 2 and min(self.grid) > 0, "grid", "must be [height, width] > 0"),
