@@ -16,7 +16,7 @@ import torch
 
 from conftest import tiny_run
 from xbench.core.errors import XBenchWarning
-from xbench.inference import runner
+from xbench.inference import feeds, runner
 from xbench.inference.cache import InputFeed
 from xbench.models.base import input_twin
 from xbench.spec import registry
@@ -93,7 +93,7 @@ def test_a_twin_whose_preprocessing_differs_is_decoded_again(tmp_path, monkeypat
         return twin
 
     monkeypatch.setattr(runner, "input_twin", wrong_twin)
-    with caplog.at_level(logging.WARNING, logger="xbench.inference.runner"):
+    with caplog.at_level(logging.WARNING, logger="xbench.inference.feeds"):
         infer(tmp_path / "run")
     assert "do not match the built model's preprocessing; decoding again" in caplog.text
     assert "ref_xattn" in caplog.text and "ref_patchsim" in caplog.text
@@ -139,7 +139,7 @@ def two_datasets(tmp_path, monkeypatch) -> list[dict]:
 def test_the_next_dataset_decodes_while_this_one_infers(tmp_path, monkeypatch, two_datasets):
     models = ["ref_xattn", "random_prior", "center_prior"]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner, "_ahead_rows", lambda *a, **k: [])  # nothing decoded ahead: the reference store
+        mp.setattr(feeds, "fresh_rows", lambda *a, **k: [])  # nothing decoded ahead: the reference store
         infer(tmp_path / "plain", models, datasets=two_datasets)
 
     second_started = threading.Event()

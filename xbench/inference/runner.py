@@ -46,6 +46,7 @@ from ..spec.registry import dataset_manifest, import_target, model_config
 from ..core.logs import advance, progress_bar
 from .skips import first_examples, format_examples, skip_records, write_skips_csv
 from ..store.results import ResultStore
+from . import feeds
 from .cache import CaseItem
 from .speed import autocast, precision_mode, to_channels_last
 
@@ -71,14 +72,6 @@ class _Inputs(Dataset):
             return CaseItem(row, sample.case_id, f"{type(exc).__name__}: {exc}", None, None), None
         item = CaseItem(row, sample.case_id, None, image.shape, self.adapter.input_window(image.shape))
         return item, self.adapter.preprocess(image)
-
-
-def _preprocess_device(cfg: RunConfig, device: torch.device) -> torch.device | None:
-    """Where ported models' resizes run (``preprocess_device``: ``auto`` = the run device if CUDA, ``device`` = the
-    run device, ``cpu`` = the decode workers); None means the CPU path (:class:`xbench.inference.cache.InputFeed`)."""
-    if cfg.preprocess_device == "device" or (cfg.preprocess_device == "auto" and device.type == "cuda"):
-        return device
-    return None
 
 
 def _collate(items: list[Any]) -> list[Any]:
@@ -425,45 +418,6 @@ def chunk_costs(dataset: BaseDataset, chunk_size: int) -> list[float]:
     return [float(pixels[k: k + chunk_size].sum()) for k in range(0, len(dataset), chunk_size)]
 
 
-def _new_feed(cfg: RunConfig, dataset: BaseDataset, device: torch.device, adapters: Sequence[Any]) -> Any:
-    """The decode-once feed (:class:`xbench.inference.cache.InputFeed`) of ``dataset`` for ``adapters``."""
-    from .cache import InputFeed
-
-    return InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
-                     skip_missing=cfg.on_missing_image == "skip", preprocess_device=_preprocess_device(cfg, device))
-
-
-def _ahead_rows(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models: Sequence[ModelSpec],
-                chunks: Sequence[int], overwrite: bool) -> list[int]:
-    """Every row of this rank's ``chunks`` of a dataset when none of them is in any model's store yet (or
-    ``overwrite``): then every pair needs every row, and they can be decoded before the pairs are planned (while the
-    networks are built, or while the previous dataset's models run). Empty otherwise: a resumed dataset decodes what
-    its pairs plan."""
-    store = ResultStore(cfg.output_dir)
-    if not overwrite and any(store.chunk_path(dspec.name, m.label, k).exists() for m in models for k in chunks):
-        return []
-    return [r for k in sorted(chunks) for r in range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset)))]
-
-
-def _adopt(feed: Any, models: Sequence[ModelSpec], adapters: Sequence[Adapter], twins: dict[int, Adapter],
-           new_feed: Callable[[Sequence[Any]], Any]) -> Any:
-    """The feed started with input twins, once the real adapters are built: kept when every real adapter's input
-    calibration (transform key and whether it reads pixels) is its twin's, so what was decoded is what the model
-    would get; otherwise (a twin whose preprocessing differs: a bug) that decoding is dropped, logged, and a new feed
-    of the real adapters decodes from the start."""
-    from .cache import model_input
-
-    differ = [m.label for m, a in zip(models, adapters) if id(m) in twins
-              and (model_input(a).key != model_input(twins[id(m)]).key
-                   or getattr(a, "reads_pixels", True) != getattr(twins[id(m)], "reads_pixels", True))]
-    if not differ:
-        return feed
-    logger.warning("inputs decoded ahead for %s do not match the built model's preprocessing; decoding again",
-                   ", ".join(differ))
-    feed.release()
-    return new_feed(adapters)
-
-
 def assign_chunks(costs: Sequence[Sequence[float]], ranks: int) -> dict[tuple[int, int], int]:
     """Rank of every ``(dataset index, chunk)``: longest processing time first — chunks by decreasing cost (ties in
     dataset, then chunk order), each to the rank with the least cost so far (ties: the lowest rank).
@@ -567,23 +521,22 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     def chunks_of(d: int) -> list[int]:
         return [k for (dd, k), rank in owner.items() if dd == d and rank == shard[0]]
 
-    # decoding ahead pays where the models run on the GPU and leave the CPU to decoding; on the CPU it competes with them
-    ahead_on = cfg.decode_once and (cfg.decode_ahead is True or (cfg.decode_ahead == "auto" and device.type == "cuda"))
-    ahead: dict[int, Any] = {}  # dataset index -> its feed, whose decoding follows the previous dataset's
+    ahead_on = feeds.decodes_ahead(cfg, device)
+    behind: dict[int, Any] = {}  # dataset index -> its feed, whose decoding follows the previous dataset's
     for i, (dspec, dataset) in enumerate(zip(cfg.datasets, opened)):
         mine = chunks_of(i)
-        feed = ahead.pop(i, None)
+        feed = behind.pop(i, None)
         twins: dict[int, Adapter] = {}
         if feed is not None:  # decoding began behind the previous dataset's; every model was built then
             adapters = [built[id(m)] for m in models]
         else:
             # a fresh dataset's inputs are decoded while its networks are built (input twins stand in for them)
-            rows = _ahead_rows(cfg, dspec, dataset, models, mine, overwrite) if ahead_on else []
+            rows = feeds.fresh_rows(cfg, dspec, dataset, models, mine, overwrite) if ahead_on else []
             pending = [m for m in models if id(m) not in built and m.fit_split is None and m.explainer is None]
             twins = {id(m): t for m in (pending if rows else []) if (t := twin(m)) is not None}
             by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}
-            new_feed = partial(_new_feed, cfg, dataset, device)
-            feed = new_feed([twins.get(id(m)) or by_spec[id(m)] for m in models]) if cfg.decode_once else None
+            new_feed = partial(feeds.new_feed, cfg, dataset, device)
+            feed = new_feed([twins[id(m)] if id(m) in twins else by_spec[id(m)] for m in models]) if cfg.decode_once else None
             if twins:
                 feed.start(rows)
                 try:
@@ -593,18 +546,18 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
                     raise
             adapters = [by_spec[id(m)] for m in models]
             if twins:
-                feed = _adopt(feed, models, adapters, twins, new_feed)
+                feed = feeds.adopt(feed, models, adapters, twins, new_feed)
         nxt = i + 1  # the next dataset's decoding follows this one's, while this one's models still run
         if ahead_on and nxt < len(opened) and all(id(m) in built for m in models):
-            rows = _ahead_rows(cfg, cfg.datasets[nxt], opened[nxt], models, chunks_of(nxt), overwrite)
+            rows = feeds.fresh_rows(cfg, cfg.datasets[nxt], opened[nxt], models, chunks_of(nxt), overwrite)
             if rows:
-                ahead[nxt] = _new_feed(cfg, opened[nxt], device, adapters)
-                feed.then(partial(ahead[nxt].start, rows))
+                behind[nxt] = feeds.new_feed(cfg, opened[nxt], device, adapters)
+                feed.then(partial(behind[nxt].start, rows))
         try:
             entries = _infer_dataset(cfg, dspec, dataset, models, adapters, feed, shard=shard, overwrite=overwrite,
                                      progress=progress, chunks=mine, keep_going=keep_going, failures=failures)
         except BaseException:
-            for running in (feed, *ahead.values()):  # this feed first: it starts the next one when it ends
+            for running in (feed, *behind.values()):  # this feed first: it starts the next one when it ends
                 if running is not None:
                     running.stop()  # decoding ahead (input twins, the next dataset) with no pair left to read it
             raise

@@ -1,0 +1,75 @@
+"""A run's decode-once feeds (:class:`xbench.inference.cache.InputFeed`): where their resizes run
+(``preprocess_device``) and what they decode ahead (``decode_ahead``), before a dataset's pairs are planned.
+
+Decoding ahead fills two places where the decode stage would otherwise wait (issue 22, round 5; docs/performance.md):
+
+* while a fresh dataset's networks are built, its feed decodes with *input twins*
+  (:func:`xbench.models.base.input_twin`), and :func:`adopt` checks the built adapters against them;
+* while a dataset's models run, the next fresh dataset's feed starts once this one's decoding ends
+  (:meth:`xbench.inference.cache.InputFeed.then`).
+
+``auto`` (the default) is on for CUDA runs only: on the CPU decoding competes with the models for the same cores.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..datasets import BaseDataset
+from ..models import Adapter
+from ..spec.config import DatasetSpec, ModelSpec, RunConfig
+from ..store.results import ResultStore
+from .cache import InputFeed, model_input
+
+logger = logging.getLogger(__name__)
+
+
+def decodes_ahead(cfg: RunConfig, device: torch.device) -> bool:
+    """Whether this run decodes ahead: ``decode_once`` and ``decode_ahead`` true, or ``auto`` on a CUDA device."""
+    return cfg.decode_once and (cfg.decode_ahead is True or (cfg.decode_ahead == "auto" and device.type == "cuda"))
+
+
+def preprocess_device(cfg: RunConfig, device: torch.device) -> torch.device | None:
+    """Where ported models' resizes run (``preprocess_device``: ``auto`` = the run device if CUDA, ``device`` = the
+    run device, ``cpu`` = the decode workers); None means the CPU path (:class:`xbench.inference.cache.InputFeed`)."""
+    if cfg.preprocess_device == "device" or (cfg.preprocess_device == "auto" and device.type == "cuda"):
+        return device
+    return None
+
+
+def new_feed(cfg: RunConfig, dataset: BaseDataset, device: torch.device, adapters: Sequence[Any]) -> InputFeed:
+    """The decode-once feed (:class:`xbench.inference.cache.InputFeed`) of ``dataset`` for ``adapters``."""
+    return InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
+                     skip_missing=cfg.on_missing_image == "skip", preprocess_device=preprocess_device(cfg, device))
+
+
+def fresh_rows(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models: Sequence[ModelSpec],
+               chunks: Sequence[int], overwrite: bool) -> list[int]:
+    """Every row of this rank's ``chunks`` of a dataset when none of them is in any model's store yet (or
+    ``overwrite``): then every pair needs every row, and they can be decoded before the pairs are planned (while the
+    networks are built, or while the previous dataset's models run). Empty otherwise: a resumed dataset decodes what
+    its pairs plan."""
+    store = ResultStore(cfg.output_dir)
+    if not overwrite and any(store.chunk_path(dspec.name, m.label, k).exists() for m in models for k in chunks):
+        return []
+    return [r for k in sorted(chunks) for r in range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset)))]
+
+
+def adopt(feed: InputFeed, models: Sequence[ModelSpec], adapters: Sequence[Adapter], twins: dict[int, Adapter],
+          new_feed: Callable[[Sequence[Any]], InputFeed]) -> InputFeed:
+    """The feed started with input twins, once the real adapters are built: kept when every real adapter's input
+    calibration (transform key and whether it reads pixels) is its twin's, so what was decoded is what the model
+    would get; otherwise (a twin whose preprocessing differs: a bug) that decoding is dropped, logged, and a new feed
+    of the real adapters decodes from the start."""
+    differ = [m.label for m, a in zip(models, adapters) if id(m) in twins
+              and (model_input(a).key != model_input(twins[id(m)]).key
+                   or getattr(a, "reads_pixels", True) != getattr(twins[id(m)], "reads_pixels", True))]
+    if not differ:
+        return feed
+    logger.warning("inputs decoded ahead for %s do not match the built model's preprocessing; decoding again",
+                   ", ".join(differ))
+    feed.release()
+    return new_feed(adapters)
