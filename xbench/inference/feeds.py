@@ -21,7 +21,7 @@ import torch
 from ..datasets import BaseDataset
 from ..models import Adapter
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
-from ..store.results import ResultStore
+from ..store.results import ResultStore, chunk_rows
 from .cache import InputFeed, model_input
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def fresh_rows(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models:
     store = ResultStore(cfg.output_dir)
     if not overwrite and any(store.chunk_path(dspec.name, m.label, k).exists() for m in models for k in chunks):
         return []
-    return [r for k in sorted(chunks) for r in range(k * cfg.chunk_size, min((k + 1) * cfg.chunk_size, len(dataset)))]
+    return [r for k in sorted(chunks) for r in chunk_rows(k, cfg.chunk_size, len(dataset))]
 
 
 def adopt(feed: InputFeed, models: Sequence[ModelSpec], adapters: Sequence[Adapter], twins: dict[int, Adapter],

@@ -45,7 +45,7 @@ from ..models.base import input_twin
 from ..spec.registry import dataset_manifest, import_target, model_config
 from ..core.logs import advance, progress_bar
 from .skips import first_examples, format_examples, skip_records, write_skips_csv
-from ..store.results import ResultStore
+from ..store.results import ResultStore, chunk_rows
 from . import feeds
 from .cache import CaseItem
 from .speed import autocast, precision_mode, to_channels_last
@@ -397,7 +397,7 @@ def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: B
     ids = dataset.cases["case_id"].astype(str).tolist()
     todo: dict[int, list[int]] = {}
     for k in chunks:
-        rows = list(range(k * chunk_size, min((k + 1) * chunk_size, len(dataset))))
+        rows = list(chunk_rows(k, chunk_size, len(dataset)))
         if not store.has_chunk(dataset_name, model, k):
             todo[k] = rows
             continue
@@ -498,25 +498,23 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
         opened.append(dataset)
     owner = assign_chunks([chunk_costs(d, cfg.chunk_size) for d in opened], shard[1])  # same on every rank
 
+    def timed(mspec: ModelSpec, make: Callable[[], Any]) -> Any:  # seconds summed per model into build_seconds
+        t = time.perf_counter()
+        made = make()
+        build_seconds[id(mspec)] = build_seconds.get(id(mspec), 0.0) + time.perf_counter() - t
+        return made
+
     def build(mspec: ModelSpec, dspec: DatasetSpec) -> Adapter:
         key = id(mspec)
         adapter = built.get(key)
         if adapter is None:
-            t = time.perf_counter()
-            adapter = open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite)
-            build_seconds[key] = build_seconds.get(key, 0.0) + time.perf_counter() - t
+            adapter = timed(mspec, lambda: open_model(mspec, device, dspec, cfg.output_dir, overwrite=overwrite))
         if adapter.weights_label == "random-init" and not (cfg.allow_random_init or mspec.params.get("random_init") is True):
             raise XBenchError(f"model {mspec.name!r} was built random-init (no weights found) but this config does not "
                               "allow random-init models (allow_random_init: true, or params: {random_init: true})")
         if mspec.fit_split is None:
             built[key] = adapter
         return adapter
-
-    def twin(mspec: ModelSpec) -> Adapter | None:  # its seconds (imports, mostly) count as the model's build
-        t = time.perf_counter()
-        copy = input_twin(mspec.name, mspec.weights, **mspec.params)
-        build_seconds[id(mspec)] = build_seconds.get(id(mspec), 0.0) + time.perf_counter() - t
-        return copy
 
     def chunks_of(d: int) -> list[int]:
         return [k for (dd, k), rank in owner.items() if dd == d and rank == shard[0]]
@@ -533,7 +531,10 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             # a fresh dataset's inputs are decoded while its networks are built (input twins stand in for them)
             rows = feeds.fresh_rows(cfg, dspec, dataset, models, mine, overwrite) if ahead_on else []
             pending = [m for m in models if id(m) not in built and m.fit_split is None and m.explainer is None]
-            twins = {id(m): t for m in (pending if rows else []) if (t := twin(m)) is not None}
+            for m in pending if rows else []:
+                copy = timed(m, partial(input_twin, m.name, m.weights, **m.params))  # its imports, mostly
+                if copy is not None:
+                    twins[id(m)] = copy
             by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}
             new_feed = partial(feeds.new_feed, cfg, dataset, device)
             feed = new_feed([twins[id(m)] if id(m) in twins else by_spec[id(m)] for m in models]) if cfg.decode_once else None

@@ -126,8 +126,7 @@ class Adapter(ABC):
         config = with_yaml_facts(cls.config_name, config)
         params = config.get("params") or {}
         entries = weight_entries(config)
-        folder = Path(weights_dir) if weights_dir is not None else bundled_weights(config)
-        needs_folder = [k for k, e in entries.items() if e.get("random") == "required"]
+        folder, needs_folder = _random_init_files(config, weights_dir)
         if params.get("random_init") and (weights_dir is None or needs_folder):
             files = resolve_weight_files(config, folder, needs_folder)
             adapter, label = cls._random(files, config, device), "random-init"
@@ -321,6 +320,13 @@ def _group(entries: Mapping[str, Mapping[str, Any]], key: str) -> list[str]:
     return [key, *(k for k, e in entries.items() if e.get("alternative_to") == key)]
 
 
+def _random_init_files(config: Mapping[str, Any], weights_dir: str | Path | None) -> tuple[Path | None, list[str]]:
+    """The weights folder (``weights_dir``, else the YAML's ``bundled_weights``) and the YAML entries a random-init
+    build reads from it (``random: required``)."""
+    folder = Path(weights_dir) if weights_dir is not None else bundled_weights(config)
+    return folder, [k for k, e in weight_entries(config).items() if e.get("random") == "required"]
+
+
 def resolve_weight_files(config: Mapping[str, Any], folder: Path | None, keys: Sequence[str]) -> dict[str, Path]:
     """``{key: folder/path}`` of the YAML entries ``keys``; an entry with ``alternative_to: K`` fills ``K`` when
     ``K``'s own file is absent. An absent file raises :class:`MissingFileError` naming it and its publisher."""
@@ -435,9 +441,7 @@ def input_twin(name: str, weights: str | Path | None = None, **params: Any) -> A
     if getattr(cls._random, "__func__", None) is Adapter._random.__func__:
         return None
     config = with_yaml_facts(cls.config_name, {**cfg, "params": {**cfg.get("params", {}), **params, "random_init": True}})
-    given = weights_dir(name, weights)
-    folder = Path(given) if given is not None else bundled_weights(config)
-    needs = [k for k, e in weight_entries(config).items() if e.get("random") == "required"]
+    folder, needs = _random_init_files(config, weights_dir(name, weights))
     try:
         with warnings.catch_warnings(), torch.device("meta"):
             warnings.simplefilter("ignore")  # the real build warns once (e.g. DeViDe's unverified architecture)

@@ -79,6 +79,15 @@ _DEFLATE_BELOW = 0.9
 _SAMPLE = 65536
 
 
+def chunk_rows(chunk: int, chunk_size: int, n_cases: int) -> range:
+    """The dataset rows of store chunk ``chunk``: ``chunk_size`` consecutive rows, the last chunk shorter.
+
+    >>> list(chunk_rows(2, 8, 22))
+    [16, 17, 18, 19, 20, 21]
+    """
+    return range(chunk * chunk_size, min((chunk + 1) * chunk_size, n_cases))
+
+
 def shuffle_bytes(values: np.ndarray) -> list[np.ndarray]:
     """The byte planes of ``values`` (little-endian): plane ``k`` holds byte ``k`` of every value, in C order."""
     flat = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).reshape(-1)
