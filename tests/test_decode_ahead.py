@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import tiny_run
-from xbench.core.errors import XBenchWarning
+from xbench.core.errors import FormatError, XBenchWarning
 from xbench.inference import feeds, runner
 from xbench.inference.cache import InputFeed
 from xbench.models.base import input_twin
@@ -115,6 +115,9 @@ def test_decode_ahead_is_on_for_cuda_runs_unless_turned_off(tmp_path, monkeypatc
     """``auto`` (the default) decodes ahead only where the models run on CUDA: on the CPU decoding competes with them
     (docs/performance.md, round 5). ``false`` builds first on any device."""
     assert RunConfig.from_dict(tiny_run(tmp_path)).decode_ahead == "auto"
+    for wrong in ("yes", 1):
+        with pytest.raises(FormatError, match="decode_ahead"):
+            RunConfig.from_dict(tiny_run(tmp_path, decode_ahead=wrong))
     chained: list = []
     monkeypatch.setattr(InputFeed, "then", lambda self, action: chained.append(action))
     log = infer(tmp_path / "auto", decode_ahead="auto")  # a CPU run
