@@ -392,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=1000, help="replicates of the timed evaluation")
     p.add_argument("--device", default="cuda")
     p.add_argument("--gpus", default="2", help="comma-separated GPU counts of the multi phase, e.g. 2,4")
+    p.add_argument("--decode-ahead", default="auto", choices=["auto", "true", "false"],
+                   help="the run option decode_ahead of the default, cached and multi phases")
     p.add_argument("--budget", type=float, default=1e9, help="seconds: phases that would start after this are skipped")
     p.add_argument("--tiny", action="store_true", help="CPU smoke version: 0.2 %% of cases, image sides / 4")
     return p
@@ -427,7 +429,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     paper = run_config(args.root, args.out / "paper", fraction=args.paper_fraction, batch_size=8, num_workers=4,
                        decode_once=False, **common)
     default = run_config(args.root, args.out / "default", batch_size=args.batch_size, num_workers=args.workers,
-                         decode_once=True, cache_dir=str(args.out / "cache"), **common)
+                         decode_once=True, cache_dir=str(args.out / "cache"),
+                         decode_ahead={"auto": "auto", "true": True, "false": False}[args.decode_ahead], **common)
     default["bootstrap"] = {"replicates": args.bootstrap, "seed": 0}
     phases = args.phases.split(",")
 

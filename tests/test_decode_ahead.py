@@ -11,13 +11,14 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from conftest import tiny_run
 from xbench.core.errors import FormatError, XBenchWarning
 from xbench.inference import feeds, runner
-from xbench.inference.cache import InputFeed
+from xbench.inference.cache import InputFeed, inherit_input, model_input
 from xbench.models.base import input_twin
 from xbench.spec import registry
 from xbench.spec.config import RunConfig
@@ -67,6 +68,26 @@ def test_an_input_twin_has_the_real_preprocessing_and_no_network_memory():
     assert twin.input_window((37, 53)) == real.input_window((37, 53))
     assert twin.weights_label == "input-twin" and real.weights_label == "xbench-reference"
     assert input_twin("center_prior") is None  # no _random hook: built for real, first
+
+
+def test_a_built_adapter_takes_its_twins_calibration_from_two_probe_images(monkeypatch):
+    """:func:`inherit_input`: the built adapter is checked on the two probe images only (not the 256 constant images
+    of the 8-bit table), then shares its twin's calibration; one whose outputs differ is refused and left alone."""
+    import xbench
+
+    twin, real = input_twin("ref_xattn"), xbench.create_model("ref_xattn")
+    want = model_input(twin)
+    calls = []
+    real_preprocess = type(real).preprocess
+    monkeypatch.setattr(real, "preprocess", lambda image: calls.append(image.shape) or real_preprocess(real, image))
+    assert inherit_input(real, twin) and len(calls) == 2
+    assert model_input(real) is want and len(calls) == 2  # calibrated: no further call
+    assert want.lut is not None and want.key == model_input(xbench.create_model("ref_xattn")).key  # full calibration
+
+    other = xbench.create_model("ref_xattn")
+    other.input_size = 48
+    assert not inherit_input(other, twin)
+    assert model_input(other).key != want.key  # nothing was recorded: calibrated in full, its own key
 
 
 def test_networks_are_built_while_the_inputs_decode_and_the_store_is_unchanged(tmp_path, monkeypatch, without_twins):
@@ -165,3 +186,19 @@ def test_the_next_dataset_decodes_while_this_one_infers(tmp_path, monkeypatch, t
     assert seen == [True] * len(models)
     got, want = chunk_bytes(tmp_path / "ahead"), chunk_bytes(tmp_path / "plain")
     assert len(got) == 2 * 3 * 2 and got == want  # 2 datasets x 3 models x 2 chunks, the same bytes
+
+
+def test_the_largest_dataset_is_inferred_first_and_the_tables_keep_the_config_order(tmp_path, two_datasets):
+    """``runner.inference_order``: phantom_b (12 cases) before phantom (10 cases, first in the config), so the
+    evaluation left after the last inference is the smaller one's; the tidy table still lists phantom first."""
+    small, large = {**two_datasets[0], "cases": 10}, {**two_datasets[1], "cases": 12}
+    cfg = RunConfig.from_dict(tiny_run(tmp_path / "run", models=["center_prior", "random_prior"], grid=[32, 32],
+                                       num_workers=0, datasets=[small, large], decode_ahead=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        out = run(cfg, progress=False)
+    log = json.loads((tmp_path / "run" / "run_log.json").read_text())
+    assert [e["dataset"] for e in log] == ["phantom_b"] * 2 + ["phantom"] * 2
+    assert log[0]["since_start_seconds"] <= log[-1]["since_start_seconds"]
+    tidy = pd.read_csv(out / "tables" / "metrics.csv")
+    assert list(dict.fromkeys(tidy["dataset"])) == ["phantom", "phantom_b"]

@@ -22,7 +22,7 @@ from ..datasets import BaseDataset
 from ..models import Adapter
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
 from ..store.results import ResultStore, chunk_rows
-from .cache import InputFeed, model_input
+from .cache import InputFeed, inherit_input
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +60,14 @@ def fresh_rows(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models:
 
 def adopt(feed: InputFeed, models: Sequence[ModelSpec], adapters: Sequence[Adapter], twins: dict[int, Adapter],
           new_feed: Callable[[Sequence[Any]], InputFeed]) -> InputFeed:
-    """The feed started with input twins, once the real adapters are built: kept when every real adapter's input
-    calibration (transform key and whether it reads pixels) is its twin's, so what was decoded is what the model
-    would get; otherwise (a twin whose preprocessing differs: a bug) that decoding is dropped, logged, and a new feed
-    of the real adapters decodes from the start."""
+    """The feed started with input twins, once the real adapters are built: kept when every real adapter maps the two
+    probe images to its twin's values bit for bit and reads pixels as its twin does (it then takes the twin's input
+    calibration, :func:`~xbench.inference.cache.inherit_input`), so what was decoded is what the model would get;
+    otherwise (a twin whose preprocessing differs: a bug) that decoding is dropped, logged, and a new feed of the real
+    adapters decodes from the start."""
     differ = [m.label for m, a in zip(models, adapters) if id(m) in twins
-              and (model_input(a).key != model_input(twins[id(m)]).key
-                   or getattr(a, "reads_pixels", True) != getattr(twins[id(m)], "reads_pixels", True))]
+              and (getattr(a, "reads_pixels", True) != getattr(twins[id(m)], "reads_pixels", True)
+                   or not inherit_input(a, twins[id(m)]))]
     if not differ:
         return feed
     logger.warning("inputs decoded ahead for %s do not match the built model's preprocessing; decoding again",
