@@ -62,7 +62,7 @@ from open_clip.tokenizer import HFTokenizer
 from transformers import BertConfig
 
 from xbench.core.errors import CheckpointError, FormatError
-from xbench.models._common import seeded_build
+from xbench.models._common import build_uninitialised, seeded_build
 from xbench.models.base import load_checkpoint, load_state_strict, resize_crop_window
 from xbench.models.clip import PromptPairCLIP  # the shared prompt-pair score and similarity-map rules
 
@@ -133,9 +133,14 @@ class BiomedCLIP(torch.nn.Module):
         return self.text(input_ids)
 
 
-def build_biomedclip(model_cfg: Mapping[str, Any], vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int = 0) -> BiomedCLIP:
-    """Full network from ``model_cfg`` with seeded random weights, in eval mode (global RNG untouched)."""
-    return seeded_build(seed, lambda: BiomedCLIP(model_cfg, bert_config(vocab_size))).eval()
+def build_biomedclip(model_cfg: Mapping[str, Any], vocab_size: int = DEFAULT_VOCAB_SIZE, seed: int | None = 0
+                     ) -> BiomedCLIP:
+    """Full network from ``model_cfg`` in eval mode: with seeded random weights (global RNG untouched), or with
+    ``seed=None`` uninitialised for a strict load (:func:`~xbench.models._common.build_uninitialised`)."""
+    def network() -> BiomedCLIP:
+        return BiomedCLIP(model_cfg, bert_config(vocab_size))
+
+    return (build_uninitialised(network) if seed is None else seeded_build(seed, network)).eval()
 
 
 def biomedclip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -234,7 +239,7 @@ class BiomedCLIPAdapter(PromptPairCLIP):
         state = biomedclip_state_dict(checkpoint)
         words = state.get(WORD_EMBEDDING_KEY)
         vocab_size = int(words.shape[0]) if words is not None else DEFAULT_VOCAB_SIZE
-        model = build_biomedclip(model_cfg, vocab_size=vocab_size)
+        model = build_biomedclip(model_cfg, vocab_size=vocab_size, seed=None)  # every parameter is loaded next
         load_state_strict(model, state, where)
         return cls(model, tokenizer, preprocess_cfg, config, device, weights_label="official")
 

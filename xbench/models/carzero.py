@@ -85,7 +85,7 @@ from transformers import BertConfig, BertModel
 
 from ..core.errors import CheckpointError
 from ..spec.registry import model_config
-from ._common import HashWordTokenizer, PromptCache, check_inputs, seeded_build
+from ._common import HashWordTokenizer, PromptCache, build_uninitialised, check_inputs, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file, with_yaml_facts
 from .checkpoint import require_tensor_state
 from .inputs import to_uint8
@@ -671,7 +671,8 @@ class CARZeroAdapter(Adapter):
         ``bert_config`` (bert-base when ``None``). Mismatches raise :class:`CheckpointError`.
         """
         image_size = with_yaml_facts(cls.config_name, config)["input_size"]
-        model = CARZeroModel(bert_config_from_state(official_state(checkpoint, where), bert_config), image_size)
+        bert_config = bert_config_from_state(official_state(checkpoint, where), bert_config)
+        model = build_uninitialised(lambda: CARZeroModel(bert_config, image_size))  # every parameter loaded next
         load_official_checkpoint(model, checkpoint, where)
         adapter = cls(model, tokenizer, vocab, config, device)
         adapter.weights_label = "official"

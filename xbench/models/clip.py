@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from xbench.core.errors import CheckpointError
-from xbench.models._common import check_inputs, seeded_build
+from xbench.models._common import build_uninitialised, check_inputs, seeded_build
 from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict, resize_crop_window
 
 ARCHITECTURE = "ViT-B-16-quickgelu"  # open_clip config of OpenAI's ViT-B/16 (QuickGELU activations)
@@ -73,13 +73,16 @@ LOGIT_SCALE = 100.0  # OpenAI's zero-shot scale (exp of the released logit_scale
 
 
 # -- network and weights ---------------------------------------------------------------
-def build_clip(seed: int = 0) -> torch.nn.Module:
-    """The full-size open_clip ``ViT-B-16-quickgelu`` network with seeded random weights, in eval mode.
+def build_clip(seed: int | None = 0) -> torch.nn.Module:
+    """The full-size open_clip ``ViT-B-16-quickgelu`` network in eval mode: with seeded random weights, or with
+    ``seed=None`` uninitialised for a strict load (:func:`~xbench.models._common.build_uninitialised`).
 
     Seeded by :func:`~xbench.models._common.seeded_build`, so the global RNG state is left untouched.
     """
-    return seeded_build(seed, lambda: open_clip.create_model(ARCHITECTURE, pretrained=None,
-                                                             device=torch.get_default_device())).eval()
+    def network() -> torch.nn.Module:
+        return open_clip.create_model(ARCHITECTURE, pretrained=None, device=torch.get_default_device())
+
+    return (build_uninitialised(network) if seed is None else seeded_build(seed, network)).eval()
 
 
 def clip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -270,7 +273,7 @@ class CLIPAdapter(PromptPairCLIP):
         A checkpoint that does not match the architecture raises :class:`~xbench.core.errors.CheckpointError` listing the
         missing / unexpected / mis-shaped keys.
         """
-        model = build_clip(int(dict(config or {}).get("params", {}).get("seed", 0)))
+        model = build_clip(None)  # every parameter is loaded next
         load_state_strict(model, clip_state_dict(checkpoint), where)
         return cls(model, config, device, weights_label="official")
 

@@ -52,10 +52,11 @@ from torch import nn
 from transformers import BertConfig
 
 from ..core.errors import XBenchWarning
-from ._common import IMAGENET_MEAN, IMAGENET_STD, check_inputs, normalize_uint8, resize_uint8, seeded_build
+from ._common import (IMAGENET_MEAN, IMAGENET_STD, build_uninitialised, check_inputs, normalize_uint8, resize_uint8,
+                      seeded_build)
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
-from .kad import (TQN, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state, build_uninitialised,
-                  canonical_text_state, canonical_tqn_state, checkpoint_containers, max_normalised_maps, prompt_text,
+from .kad import (TQN, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state, canonical_text_state,
+                  canonical_tqn_state, checkpoint_containers, max_normalised_maps, prompt_text,
                   random_init_tokenizer)
 
 

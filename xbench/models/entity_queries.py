@@ -23,7 +23,7 @@ from torch import nn
 from ..core.errors import UnknownNameError, XBenchWarning
 from ..spec.registry import model_config
 from . import _common
-from ._common import HashWordTokenizer, check_inputs, normalize_uint8, seeded_build
+from ._common import HashWordTokenizer, build_uninitialised, check_inputs, normalize_uint8, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
 from .layers import PreNormDecoderLayer
 
@@ -129,7 +129,10 @@ def bert_from_state(state: Mapping[str, torch.Tensor] | None = None, seed: int =
     """
     from transformers import BertConfig, BertModel
 
-    bert = seeded_build(seed, lambda: BertModel(BertConfig(vocab_size=BERT_VOCAB)))
+    def build() -> nn.Module:
+        return BertModel(BertConfig(vocab_size=BERT_VOCAB))
+
+    bert = seeded_build(seed, build) if state is None else build_uninitialised(build)
     if state is not None:
         load_state_strict(bert, state, "Bio_ClinicalBERT text encoder")
     return bert.eval()
@@ -262,7 +265,7 @@ class EntityQueryAdapter(Adapter):
         """Build from the loaded released checkpoint object (official key handling, :meth:`official_state`;
         strict load). A wrong or truncated checkpoint raises :class:`~xbench.core.errors.CheckpointError` listing the
         missing / unexpected keys."""
-        net = cls.build_network(with_yaml_facts(cls.config_name, config))
+        net = build_uninitialised(lambda: cls.build_network(with_yaml_facts(cls.config_name, config)))
         load_state_strict(net, cls.official_state(checkpoint), f"{cls.__name__.removesuffix('Adapter')} checkpoint")
         adapter = cls(net, text_encoder, tokenizer, texts, config, device)
         adapter.weights_label = "official"

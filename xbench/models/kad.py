@@ -66,7 +66,7 @@ Deviations
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,8 @@ from torch import nn
 from transformers import BertConfig, BertModel
 
 from ..core.errors import CheckpointError, MissingFileError
-from ._common import HashWordTokenizer, PromptCache, check_inputs, normalize_uint8, resize_uint8, seeded_build
+from ._common import (HashWordTokenizer, PromptCache, build_uninitialised, check_inputs, normalize_uint8, resize_uint8,
+                      seeded_build)
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict
 from .layers import QueryNetwork
 
@@ -324,30 +325,6 @@ def max_normalised_maps(attention: torch.Tensor, grid: tuple[int, int]) -> torch
     """
     maps = attention.reshape(attention.shape[0], attention.shape[1], *grid)
     return maps / maps.amax(dim=(-2, -1), keepdim=True)
-
-
-def build_uninitialised(factory: Callable[[], nn.Module]) -> nn.Module:
-    """``factory()`` without random initialisation, for a network whose weights are loaded next.
-
-    The module is built on the meta device and given uninitialised CPU storage (saves the seconds
-    BERT's random init takes). Constructed buffers that no checkpoint holds are rebuilt: BERT's
-    ``position_ids`` (``arange``) and ``token_type_ids`` (zeros); any other non-persistent buffer
-    raises ``RuntimeError``, so nothing that a strict load does not overwrite stays uninitialised.
-    """
-    with torch.device("meta"):
-        module = factory()
-    module = module.to_empty(device="cpu")
-    with torch.no_grad():
-        for owner in module.modules():
-            for name in owner._non_persistent_buffers_set:
-                buffer = getattr(owner, name)
-                if name == "position_ids":
-                    buffer.copy_(torch.arange(buffer.shape[-1]).expand_as(buffer))
-                elif name == "token_type_ids":
-                    buffer.zero_()
-                else:
-                    raise RuntimeError(f"{type(owner).__name__}.{name}: unknown constructed buffer, cannot rebuild it")
-    return module
 
 
 # -- adapter -------------------------------------------------------------------------------

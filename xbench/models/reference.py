@@ -79,7 +79,7 @@ from torch import nn
 
 from ..core.errors import FormatError, XBenchWarning
 from ..spec.registry import model_config
-from ._common import check_inputs, seeded_build
+from ._common import build_uninitialised, check_inputs, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
 
 VOCAB: tuple[str, ...] = (
@@ -296,7 +296,7 @@ class _ReferenceAdapter(Adapter):
 
         Raises :class:`~xbench.core.errors.CheckpointError` listing missing / unexpected / mis-shaped keys.
         """
-        model = cls.build_architecture(with_yaml_facts(cls.config_name, config))
+        model = build_uninitialised(lambda: cls.build_architecture(with_yaml_facts(cls.config_name, config)))
         load_state_strict(model, checkpoint, where)
         adapter = cls(model, config, device)
         adapter.weights_label = "xbench-reference"

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..core.errors import CheckpointError, FormatError, MissingFileError
+from ._common import build_uninitialised
 from .base import load_checkpoint, load_state_strict
 
 __all__ = ["BERT_TOKENIZER_CLASSES", "IGNORED_KEYS", "bert_state_from_file", "load_bert_folder", "load_bert_tokenizer",
@@ -109,7 +110,7 @@ def load_bert_folder(folder: str | Path, *, use_pooler: bool = False, source: st
 
     A missing, unexpected or mis-shaped encoder weight raises :class:`CheckpointError` naming the key and
     the file. ``use_pooler=False`` builds the model without its pooler (MedKLIP and MAVL read
-    ``last_hidden_state[:, 0]``); the default initialisation is seeded so that nothing depends on the RNG.
+    ``last_hidden_state[:, 0]``); no weight is randomly initialised first (:func:`~xbench.models._common.build_uninitialised`).
     """
     from transformers import BertConfig, BertModel
 
@@ -125,9 +126,7 @@ def load_bert_folder(folder: str | Path, *, use_pooler: bool = False, source: st
         raise FormatError(config_path, f"model_type {model_type!r}; a BERT folder is expected", field="model_type")
     config = BertConfig.from_json_file(str(config_path))
     state = bert_state_from_file(load_checkpoint(weights), str(weights), use_pooler)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = BertModel(config, add_pooling_layer=use_pooler)
+    model = build_uninitialised(lambda: BertModel(config, add_pooling_layer=use_pooler))  # every weight loaded next
     for key, value in model.state_dict().items():  # a persistent position_ids buffer (older transformers): as constructed
         if key not in state and re.search(r"^embeddings\.position_ids$", key):
             state[key] = value
