@@ -1,6 +1,7 @@
 """``build_uninitialised`` (issue 22, round 6): networks whose every weight is loaded next skip their random
-initialisation. Parameters get no random fill and no RNG draw; buffers, the non-persistent ones included, are
-computed as in a normal build; other threads build as usual; a strict load afterwards gives the normal network."""
+initialisation, on the meta device where every non-persistent buffer is one it rebuilds, else by turning random
+fills of parameters into zero fills. No RNG is drawn; buffers, the non-persistent ones included, are as in a normal
+build; other threads build as usual; a strict load afterwards gives the normal network."""
 from __future__ import annotations
 
 import threading
@@ -23,23 +24,54 @@ class _Net(torch.nn.Module):
         self.register_buffer("causal", torch.full((3, 3), float("-inf")).triu(1), persistent=False)
 
 
+class _Bertish(torch.nn.Module):
+    """BERT's two constructed buffers, a persistent buffer and a parameter: the meta-device way applies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.words = torch.nn.Embedding(11, 4)
+        self.register_buffer("position_ids", torch.arange(7).expand((1, -1)), persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros(1, 7, dtype=torch.long), persistent=False)
+        self.register_buffer("scale", torch.full((4,), 2.0))
+
+
+def test_the_meta_device_way_rebuilds_berts_buffers_and_is_refused_otherwise():
+    state = torch.get_rng_state()
+    net = build_uninitialised(_Bertish)
+    assert torch.equal(net.position_ids, torch.arange(7).expand((1, -1)))
+    assert torch.equal(net.token_type_ids, torch.zeros(1, 7, dtype=torch.long))
+    assert net.words.weight.device.type == "cpu" and torch.equal(torch.get_rng_state(), state)
+    reference = seeded_build(1, _Bertish)
+    net.load_state_dict(reference.state_dict(), strict=True)
+    assert torch.equal(net.words.weight, reference.words.weight) and torch.equal(net.scale, reference.scale)
+
+    class WithAttribute(_Bertish):  # a tensor that is neither parameter nor buffer: built the other way, not on meta
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.linspace(0, 1, 5)
+
+    other = build_uninitialised(WithAttribute)
+    assert torch.equal(other.table, torch.linspace(0, 1, 5)) and torch.equal(torch.get_rng_state(), state)
+
+
 def test_no_random_fill_of_a_parameter_and_no_rng_draw(monkeypatch):
     fills: list[str] = []
     real = torch.Tensor.uniform_
 
-    def counted(self, *args, **kwargs):
-        fills.append(type(self).__name__)
+    def counted(self, *args, **kwargs):  # fills of real memory (a meta-device attempt fills nothing)
+        if not self.is_meta:
+            fills.append(type(self).__name__)
         return real(self, *args, **kwargs)
 
     state = torch.get_rng_state()
-    net = build_uninitialised(_Net)
+    net = build_uninitialised(_Net)  # its causal buffer keeps it off the meta device
     assert torch.equal(torch.get_rng_state(), state)  # a normal build draws from the global RNG
     seeded_build(0, _Net)
     assert torch.equal(torch.get_rng_state(), state)
     _Net()
     assert not torch.equal(torch.get_rng_state(), state)
     monkeypatch.setattr(torch.Tensor, "uniform_", counted)
-    build_uninitialised(lambda: torch.nn.Linear(8, 4))
+    build_uninitialised(lambda: torch.nn.Sequential(_Net(), torch.nn.Linear(8, 4)))
     assert fills == []
     torch.nn.Linear(8, 4)
     assert fills == ["Parameter", "Parameter"]  # weight and bias, outside the helper

@@ -58,15 +58,28 @@ class _NoRandomParameterFill(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def build_uninitialised(factory: Callable[[], T]) -> T:
-    """``factory()`` without the random initialisation of its parameters, for a network whose every parameter is
-    loaded next by a strict load (:func:`xbench.models.base.load_state_strict`).
+_REBUILT_BUFFERS: dict[str, Callable[[torch.Tensor], object]] = {  # non-persistent buffers no checkpoint holds
+    "position_ids": lambda b: b.copy_(torch.arange(b.shape[-1]).expand_as(b)),  # BERT's arange
+    "token_type_ids": lambda b: b.zero_(),  # BERT's zeros
+}
 
-    Random fills of parameters become zero fills (no RNG is drawn; on CLIP ViT-B/16 the build takes 0.06 s of CPU
-    instead of 2.6 s, ``docs/performance.md`` round 6); buffers, including the non-persistent ones no checkpoint holds
-    (BERT's ``position_ids``, CLIP's causal ``attn_mask``), are computed as in a normal build.
-    ``accelerate.init_empty_weights`` does the like with parameters on the meta device, but open_clip moves a new
-    model to its device inside ``create_model``, which meta parameters cannot do, and accelerate is not a dependency.
+
+def build_uninitialised(factory: Callable[[], T]) -> T:
+    """``factory()`` without the random initialisation of its parameters, for a network whose every parameter and
+    persistent buffer is loaded next by a strict load (:func:`xbench.models.base.load_state_strict`).
+
+    Two ways, the first that applies:
+
+    * **meta device**: built on PyTorch's meta device and given uninitialised CPU memory; allowed when every
+      non-persistent buffer is one this helper rebuilds (BERT's ``position_ids`` and ``token_type_ids``) and no other
+      tensor attribute is left on the meta device;
+    * **no random fills**: built normally, but random fills of parameters (the ``torch.nn.init`` functions and the
+      in-place samplers) become zero fills; buffers are computed as in a normal build. This serves networks the
+      first way cannot, such as open_clip's (``create_model`` moves the model to its device, and CLIP has a causal
+      ``attn_mask`` buffer).
+
+    No RNG is drawn either way. Build times are in ``docs/performance.md`` (round 6). ``accelerate``'s
+    ``init_empty_weights`` is the first way without the buffer rules; accelerate is not a dependency.
 
     >>> net = build_uninitialised(lambda: torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
     >>> state = {k: torch.ones_like(v) for k, v in net.state_dict().items()}
@@ -74,8 +87,33 @@ def build_uninitialised(factory: Callable[[], T]) -> T:
     >>> net[0].weight.tolist(), net[1].running_mean.tolist()
     ([[1.0, 1.0], [1.0, 1.0]], [1.0, 1.0])
     """
+    module = _on_meta(factory)
+    if module is not None:
+        return module
     with _NoRandomParameterFill():
         return factory()
+
+
+def _on_meta(factory: Callable[[], T]) -> T | None:
+    """The meta-device way of :func:`build_uninitialised`, or None where it does not apply."""
+    try:
+        with torch.device("meta"):
+            module = factory()
+    except (NotImplementedError, RuntimeError):  # e.g. a factory that moves its meta tensors to a device
+        return None
+    if not isinstance(module, torch.nn.Module):
+        return None
+    owners = list(module.modules())
+    if any(name not in _REBUILT_BUFFERS for owner in owners for name in owner._non_persistent_buffers_set):
+        return None
+    if any(isinstance(v, torch.Tensor) and v.is_meta for owner in owners for v in vars(owner).values()):
+        return None  # a tensor attribute that is neither a parameter nor a buffer: to_empty would not reach it
+    module = module.to_empty(device="cpu")
+    with torch.no_grad():
+        for owner in owners:
+            for name in owner._non_persistent_buffers_set:
+                _REBUILT_BUFFERS[name](getattr(owner, name))
+    return module
 
 
 class HashWordTokenizer:
