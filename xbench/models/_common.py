@@ -58,6 +58,12 @@ class _NoRandomParameterFill(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def seeded_or_uninitialised(factory: Callable[[], T], seed: int | None) -> T:
+    """``factory()`` with seeded random weights (:func:`seeded_build`), or with ``seed=None`` uninitialised for the
+    strict load that follows (:func:`build_uninitialised`)."""
+    return build_uninitialised(factory) if seed is None else seeded_build(seed, factory)
+
+
 _REBUILT_BUFFERS: dict[str, Callable[[torch.Tensor], object]] = {  # non-persistent buffers no checkpoint holds
     "position_ids": lambda b: b.copy_(torch.arange(b.shape[-1]).expand_as(b)),  # BERT's arange
     "token_type_ids": lambda b: b.zero_(),  # BERT's zeros

@@ -62,7 +62,7 @@ from open_clip.tokenizer import HFTokenizer
 from transformers import BertConfig
 
 from xbench.core.errors import CheckpointError, FormatError
-from xbench.models._common import build_uninitialised, seeded_build
+from xbench.models._common import seeded_or_uninitialised
 from xbench.models.base import load_checkpoint, load_state_strict, resize_crop_window
 from xbench.models.clip import PromptPairCLIP  # the shared prompt-pair score and similarity-map rules
 
@@ -140,7 +140,7 @@ def build_biomedclip(model_cfg: Mapping[str, Any], vocab_size: int = DEFAULT_VOC
     def network() -> BiomedCLIP:
         return BiomedCLIP(model_cfg, bert_config(vocab_size))
 
-    return (build_uninitialised(network) if seed is None else seeded_build(seed, network)).eval()
+    return seeded_or_uninitialised(network, seed).eval()
 
 
 def biomedclip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:

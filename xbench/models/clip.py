@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from xbench.core.errors import CheckpointError
-from xbench.models._common import build_uninitialised, check_inputs, seeded_build
+from xbench.models._common import check_inputs, seeded_or_uninitialised
 from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict, resize_crop_window
 
 ARCHITECTURE = "ViT-B-16-quickgelu"  # open_clip config of OpenAI's ViT-B/16 (QuickGELU activations)
@@ -82,7 +82,7 @@ def build_clip(seed: int | None = 0) -> torch.nn.Module:
     def network() -> torch.nn.Module:
         return open_clip.create_model(ARCHITECTURE, pretrained=None, device=torch.get_default_device())
 
-    return (build_uninitialised(network) if seed is None else seeded_build(seed, network)).eval()
+    return seeded_or_uninitialised(network, seed).eval()
 
 
 def clip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:

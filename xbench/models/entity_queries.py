@@ -23,7 +23,8 @@ from torch import nn
 from ..core.errors import UnknownNameError, XBenchWarning
 from ..spec.registry import model_config
 from . import _common
-from ._common import HashWordTokenizer, build_uninitialised, check_inputs, normalize_uint8, seeded_build
+from ._common import (HashWordTokenizer, build_uninitialised, check_inputs, normalize_uint8, seeded_build,
+                      seeded_or_uninitialised)
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
 from .layers import PreNormDecoderLayer
 
@@ -129,10 +130,7 @@ def bert_from_state(state: Mapping[str, torch.Tensor] | None = None, seed: int =
     """
     from transformers import BertConfig, BertModel
 
-    def build() -> nn.Module:
-        return BertModel(BertConfig(vocab_size=BERT_VOCAB))
-
-    bert = seeded_build(seed, build) if state is None else build_uninitialised(build)
+    bert = seeded_or_uninitialised(lambda: BertModel(BertConfig(vocab_size=BERT_VOCAB)), seed if state is None else None)
     if state is not None:
         load_state_strict(bert, state, "Bio_ClinicalBERT text encoder")
     return bert.eval()
