@@ -64,3 +64,31 @@ def test_rank_timings_read_each_ranks_log(bench, tmp_path):
          "decode_wait_seconds": 1.5, "cases": 14},
         {"log": "run_log.shard1of2.json", "wall_seconds": 20.0, "build_seconds": 2.5, "model_seconds": 7.0,
          "decode_wait_seconds": 2.0, "cases": 9}]
+
+
+def test_rank_timings_give_each_ranks_start_up_from_the_launch(bench, tmp_path):
+    """With the launch time, each rank's start-up is its run's start (``run_started_unix``) minus the launch; a
+    one-process run (``--gpus 1``, the baseline) is read from ``run_log.json``."""
+    def entry(start):
+        return {"dataset": "d", "model": "a", "build_seconds": 1.0, "since_start_seconds": 4.0, "seconds": 2.0,
+                "decode_seconds": 0.5, "cases_inferred": 3, "run_started_unix": start}
+
+    (tmp_path / "run_log.shard0of2.json").write_text(json.dumps([entry(1000.0 + 7.25)]))
+    (tmp_path / "run_log.shard1of2.json").write_text(json.dumps([entry(1000.0 + 9.5)]))
+    assert [r["startup_seconds"] for r in bench.rank_timings(tmp_path, 1000.0)] == [7.25, 9.5]
+    assert "startup_seconds" not in bench.rank_timings(tmp_path)[0]
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "run_log.json").write_text(json.dumps([entry(1003.0)]))
+    assert bench.rank_timings(alone, 1000.0) == [
+        {"log": "run_log.json", "startup_seconds": 3.0, "wall_seconds": 4.0, "build_seconds": 1.0,
+         "model_seconds": 1.5, "decode_wait_seconds": 0.5, "cases": 3}]
+
+
+def test_model_entries_load_weight_folders_when_given(bench, tmp_path):
+    """``--weights files``: a model with a stand-in folder is configured to load it; the others as before."""
+    folders = {"kad": tmp_path / "weights" / "kad"}
+    entries = {m: bench._model_entry(m, folders) for m in ("kad", "clip", "center_prior")}
+    assert entries == {"kad": {"name": "kad", "weights": str(folders["kad"])},
+                       "clip": {"name": "clip", "params": {"random_init": True}},
+                       "center_prior": {"name": "center_prior"}}

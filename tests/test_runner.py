@@ -231,6 +231,8 @@ def test_run_log_times_the_builds_and_the_rank(base):
         assert 0.0 <= entry["build_seconds"] <= entry["since_start_seconds"]
         assert entry["since_start_seconds"] >= entry["seconds"]  # the dataset's inference lies inside it
     assert len({e["since_start_seconds"] for e in log.values()}) == 1  # one dataset: one end for its models
+    started = {e["run_started_unix"] for e in log.values()}  # the run's start on the wall clock: one for the run
+    assert len(started) == 1 and time.time() - 3600 < started.pop() <= time.time()
 
 
 def test_worker_processes_give_the_same_store(base, tmp_path):

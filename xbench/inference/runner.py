@@ -471,6 +471,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     from .preflight import preflight, runnable_models, summary
 
     run_started = time.perf_counter()  # since_start_seconds in the run log count from here (preflight included)
+    started_unix = round(time.time(), 3)  # the same moment on the wall clock: ranks' start-ups can be compared
     report = preflight(cfg) if check else None
     if report is not None:
         report.raise_for_problems()
@@ -569,6 +570,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             skipped_rows += entry.pop("skipped_cases", [])
             entry["build_seconds"] = round(build_seconds.get(id(mspec), 0.0), 3)  # cumulative for the model
             entry["since_start_seconds"] = done_at
+            entry["run_started_unix"] = started_unix
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
             entry["built_while_decoding"] = id(mspec) in twins
