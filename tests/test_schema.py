@@ -10,7 +10,7 @@ import yaml
 from xbench.spec import registry, schema
 from xbench.cli import main
 from xbench.spec.config import RunConfig
-from xbench.core.errors import FormatError
+from xbench.core.errors import FormatError, XBenchError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,3 +141,29 @@ def test_the_mechanism_on_its_own():
     with pytest.raises(FormatError, match="missing required key") as err:
         schema.load(Outer, {"items": [{}]}, "f.yaml")
     assert err.value.field == "items[0].n"
+
+
+def test_a_config_is_parsed_once_each_caller_gets_its_own_copy_and_an_edit_is_read(tmp_path, monkeypatch):
+    """A run asks for a model's config once per pair: it is parsed and checked once per file version, every call
+    returns a copy of its own, and an edited file (new size / mtime) is parsed and checked again."""
+    import os
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    monkeypatch.setattr(registry, "MODEL_CONFIG_DIRS", [folder])
+    path = folder / "cached_model.yaml"
+    path.write_text((registry.PACKAGE_DIR / "configs" / "models" / "center_prior.yaml").read_text())
+    parsed = []
+    real = registry.read_yaml
+    monkeypatch.setattr(registry, "read_yaml", lambda p: parsed.append(p) or real(p))
+    first = registry.model_config("cached_model")
+    first["params"] = {"mutated": True}
+    second = registry.model_config("cached_model")
+    assert len(parsed) == 1 and second["params"] != {"mutated": True}
+    path.write_text(path.read_text().replace("title:", "title: edited", 1))
+    os.utime(path, ns=(10**18, 10**18))
+    assert registry.model_config("cached_model")["title"].startswith("edited") and len(parsed) == 2
+    path.write_text("class: [not, a, target]\n")  # a broken edit is checked, not served from the cache
+    os.utime(path, ns=(2 * 10**18, 2 * 10**18))
+    with pytest.raises(XBenchError):
+        registry.model_config("cached_model")

@@ -159,3 +159,51 @@ def test_score_errors_name_the_file(tmp_path, name):
     CASES[name](folder / name)
     with pytest.raises(XBenchError, match=name.replace(".", r"\.")):
         load_maps(folder, classes=["Nodule"])
+
+
+def _archive_with_two_tensors(tmp_path: Path) -> tuple[Path, dict[str, zipfile.ZipInfo]]:
+    path = tmp_path / "two.pt"
+    torch.save({"a": torch.arange(4096, dtype=torch.float32), "b": torch.ones(4096)}, path)
+    with zipfile.ZipFile(path) as archive:
+        infos = {i.filename.split("/", 1)[1]: i for i in archive.infolist()}
+    return path, infos
+
+
+def _data_offset(raw: bytes, info: zipfile.ZipInfo) -> int:
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26: info.header_offset + 30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def test_checkpoint_members_are_read_whole_and_a_damaged_or_misnamed_member_is_refused(tmp_path):
+    """Members are read from their local header's data offset: the state loads bit for bit; one flipped byte of a
+    tensor fails its CRC-32, and a local header naming another member is refused, each naming the member."""
+    path, infos = _archive_with_two_tensors(tmp_path)
+    state = load_checkpoint(path)
+    assert torch.equal(state["a"], torch.arange(4096, dtype=torch.float32)) and torch.equal(state["b"], torch.ones(4096))
+
+    raw = bytearray(path.read_bytes())
+    damaged = bytearray(raw)
+    damaged[_data_offset(raw, infos["data/1"]) + 100] ^= 0x01
+    (tmp_path / "damaged.pt").write_bytes(damaged)
+    with pytest.raises(CheckpointError, match=r"damaged\.pt: archive member .*data/1 is unreadable .*CRC-32"):
+        load_checkpoint(tmp_path / "damaged.pt")
+
+    misnamed = bytearray(raw)
+    start = infos["data/1"].header_offset + 30
+    name = bytes(misnamed[start: start + len(infos["data/1"].filename)])
+    misnamed[start: start + len(name)] = name[:-1] + b"7"
+    (tmp_path / "misnamed.pt").write_bytes(misnamed)
+    with pytest.raises(CheckpointError, match=r"data/1 is unreadable \(its local header names another member\)"):
+        load_checkpoint(tmp_path / "misnamed.pt")
+
+
+def test_checkpoint_member_running_past_the_end_of_the_file_is_refused(tmp_path):
+    """A member whose bytes would run past the end of the file (its local header's extra field made long) is refused
+    before its buffer is filled."""
+    path, infos = _archive_with_two_tensors(tmp_path)
+    raw = bytearray(path.read_bytes())
+    at = infos["data/1"].header_offset + 28
+    raw[at: at + 2] = struct.pack("<H", 0xFFFF)
+    (tmp_path / "long.pt").write_bytes(raw)
+    with pytest.raises(CheckpointError, match=r"data/1 is unreadable \(its 16384 bytes from offset \d+ pass the end"):
+        load_checkpoint(tmp_path / "long.pt")

@@ -94,3 +94,38 @@ def test_a_changed_annotation_file_is_refused_by_the_store(tmp_path):
     store.prepare("chestx_det10", "center_prior", meta(opened([])))  # same bytes: accepted
     with pytest.raises(XBenchError, match=r"differs in fingerprint\.annotations\.annotations"):
         store.prepare("chestx_det10", "center_prior", meta(opened(["Nodule"])))
+
+
+def test_hashing_ahead_gives_the_same_sha256_once_and_a_changed_file_is_hashed_again(tmp_path, monkeypatch):
+    """``hash_ahead`` hashes weight files in background threads; ``file_sha256`` takes that result (no second read),
+    a file rewritten afterwards is hashed again, and an error of the thread is raised where the hash is asked for."""
+    import hashlib
+    import os
+
+    from xbench.store import fingerprint
+
+    files = [tmp_path / f"w{i}.bin" for i in range(3)]
+    for i, f in enumerate(files):
+        f.write_bytes(os.urandom(3 << 20) + bytes([i]))
+    reads = []
+    real_sha256 = fingerprint.sha256
+    monkeypatch.setattr(fingerprint, "sha256", lambda path: reads.append(Path(path).name) or real_sha256(path))
+    assert fingerprint.hash_ahead([*files, tmp_path / "absent.bin"]) == 3
+    assert fingerprint.hash_ahead(files) == 0  # started already
+    assert [fingerprint.file_sha256(f) for f in files] == [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
+    assert sorted(reads) == ["w0.bin", "w1.bin", "w2.bin"]  # each file read once, by the threads
+    assert fingerprint.hash_ahead(files) == 0  # hashed already
+
+    files[0].write_bytes(b"another checkpoint")
+    os.utime(files[0], ns=(1, 1))  # a new size and mtime: other bytes
+    assert fingerprint.file_sha256(files[0]) == hashlib.sha256(b"another checkpoint").hexdigest()
+
+    def unreadable(path):
+        raise PermissionError(f"cannot read {path}")
+
+    monkeypatch.setattr(fingerprint, "sha256", unreadable)
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"x")
+    assert fingerprint.hash_ahead([bad]) == 1
+    with pytest.raises(PermissionError, match="bad.bin"):
+        fingerprint.file_sha256(bad)

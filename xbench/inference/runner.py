@@ -39,7 +39,7 @@ from ..core.atomic import atomic_write_bytes, check_writable
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
 from ..datasets import BaseDataset, open_dataset
 from ..core.errors import FormatError, MissingFileError, XBenchError, XBenchWarning
-from ..store.fingerprint import fit_key, fitted_is_current, refit, run_fingerprint
+from ..store.fingerprint import fit_key, fitted_is_current, hash_ahead, refit, run_fingerprint, weight_files
 from ..models import Adapter, create_model
 from ..models.base import input_twin
 from ..spec.registry import dataset_manifest, import_target, model_config
@@ -476,6 +476,9 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     if report is not None:
         report.raise_for_problems()
     models, left_out = runnable_models(cfg, report.left_out if report is not None else None)
+    for mspec in models:  # the stores' fingerprints need every weight file's sha256: read while the run starts up
+        if mspec.fit_split is None:
+            hash_ahead(weight_files(mspec.name, mspec.weights))
     out = check_writable(cfg.output_dir, "output_dir")  # read-only / unwritable: a clear error before inference
     dist = _dist_shard() if shard is None else None
     if dist is not None:

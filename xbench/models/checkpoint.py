@@ -38,8 +38,10 @@ import collections
 import functools
 import io
 import pickle
+import struct
 import warnings
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -455,12 +457,44 @@ def _storage_pid(pid: Any, size: int) -> tuple[_Marker, str, int]:
     return stype, key, numel
 
 
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # zip local file header (30 bytes): ..., name length, extra length
+
+
+def _stored_member(fh: Any, info: zipfile.ZipInfo, size: int) -> bytearray:
+    """The bytes of an uncompressed member: its local header checked (signature, name), then ``file_size`` bytes from
+    the data offset read into a new buffer, then the CRC-32. A damaged or truncated member raises ``ValueError``."""
+    fh.seek(info.header_offset)
+    head = fh.read(_LOCAL_HEADER.size)
+    if len(head) != _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+        raise ValueError("its local header is missing or damaged")
+    name_len, extra_len = _LOCAL_HEADER.unpack(head)[-2:]
+    if fh.read(name_len) != info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437"):
+        raise ValueError("its local header names another member")
+    start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+    if start + info.file_size > size:
+        raise ValueError(f"its {info.file_size} bytes from offset {start} pass the end of the file ({size} bytes)")
+    fh.seek(start)
+    raw = bytearray(info.file_size)
+    view, got = memoryview(raw), 0
+    while got < info.file_size:
+        n = fh.readinto(view[got:])
+        if not n:
+            raise ValueError(f"truncated ({got} of {info.file_size} bytes)")
+        got += n
+    view.release()
+    if zlib.crc32(raw) != info.CRC:
+        raise ValueError("its CRC-32 does not match (a damaged file)")
+    return raw
+
+
 def _read_zip_archive(fh: Any, size: int, where: str) -> tuple[Any, list[str]]:
     """A torch zip archive (``torch.save`` since 1.6, TorchScript ``data.pkl``), read with Python's ``zipfile``.
 
     Every member used must be stored uncompressed (torch never compresses; a compressed member could expand
     beyond the file) and fit in the file; a storage's declared size must equal its member's size, checked
-    before its bytes are read."""
+    before its bytes are read. The members read add up to the file's size at most (members of a valid archive do
+    not overlap). Each member is read straight into its buffer from its local header's data offset (one copy, no
+    lock held while the disk is read) and checked against its CRC-32, as ``zipfile`` would."""
     try:
         archive = zipfile.ZipFile(fh)
         infos = {info.filename: info for info in archive.infolist()}
@@ -471,7 +505,10 @@ def _read_zip_archive(fh: Any, size: int, where: str) -> tuple[Any, list[str]]:
         raise CheckpointError(f"{where}: a torch archive has exactly one <name>/data.pkl; found {len(pkls)}")
     prefix = pkls[0][: -len("data.pkl")]
 
+    total = 0  # bytes of the members read so far
+
     def member(name: str) -> bytearray:
+        nonlocal total
         info = infos.get(name)
         if info is None:
             raise CheckpointError(f"{where}: archive member {name} is missing")
@@ -480,15 +517,13 @@ def _read_zip_archive(fh: Any, size: int, where: str) -> tuple[Any, list[str]]:
                                   "uncompressed, so this is refused (it could expand beyond the file)")
         if info.file_size > size or info.compress_size != info.file_size:
             raise CheckpointError(f"{where}: archive member {name} declares {info.file_size} bytes; the file has {size}")
-        raw = bytearray(info.file_size)
+        total += info.file_size
+        if total > size:
+            raise CheckpointError(f"{where}: archive members overlap: {total} bytes read from a file of {size}")
         try:
-            with archive.open(info) as src:
-                got = src.readinto(raw)
-                if got != info.file_size:
-                    raise CheckpointError(f"{where}: archive member {name} is truncated ({got} of {info.file_size} bytes)")
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            return _stored_member(fh, info, size)
+        except (OSError, ValueError, EOFError) as exc:
             raise CheckpointError(f"{where}: archive member {name} is unreadable ({exc})") from None
-        return raw
 
     order = bytes(member(prefix + "byteorder")) if prefix + "byteorder" in infos else b"little"
     if order != b"little":

@@ -22,6 +22,7 @@ are one :class:`~xbench.core.errors.FormatError` naming file and field, raised w
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.metadata
 import os
@@ -304,12 +305,26 @@ def _entry(name: str, dirs: list[Path], kind: str, check: Any) -> dict[str, Any]
     files = _scan(dirs)
     if name not in files:
         raise UnknownNameError(kind, name, files)
-    cfg = read_yaml(files[name])
-    check(cfg, files[name])
+    cfg = _checked_yaml(files[name], check)
     cfg.setdefault("name", name)
     check_name(cfg["name"], kind, f"{files[name]}, field 'name'")
     cfg["config_path"] = str(files[name])
     return cfg
+
+
+_CHECKED: dict[tuple[str, int, int, int, Any], dict[str, Any]] = {}
+
+
+def _checked_yaml(path: Path, check: Any) -> dict[str, Any]:
+    """``read_yaml(path)`` passed through ``check``, parsed once per (file, size, mtime_ns, inode) in a process (a
+    run asks for each model's config once per dataset and pair); each call gets its own deep copy."""
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, check)
+    if key not in _CHECKED:
+        cfg = read_yaml(path)
+        check(cfg, path)
+        _CHECKED[key] = cfg
+    return copy.deepcopy(_CHECKED[key])
 
 
 def import_target(target: str) -> Any:

@@ -13,34 +13,74 @@ chunk); resume and merge compare them, so results computed from other bytes are 
   covered by the annotation files naming them).
 
 Hashing cache: within one process, a file's sha256 is computed once per ``(resolved path, size, mtime_ns,
-inode)``; a rewritten or replaced file (new size, mtime or inode) is hashed again.
+inode)``; a rewritten or replaced file (new size, mtime or inode) is hashed again. :func:`hash_ahead` starts that
+hashing in background threads (a run's weight files, gigabytes, while its inputs decode and its networks build):
+:func:`file_sha256` then waits for the thread's result instead of reading the file itself.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..spec.manifests import file_entries, sha256
 from ..spec.registry import model_config
 
-__all__ = ["file_sha256", "weight_files", "model_fingerprint", "dataset_fingerprint", "run_fingerprint", "digest",
+__all__ = ["file_sha256", "hash_ahead", "weight_files", "model_fingerprint", "dataset_fingerprint", "run_fingerprint", "digest",
            "diff_keys", "fit_key", "fitted_is_current", "refit"]
 
 _CACHE: dict[tuple[str, int, int, int], str] = {}
+_AHEAD: dict[tuple[str, int, int, int], Future[str]] = {}  # hashing started by hash_ahead, not yet asked for
+_POOL: list[ThreadPoolExecutor] = []  # hash_ahead's threads, made on first use (a forked child makes its own)
 _REFERENCE_WEIGHTS = Path(__file__).resolve().parents[1] / "reference_weights"
 
 
-def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, cached per (resolved path, size, mtime_ns, inode) for the life of the process."""
+def _key(path: str | Path) -> tuple[Path, tuple[str, int, int, int]]:
     real = Path(path).resolve()
     stat = real.stat()
-    key = (str(real), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    return real, (str(real), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes, cached per (resolved path, size, mtime_ns, inode) for the life of the process (the
+    result of :func:`hash_ahead`'s thread when it started on these bytes)."""
+    real, key = _key(path)
     if key not in _CACHE:
-        _CACHE[key] = sha256(real)
+        ahead = _AHEAD.pop(key, None)
+        _CACHE[key] = ahead.result() if ahead is not None else sha256(real)
     return _CACHE[key]
+
+
+def hash_ahead(paths: Iterable[str | Path], threads: int = 4) -> int:
+    """Start hashing ``paths`` in background threads (``threads`` at most; hashlib releases the GIL on large blocks);
+    files already hashed or started, and absent ones, are passed over. Returns how many were started. An error of a
+    thread (an unreadable file) is raised by :func:`file_sha256` when that file's hash is asked for."""
+    started = 0
+    for path in paths:
+        try:
+            real, key = _key(path)
+        except OSError:
+            continue
+        if key in _CACHE or key in _AHEAD:
+            continue
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(max(1, min(threads, os.cpu_count() or 1)), thread_name_prefix="xbench-hash"))
+        _AHEAD[key] = _POOL[0].submit(sha256, real)
+        started += 1
+    return started
+
+
+def _forget_pool() -> None:  # a forked child has none of the parent's threads
+    _POOL.clear()
+    _AHEAD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _files_under(path: Path) -> list[Path]:
