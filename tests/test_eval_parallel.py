@@ -284,14 +284,20 @@ def test_a_ground_truth_job_error_names_the_dataset_when_it_cannot_cross(phantom
 
 def test_a_run_evaluates_each_dataset_as_soon_as_it_is_inferred(tmp_path, monkeypatch):
     """``run`` hands each dataset to the evaluation (worker pool) from inside inference, before ``infer_run``
-    returns; the tables are the bytes of evaluating the finished store afterwards, serially."""
+    returns; its model comparisons are computed by a worker once its pairs are done; the tables (comparisons
+    included) are the bytes of evaluating the finished store afterwards, serially."""
     import os
 
     import xbench.workflows.run as workflow
     from xbench.evaluation.evaluate import RunEvaluation
 
     events: list[tuple] = []
-    real_ready, real_infer = RunEvaluation.ready, workflow.infer_run
+    real_ready, real_infer, real_compare = RunEvaluation.ready, workflow.infer_run, RunEvaluation._submit_comparisons
+
+    def compare(self):
+        before = set(self.compared)
+        real_compare(self)
+        events.extend(("compared by a worker", i) for i in sorted(set(self.compared) - before))
 
     def ready(self, index):
         events.append(("ready", index, self.pool is not None))
@@ -303,14 +309,41 @@ def test_a_run_evaluates_each_dataset_as_soon_as_it_is_inferred(tmp_path, monkey
         return got
 
     monkeypatch.setattr(RunEvaluation, "ready", ready)
+    monkeypatch.setattr(RunEvaluation, "_submit_comparisons", compare)
     monkeypatch.setattr(workflow, "infer_run", infer)
     out = tmp_path / "run"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XBenchWarning)
         workflow.run(RunConfig.from_dict(tiny_run(out, eval_workers=2)), progress=False)
     assert events[:2] == [("ready", 0, True), ("inferred",)]
+    assert ("compared by a worker", 0) in events
     overlapped = {p.name: p.read_bytes() for p in sorted((out / "tables").glob("*")) if p.is_file()}
     serial = _evaluate(out, tmp_path / "serial", 0)
     assert [n for n in serial if serial[n] != overlapped.get(n)] == []
     with process_pool(1, nice=3) as pool:  # the overlapped evaluation's workers yield the CPU to inference
         assert pool.submit(os.nice, 0).result() == os.nice(0) + 3
+
+
+def test_paper_tables_written_by_workers_are_the_same_bytes_in_the_same_order(phantom_run, tmp_path, monkeypatch):
+    """``write_paper_tables(pool=...)``: a worker makes and writes each table; the files are the bytes the serial
+    writer gives (and the run wrote), the paths come back in the serial order, and each table's warnings are raised
+    here, in table order."""
+    from xbench.core import workers
+    from xbench.outputs import tables
+
+    out = copy_run(phantom_run, tmp_path / "run")
+    paper = out / "tables" / "paper"
+    by_run = {p.name: p.read_bytes() for p in sorted(paper.iterdir())}
+    shutil.rmtree(paper)
+    serial = tables.write_paper_tables(out)
+    assert {p.name: p.read_bytes() for p in sorted(paper.iterdir())} == by_run and len(serial) == len(by_run) >= 12
+    shutil.rmtree(paper)
+    replayed = []
+    real = workers.replay_warnings
+    monkeypatch.setattr(workers, "replay_warnings",
+                        lambda caught, registry=None: replayed.append(caught) or real(caught, registry))
+    with process_pool(2) as pool:
+        parallel = tables.write_paper_tables(out, pool=pool)
+    assert parallel == serial
+    assert {p.name: p.read_bytes() for p in sorted(paper.iterdir())} == by_run
+    assert len(replayed) == len(serial) // 4  # one replay per table (4 files each)

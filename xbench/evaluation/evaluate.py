@@ -267,6 +267,7 @@ class RunEvaluation:
                                 disable=not progress)
         self.pool = process_pool(self.workers, preload=(__name__,), nice=nice) if self.workers > 1 else None
         self.items: dict[int, tuple[str, list[Any]]] = {}  # dataset index -> (name, per model a result or a future)
+        self.compared: dict[int, Future] = {}  # dataset index -> its comparisons, computed by a worker
         self._ready: set[int] = set()
         self._cond = threading.Condition()
         self._stop = False
@@ -294,15 +295,43 @@ class RunEvaluation:
                     return
                 prepared[i] = self._prepare(dspec, in_pool=True)
                 self._submit_ready(prepared)
-            while prepared and not self._stop:
+            while (prepared or self._uncompared()) and not self._stop:
                 full = {i for i, got in prepared.items() if got is not None and self._full(got[0])} if self.watch_store else set()
                 with self._cond:
                     self._ready |= full
-                    if not self._stop and not (self._ready & set(prepared)):
+                    if not self._stop and not (self._ready & set(prepared)) and not self._comparable():
                         self._cond.wait(timeout=0.5)
                 self._submit_ready(prepared)
+                self._submit_comparisons()
         except BaseException as exc:  # raised by finish
             self._error = exc
+
+    def _uncompared(self) -> list[int]:
+        """Datasets whose pairs are all in the pool, none failed so far, and whose comparisons are not submitted yet
+        (a dataset with a failed pair is left to :meth:`finish`)."""
+        return [i for i, (_, items) in list(self.items.items())
+                if i not in self.compared and items and all(isinstance(x, Future) for x in items)
+                and not any(x.done() and (x.cancelled() or x.exception() is not None) for x in items)]
+
+    def _comparable(self) -> list[int]:
+        """Of :meth:`_uncompared`, those whose pairs are all done without error: their comparisons can start."""
+        return [i for i in self._uncompared() if all(x.done() for x in self.items[i][1])]
+
+    def _submit_comparisons(self) -> None:
+        """Each dataset whose pairs are done gets its model comparisons (paired bootstrap, ranks) computed by a
+        worker, so that :meth:`finish` only gathers them. A dataset with a failed pair is left to :meth:`finish`,
+        which raises that pair's error as before."""
+        from .comparisons import compare_dataset
+
+        for i in self._comparable():
+            name, items = self.items[i]
+            evaluated = {label: x.result()[0][0] for label, x in zip(self.labels, items)}
+            self.compared[i] = self.pool.submit(capture_warnings, compare_dataset, name, evaluated,
+                                                threshold=self.cfg.fixed_threshold)
+
+    def _wake(self, _: Any = None) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _full(self, dataset: BaseDataset) -> bool:
         """Every chunk of every model of ``dataset`` has its index in the store (written after the chunk itself)."""
@@ -342,6 +371,7 @@ class RunEvaluation:
                 items.append(self.pool.submit(capture_warnings, _evaluate_pair_job, *shipped, self.cfg, dataset.name,
                                               label, gt_file, gt_key))
                 items[-1].add_done_callback(lambda _: self.bar.update(1))
+                items[-1].add_done_callback(self._wake)  # its dataset's comparisons may start
         return items
 
     def finish(self) -> pd.DataFrame:
@@ -356,8 +386,8 @@ class RunEvaluation:
             raise self._error
         tidy, pairs, curves, log, models, compared = [], [], [], [], {}, []
 
-        def collect(name: str, items: list[Any]) -> None:
-            """Tables of one dataset's pairs, in model order, then its comparisons."""
+        def collect(i: int, name: str, items: list[Any]) -> None:
+            """Tables of one dataset's pairs, in model order, then its comparisons (a worker's, when computed)."""
             evaluated = {}
             for label, item in zip(self.labels, items):
                 if isinstance(item, Future):
@@ -370,7 +400,12 @@ class RunEvaluation:
                 curves.append(result.curves)
                 log.append(result.counts)
                 models.setdefault(label, info)
-            compared.append(compare_dataset(name, evaluated, threshold=cfg.fixed_threshold))
+            if i in self.compared:
+                got, caught = self.compared.pop(i).result()
+                replay_warnings(caught, self.registry)
+            else:
+                got = compare_dataset(name, evaluated, threshold=cfg.fixed_threshold)
+            compared.append(got)
 
         from .comparisons import compare_dataset, write_comparisons
 
@@ -381,10 +416,10 @@ class RunEvaluation:
                     got = self._prepare(dspec, in_pool=False)
                     self.items[i] = (got[0].name, self._pairs(*got))
                     if self.pool is None:
-                        collect(*self.items.pop(i))  # serial: each dataset's tables as soon as its pairs are done
+                        collect(i, *self.items.pop(i))  # serial: each dataset's tables as soon as its pairs are done
             for i in range(len(cfg.datasets)):  # run order, whatever order the workers finished in
                 if i in self.items:
-                    collect(*self.items.pop(i))
+                    collect(i, *self.items.pop(i))
         finally:
             blas.restore_original_limits()
         out = Path(cfg.output_dir) / "tables"

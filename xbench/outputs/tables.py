@@ -22,8 +22,10 @@ import hashlib
 import html
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -568,28 +570,54 @@ def _finish(values, n, rows, separator, baselines, unverified, notes, caption, t
     return PaperTable(values, n, ranked, caption, table_notes, labels[separator] if separator else None, confirmed)
 
 
-def write_paper_tables(output_dir: str | Path) -> list[Path]:
+def write_paper_tables(output_dir: str | Path, pool: Executor | None = None) -> list[Path]:
     """Paper-form tables of a scored run under ``<output_dir>/tables/paper/`` (CSV, Markdown, LaTeX, HTML).
 
     Calls the paper-form writers of :mod:`xbench.outputs.tables` (:func:`~xbench.outputs.paper_table1` and
     :func:`~xbench.outputs.paper_class_table` for the pointing game and Dice at the best τ of each
     dataset) — the hook where further paper tables go. With the run's ``comparisons.csv``, best / second
-    are marked only where the order is significant (:data:`SIGNIFICANCE_RULE`).
+    are marked only where the order is significant (:data:`SIGNIFICANCE_RULE`). With ``pool`` (a process pool, e.g.
+    the run's evaluation workers) each table is made and written by a worker; the files are the same bytes, the
+    returned paths in the same order, and the workers' warnings are raised here, in table order.
     """
+    from ..core.workers import capture_warnings, replay_warnings
+    from ..evaluation.evaluate import load_tables
+
+    jobs = [(None, "table1")] + [(ds, metric) for ds in load_tables(output_dir)["metrics"]["dataset"].unique()
+                                 for metric in ("pointing", "dice@best")]
+    if pool is None:
+        context = _paper_context(output_dir)
+        return [path for ds, metric in jobs for path in _paper_table_job(output_dir, ds, metric, context)]
+    written: list[Path] = []
+    registry: dict = {}
+    for future in [pool.submit(capture_warnings, _paper_table_job, str(output_dir), ds, metric) for ds, metric in jobs]:
+        paths, caught = future.result()
+        replay_warnings(caught, registry)
+        written += paths
+    return written
+
+
+def _paper_context(output_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The tidy table and the flags every paper-form table of a run is made with."""
     from ..evaluation.comparisons import load_comparisons
     from ..evaluation.evaluate import load_tables
 
     t = load_tables(output_dir)
-    tidy, folder = t["metrics"], Path(output_dir) / "tables" / "paper"
     log_path = Path(output_dir) / "tables" / "evaluation_log.json"
     log = json.loads(log_path.read_text()) if log_path.exists() else None
     baselines, unverified = model_flags(t["models"])
     flags = {"baselines": baselines, "unverified": unverified, "notes": model_notes(t["models"]), "log": log}
     compared = load_comparisons(output_dir)  # marks only significant orders when the run has comparisons
     flags["comparisons"] = compared[0] if compared is not None else None
-    written = paper_table1(tidy, **flags).write(folder / "table1_grounding")
-    for ds in tidy["dataset"].unique():
-        for metric in ("pointing", "dice@best"):
-            stem = folder / f"per_class_{metric.replace('@', '_at_')}_{ds}"
-            written += paper_class_table(tidy, ds, metric=metric, **flags).write(stem)
-    return written
+    return t["metrics"], flags
+
+
+def _paper_table_job(output_dir: str | Path, dataset: str | None, metric: str,
+                     context: tuple[pd.DataFrame, dict[str, Any]] | None = None) -> list[Path]:
+    """One paper-form table written: Table 1 (``dataset`` None) or ``metric``'s per-class table of ``dataset``."""
+    tidy, flags = context if context is not None else _paper_context(output_dir)
+    folder = Path(output_dir) / "tables" / "paper"
+    if dataset is None:
+        return paper_table1(tidy, **flags).write(folder / "table1_grounding")
+    stem = folder / f"per_class_{metric.replace('@', '_at_')}_{dataset}"
+    return paper_class_table(tidy, dataset, metric=metric, **flags).write(stem)

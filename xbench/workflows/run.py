@@ -58,10 +58,10 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
         if evaluation is None:  # no dataset was handed over (infer_run raises when a pair failed)
             evaluation = RunEvaluation(cfg, progress=progress)
         evaluation.finish()
+        write_paper_tables(cfg.output_dir, pool=evaluation.pool)  # a table per worker
     finally:
         if evaluation is not None:
             evaluation.close()
-    write_paper_tables(cfg.output_dir)
     return out
 
 
