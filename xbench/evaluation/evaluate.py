@@ -329,7 +329,9 @@ class RunEvaluation:
             self.compared[i] = self.pool.submit(capture_warnings, compare_dataset, name, evaluated,
                                                 threshold=self.cfg.fixed_threshold)
 
-    def _wake(self, _: Any = None) -> None:
+    def _pair_done(self, _: Any = None) -> None:
+        """A pair's future is done: count it, and wake the thread (its dataset's comparisons may start)."""
+        self.bar.update(1)
         with self._cond:
             self._cond.notify_all()
 
@@ -370,8 +372,7 @@ class RunEvaluation:
             else:
                 items.append(self.pool.submit(capture_warnings, _evaluate_pair_job, *shipped, self.cfg, dataset.name,
                                               label, gt_file, gt_key))
-                items[-1].add_done_callback(lambda _: self.bar.update(1))
-                items[-1].add_done_callback(self._wake)  # its dataset's comparisons may start
+                items[-1].add_done_callback(self._pair_done)
         return items
 
     def finish(self) -> pd.DataFrame:

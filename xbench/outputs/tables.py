@@ -581,16 +581,16 @@ def write_paper_tables(output_dir: str | Path, pool: Executor | None = None) -> 
     returned paths in the same order, and the workers' warnings are raised here, in table order.
     """
     from ..core.workers import capture_warnings, replay_warnings
-    from ..evaluation.evaluate import load_tables
 
-    jobs = [(None, "table1")] + [(ds, metric) for ds in load_tables(output_dir)["metrics"]["dataset"].unique()
+    context = _paper_context(output_dir)  # read once; the workers get it with their job
+    jobs = [(None, "table1")] + [(ds, metric) for ds in context[0]["dataset"].unique()
                                  for metric in ("pointing", "dice@best")]
     if pool is None:
-        context = _paper_context(output_dir)
         return [path for ds, metric in jobs for path in _paper_table_job(output_dir, ds, metric, context)]
     written: list[Path] = []
     registry: dict = {}
-    for future in [pool.submit(capture_warnings, _paper_table_job, str(output_dir), ds, metric) for ds, metric in jobs]:
+    for future in [pool.submit(capture_warnings, _paper_table_job, str(output_dir), ds, metric, context)
+                   for ds, metric in jobs]:
         paths, caught = future.result()
         replay_warnings(caught, registry)
         written += paths
@@ -613,9 +613,10 @@ def _paper_context(output_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]
 
 
 def _paper_table_job(output_dir: str | Path, dataset: str | None, metric: str,
-                     context: tuple[pd.DataFrame, dict[str, Any]] | None = None) -> list[Path]:
-    """One paper-form table written: Table 1 (``dataset`` None) or ``metric``'s per-class table of ``dataset``."""
-    tidy, flags = context if context is not None else _paper_context(output_dir)
+                     context: tuple[pd.DataFrame, dict[str, Any]]) -> list[Path]:
+    """One paper-form table written (``context``: :func:`_paper_context`): Table 1 (``dataset`` None) or ``metric``'s
+    per-class table of ``dataset``."""
+    tidy, flags = context
     folder = Path(output_dir) / "tables" / "paper"
     if dataset is None:
         return paper_table1(tidy, **flags).write(folder / "table1_grounding")
