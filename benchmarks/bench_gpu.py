@@ -293,6 +293,10 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
             "build_seconds": _build_seconds(log),
             # models whose networks were built while their first dataset decoded (input twins)
             "built_while_decoding": sorted({e["model"] for e in log if e.get("built_while_decoding")}),
+            # when each network was built, seconds since the run started (the twinned ones in the background, while
+            # the models built before them already ran)
+            "built_since_start": {e["model"]: e["built_since_start_seconds"] for e in log
+                                  if e.get("built_since_start_seconds") is not None},
             "preprocessed_on": sorted({json.dumps(e["preprocessed_on"]) for e in log if "preprocessed_on" in e}),
             "store_mb": round(sum(f.stat().st_size for f in (Path(cfg.output_dir) / "store").rglob("*.npz")) / 2**20, 1)}
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import tiny_run
-from xbench.core.errors import FormatError, XBenchWarning
+from xbench.core.errors import CheckpointError, FormatError, XBenchWarning
 from xbench.inference import feeds, runner
 from xbench.inference.cache import InputFeed, inherit_input, model_input
 from xbench.models.base import input_twin
@@ -202,3 +202,88 @@ def test_the_largest_dataset_is_inferred_first_and_the_tables_keep_the_config_or
     assert log[0]["since_start_seconds"] <= log[-1]["since_start_seconds"]
     tidy = pd.read_csv(out / "tables" / "metrics.csv")
     assert list(dict.fromkeys(tidy["dataset"])) == ["phantom", "phantom_b"]
+
+
+def test_a_built_model_runs_while_the_next_network_is_built(tmp_path, monkeypatch, without_twins):
+    """The twinned networks are built one after another in a background thread (smallest weight files first) and each
+    model's pair starts as soon as its network is: the second network's build waits here until the first model has
+    predicted a batch. The store is the same bytes as without twins."""
+    first_predicted = threading.Event()
+    built: list[str] = []
+    waited: list[bool] = []
+    real_open = runner.open_model
+
+    def open_model(spec, *args, **kwargs):
+        if spec.name in TWINNED:
+            assert threading.current_thread().name.startswith("xbench-build")
+            if built:  # the second network: built while the first model runs
+                waited.append(first_predicted.wait(timeout=60))
+            adapter = real_open(spec, *args, **kwargs)
+            built.append(spec.name)
+            if len(built) == 1:
+                real_predict = adapter.predict_cases
+                adapter.predict_cases = lambda *a, **k: (first_predicted.set(), real_predict(*a, **k))[1]
+            return adapter
+        return real_open(spec, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "open_model", open_model)
+    log = infer(tmp_path / "run")
+    assert sorted(built) == sorted(TWINNED) and waited == [True]
+    first, second = built
+    assert log[first]["built_since_start_seconds"] < log[second]["built_since_start_seconds"]
+    assert chunk_bytes(tmp_path / "run") == chunk_bytes(without_twins)
+
+
+def test_background_builds_run_smallest_weights_first_one_at_a_time():
+    """:func:`runner._build_behind`: one thread, the jobs in order of weight bytes (ties in model order)."""
+    order: list[int] = []
+    threads: set[str] = set()
+
+    def job(j):
+        def make():
+            threads.add(threading.current_thread().name)
+            order.append(j)
+            return f"adapter {j}"
+        return make
+
+    started = runner._build_behind({0: (30, job(0), "twin 0"), 1: (10, job(1), "twin 1"), 3: (10, job(3), "twin 3"),
+                                    5: (0, job(5), "twin 5")})
+    assert {j: (f.result(timeout=30), twin) for j, (f, twin) in started.items()} == {
+        j: (f"adapter {j}", f"twin {j}") for j in (0, 1, 3, 5)}
+    assert order == [5, 1, 3, 0] and len(threads) == 1
+
+
+def test_a_network_failing_in_the_background_stops_the_run_and_keeps_the_chunks_written(tmp_path, monkeypatch):
+    """A background build's error is raised by the run once the models already running have had their turn; their
+    chunks stay in the store, and no decoding or building thread is left behind."""
+    first_done = threading.Event()
+    built: list[str] = []
+    real_open, real_finish = runner.open_model, runner.PairRun.finish
+
+    def open_model(spec, *args, **kwargs):
+        if spec.name in TWINNED and built:
+            first_done.wait(timeout=60)
+            raise CheckpointError(f"{spec.name}: the checkpoint is damaged (test)")
+        adapter = real_open(spec, *args, **kwargs)
+        if spec.name in TWINNED:
+            built.append(spec.name)
+        return adapter
+
+    def finish(self):
+        counts = real_finish(self)
+        if self.mspec.name in built:
+            first_done.set()
+        return counts
+
+    monkeypatch.setattr(runner, "open_model", open_model)
+    monkeypatch.setattr(runner.PairRun, "finish", finish)
+    with pytest.raises(CheckpointError, match="damaged"):
+        infer(tmp_path / "run")
+    store = ResultStore(tmp_path / "run")
+    assert [store.has_chunk("phantom", built[0], k) for k in (0, 1)] == [True, True]
+    failed = next(iter(TWINNED - set(built)))
+    assert not store.has_chunk("phantom", failed, 0)
+    ours = [t for t in threading.enumerate() if t.name.startswith(("xbench-decode", "xbench-build"))]
+    for thread in ours:  # ending: the build thread leaves once its last job has raised
+        thread.join(timeout=30)
+    assert [t.name for t in ours if t.is_alive()] == []

@@ -105,3 +105,15 @@ def test_slurm_recipe_shards_then_merge_through_the_cli(tmp_path, phantom_cache)
     subprocess.run([sys.executable, "-m", "xbench.cli", "merge", "--config", str(config), "--from",
                     *[str(tmp_path / f"task{i}") for i in range(3)]], check=True, env=env)
     assert_same_tables(tmp_path / "merged", single)
+
+
+def test_a_ranks_gpu_is_named_by_index_for_the_decoding_and_building_threads(monkeypatch):
+    """CUDA's current device is per thread (a new thread starts on GPU 0), so ``cuda`` alone would send a rank's
+    device preprocessing (decoding thread) and network builds (building thread) to GPU 0. ``with_index`` names the
+    main thread's current GPU (``LOCAL_RANK`` after ``_init_distributed``); other devices pass unchanged."""
+    from xbench.inference.runner import with_index
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert with_index(torch.device("cuda")) == torch.device("cuda", 3)
+    assert with_index(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert with_index(torch.device("cpu")) == torch.device("cpu")

@@ -4,7 +4,7 @@
 Decoding ahead fills two places where the decode stage would otherwise wait (issue 22, round 5; docs/performance.md):
 
 * while a fresh dataset's networks are built, its feed decodes with *input twins*
-  (:func:`xbench.models.base.input_twin`), and :func:`adopt` checks the built adapters against them;
+  (:func:`xbench.models.base.input_twin`), and :func:`fits_twin` checks each built adapter against its twin;
 * while a dataset's models run, the next fresh dataset's feed starts once this one's decoding ends
   (:meth:`xbench.inference.cache.InputFeed.then`).
 
@@ -13,7 +13,7 @@ Decoding ahead fills two places where the decode stage would otherwise wait (iss
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -58,19 +58,13 @@ def fresh_rows(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models:
     return [r for k in sorted(chunks) for r in chunk_rows(k, cfg.chunk_size, len(dataset))]
 
 
-def adopt(feed: InputFeed, models: Sequence[ModelSpec], adapters: Sequence[Adapter], twins: dict[int, Adapter],
-          new_feed: Callable[[Sequence[Any]], InputFeed]) -> InputFeed:
-    """The feed started with input twins, once the real adapters are built: kept when every real adapter maps the two
-    probe images to its twin's values bit for bit and reads pixels as its twin does (it then takes the twin's input
-    calibration, :func:`~xbench.inference.cache.inherit_input`), so what was decoded is what the model would get;
-    otherwise (a twin whose preprocessing differs: a bug) that decoding is dropped, logged, and a new feed of the real
-    adapters decodes from the start."""
-    differ = [m.label for m, a in zip(models, adapters) if id(m) in twins
-              and (getattr(a, "reads_pixels", True) != getattr(twins[id(m)], "reads_pixels", True)
-                   or not inherit_input(a, twins[id(m)]))]
-    if not differ:
-        return feed
-    logger.warning("inputs decoded ahead for %s do not match the built model's preprocessing; decoding again",
-                   ", ".join(differ))
-    feed.release()
-    return new_feed(adapters)
+def fits_twin(label: str, adapter: Adapter, twin: Adapter) -> bool:
+    """Whether what a feed decoded for ``twin`` may be given to the built ``adapter``: true when the adapter maps the
+    two probe images to its twin's values bit for bit and reads pixels as its twin does (it then takes the twin's input
+    calibration, :func:`~xbench.inference.cache.inherit_input`). False (a twin whose preprocessing differs: a bug) is
+    logged; the runner then infers that model from a feed of its own, decoded from the start."""
+    if (getattr(adapter, "reads_pixels", True) == getattr(twin, "reads_pixels", True)
+            and inherit_input(adapter, twin)):
+        return True
+    logger.warning("inputs decoded ahead for %s do not match the built model's preprocessing; decoding again", label)
+    return False

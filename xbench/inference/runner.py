@@ -24,7 +24,8 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -143,6 +144,19 @@ def _init_distributed(cfg: RunConfig) -> None:
     if _GLOO_GROUP is None:
         _GLOO_GROUP = (torch.distributed.new_group(backend="gloo")
                        if torch.distributed.get_backend() != "gloo" else torch.distributed.group.WORLD)
+
+
+def with_index(device: torch.device) -> torch.device:
+    """``device`` with its index: plain ``cuda`` is this thread's current GPU (a distributed rank's ``LOCAL_RANK``,
+    :func:`_init_distributed`). CUDA's current device is per thread, and in a new thread it is GPU 0: the decoding
+    and building threads are given the index. Other devices are returned as they are.
+
+    >>> with_index(torch.device("cpu"))
+    device(type='cpu')
+    """
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _barrier(shard: tuple[int, int]) -> None:
@@ -488,7 +502,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     if not 0 <= shard[0] < shard[1]:
         raise XBenchError(f"shard index must satisfy 0 <= i < n, got {shard[0]}/{shard[1]}")
 
-    device = cfg.resolved_device()
+    device = with_index(cfg.resolved_device())  # the decoding and building threads use it too
     log: list[dict[str, Any]] = []
     failures: list[str] = []
     skipped_rows: list[dict[str, str]] = []
@@ -501,6 +515,8 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             raise XBenchError(f"dataset {dspec.name} [{dataset.split}] has no cases (check its root, split and options)")
         opened.append(dataset)
     owner = assign_chunks([chunk_costs(d, cfg.chunk_size) for d in opened], shard[1])  # same on every rank
+
+    ready_at: dict[int, float] = {}  # per model spec: when its network was first built, seconds since run_started
 
     def timed(mspec: ModelSpec, make: Callable[[], Any]) -> Any:  # seconds summed per model into build_seconds
         t = time.perf_counter()
@@ -518,6 +534,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
                               "allow random-init models (allow_random_init: true, or params: {random_init: true})")
         if mspec.fit_split is None:
             built[key] = adapter
+        ready_at.setdefault(key, round(time.perf_counter() - run_started, 3))
         return adapter
 
     def chunks_of(d: int) -> list[int]:
@@ -531,8 +548,9 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
         mine = chunks_of(i)
         feed = behind.pop(i, None)
         twins: dict[int, Adapter] = {}
+        building: dict[int, tuple[Future, Adapter]] = {}  # model index -> (its build, its input twin)
         if feed is not None:  # decoding began behind the previous dataset's; every model was built then
-            adapters = [built[id(m)] for m in models]
+            adapters: list[Any] = [built[id(m)] for m in models]
         else:
             # a fresh dataset's inputs are decoded while its networks are built (input twins stand in for them)
             rows = feeds.fresh_rows(cfg, dspec, dataset, models, mine, overwrite) if ahead_on else []
@@ -542,27 +560,27 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
                 if copy is not None:
                     twins[id(m)] = copy
             by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}
-            new_feed = partial(feeds.new_feed, cfg, dataset, device)
-            feed = new_feed([twins[id(m)] if id(m) in twins else by_spec[id(m)] for m in models]) if cfg.decode_once else None
+            feed = (feeds.new_feed(cfg, dataset, device, [twins[id(m)] if id(m) in twins else by_spec[id(m)] for m in models])
+                    if cfg.decode_once else None)
+            adapters = [by_spec.get(id(m)) for m in models]
             if twins:
                 feed.start(rows)
-                try:
-                    by_spec.update({id(m): build(m, dspec) for m in models if id(m) in twins})
-                except BaseException:
-                    feed.stop()
-                    raise
-            adapters = [by_spec[id(m)] for m in models]
-            if twins:
-                feed = feeds.adopt(feed, models, adapters, twins, new_feed)
-        nxt = order[pos + 1] if pos + 1 < len(order) else None  # its decoding follows this one's, while this one's
-        if ahead_on and nxt is not None and all(id(m) in built for m in models):  # models still run
-            rows = feeds.fresh_rows(cfg, cfg.datasets[nxt], opened[nxt], models, chunks_of(nxt), overwrite)
-            if rows:
-                behind[nxt] = feeds.new_feed(cfg, opened[nxt], device, adapters)
-                feed.then(partial(behind[nxt].start, rows))
+                building = _build_behind({j: (weight_bytes(m), partial(build, m, dspec), twins[id(m)])
+                                          for j, m in enumerate(models) if id(m) in twins})
+        nxt = order[pos + 1] if pos + 1 < len(order) else None
+
+        def chain(adapters: list[Adapter], feed: Any = feed, nxt: int | None = nxt) -> None:
+            """Once every model is built: the next fresh dataset's decoding follows this one's, while its models run."""
+            if ahead_on and nxt is not None and all(id(m) in built for m in models):  # none refitted per dataset
+                rows = feeds.fresh_rows(cfg, cfg.datasets[nxt], opened[nxt], models, chunks_of(nxt), overwrite)
+                if rows:
+                    behind[nxt] = feeds.new_feed(cfg, opened[nxt], device, adapters)
+                    feed.then(partial(behind[nxt].start, rows))
+
         try:
             entries = _infer_dataset(cfg, dspec, dataset, models, adapters, feed, shard=shard, overwrite=overwrite,
-                                     progress=progress, chunks=mine, keep_going=keep_going, failures=failures)
+                                     progress=progress, chunks=mine, keep_going=keep_going, failures=failures,
+                                     building=building, expected=len(rows) if building else 0, on_built=chain)
         except BaseException:
             for running in (feed, *behind.values()):  # this feed first: it starts the next one when it ends
                 if running is not None:
@@ -577,6 +595,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             entry["dataset_skipped_records"] = dict(dataset.skipped)
             entry["weights_label"] = adapter.weights_label
             entry["built_while_decoding"] = id(mspec) in twins
+            entry["built_since_start_seconds"] = ready_at.get(id(mspec))  # this rank's first build of the model
             entry["decode_once"] = dict(feed.stats) if feed is not None else None  # cumulative for the dataset
             if feed is not None:
                 entry["decode_profile"] = {k: round(v, 3) for k, v in feed.profile.items()}  # cumulative, seconds
@@ -616,16 +635,46 @@ def inference_order(datasets: Sequence[BaseDataset]) -> list[int]:
     return sorted(range(len(datasets)), key=lambda d: -len(datasets[d]) * max(1, len(datasets[d].findings)))
 
 
+def weight_bytes(mspec: ModelSpec) -> int:
+    """The size of a model's weight files (0 without any): builds in the background run smallest first."""
+    if mspec.fit_split is not None:
+        return 0
+    return sum(f.stat().st_size for f in weight_files(mspec.name, mspec.weights) if f.is_file())
+
+
+def _build_behind(jobs: dict[int, tuple[int, Callable[[], Adapter], Adapter]]) -> dict[int, tuple[Future, Adapter]]:
+    """Start ``jobs`` (model index -> (its weight bytes, its build, its input twin)) one after another in a background
+    thread, the smallest weight files first (ties in config order), so the first model runs soon while the larger ones
+    are read. One thread: builds that seed torch's RNG (random-init) never overlap."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbench-build")
+    order = sorted(jobs, key=lambda j: (jobs[j][0], j))
+    started = {j: (pool.submit(jobs[j][1]), jobs[j][2]) for j in order}
+    pool.shutdown(wait=False)  # the thread ends after the last build
+    return started
+
+
 def _infer_dataset(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models: Sequence[ModelSpec],
-                   adapters: Sequence[Adapter], feed: Any, *, shard: tuple[int, int], overwrite: bool, progress: bool,
-                   chunks: Sequence[int], keep_going: bool, failures: list[str]) -> list[dict[str, Any]]:
+                   adapters: list[Any], feed: Any, *, shard: tuple[int, int], overwrite: bool, progress: bool,
+                   chunks: Sequence[int], keep_going: bool, failures: list[str],
+                   building: dict[int, tuple[Future, Adapter]] | None = None, expected: int = 0,
+                   on_built: Callable[[list[Adapter]], None] | None = None) -> list[dict[str, Any]]:
     """Every model of one dataset; with a decode-once feed the pairs are stepped in turn (a batch of each model, the
     feed decoding ahead in the background), so decoding overlaps the models. One run-log entry per model, in order.
+
+    ``building`` (model index -> (build future, input twin)): networks still being built in the background
+    (:func:`_build_behind`); ``adapters[i]`` is None for those, and each is expected to infer ``expected`` cases (the
+    rows the feed was started for). Each joins the models in turn once built, its inputs
+    taken from what the feed decoded for its twin (:func:`~xbench.inference.feeds.fits_twin`); a model whose twin's
+    preprocessing differs runs afterwards from a feed of its own. ``adapters`` is completed in place, and
+    ``on_built(adapters)`` is called once every model is built. A failed build is raised at once (the pairs already
+    running stop; their written chunks stay).
 
     ``keep_going``: a pair failing with an :class:`~xbench.core.errors.XBenchError` is logged and noted (``failed``),
     the others go on; otherwise the error is raised.
     """
     entries: dict[int, dict[str, Any]] = {}
+    building = dict(building or {})
+    apart: list[int] = []  # models whose twins' inputs do not fit them: inferred after, from a feed of their own
 
     def failed(i: int, exc: XBenchError) -> None:
         if not keep_going:
@@ -635,41 +684,80 @@ def _infer_dataset(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, mod
         failures.append(f"{label} × {dspec.name}: {exc}")
         entries[i] = {"dataset": dspec.name, "model": label, "failed": str(exc)}
 
-    pairs: dict[int, PairRun] = {}
+    def pair(i: int, feed: Any) -> PairRun | None:
+        try:
+            return PairRun(cfg, dspec, models[i], dataset=dataset, adapter=adapters[i], shard=shard,
+                           overwrite=overwrite, feed=feed, chunks=chunks, writer=writer)
+        except XBenchError as exc:
+            failed(i, exc)
+            return None
+
+    def join(i: int) -> PairRun | None:  # a model built in the background: its pair, if its twin's inputs fit it
+        future, twin = building.pop(i)
+        adapters[i] = future.result()  # a failed build is raised here
+        if not building and on_built is not None:
+            on_built(adapters)
+        if not feeds.fits_twin(models[i].label, adapters[i], twin):
+            apart.append(i)
+            return None
+        return pair(i, feed)
+
     # chunks are compressed and written in the background while the models run (zlib releases the GIL), in the order
     # they finish (one thread); leaving this block waits for every queued write, so a failure elsewhere loses no chunk
     writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbench-write") if feed is not None else None
     try:
-        for i, (mspec, adapter) in enumerate(zip(models, adapters)):
-            try:
-                pairs[i] = PairRun(cfg, dspec, mspec, dataset=dataset, adapter=adapter, shard=shard, overwrite=overwrite,
-                                   feed=feed, chunks=chunks, writer=writer)
-            except XBenchError as exc:
-                failed(i, exc)
+        pairs = {i: p for i in range(len(models)) if i not in building and (p := pair(i, feed)) is not None}
+        if not building and on_built is not None:
+            on_built(adapters)
         if feed is None:  # each model decodes for itself: one after the other
-            for i, pair in pairs.items():
+            for i, run_ in pairs.items():
                 try:
-                    entries[i] = _drive(pair, progress)
+                    entries[i] = _drive(run_, progress)
                 except XBenchError as exc:
                     failed(i, exc)
             return [entries[i] for i in range(len(models))]
-        _step_in_turn(pairs, feed, dspec.name, progress, entries, failed)
+        _step_in_turn(pairs, feed, dspec.name, progress, entries, failed, later=building, join=join, expected=expected)
+        if apart:
+            alone = feeds.new_feed(cfg, dataset, cfg.resolved_device(), [adapters[i] for i in apart])
+            again = {i: p for i in apart if (p := pair(i, alone)) is not None}
+            _step_in_turn(again, alone, dspec.name, progress, entries, failed)
     finally:
+        for future, _ in building.values():  # after an error: the builds not begun are dropped
+            future.cancel()
         if writer is not None:
             writer.shutdown(wait=True)
     return [entries[i] for i in range(len(models))]
 
 
 def _step_in_turn(pairs: dict[int, PairRun], feed: Any, name: str, progress: bool, entries: dict[int, dict[str, Any]],
-                  failed: Any) -> None:
-    """One batch of each pair in turn while the feed decodes ahead; finished pairs' run-log entries into ``entries``."""
+                  failed: Any, *, later: dict[int, Any] | None = None,
+                  join: Callable[[int], PairRun | None] | None = None, expected: int = 0) -> None:
+    """One batch of each pair in turn while the feed decodes ahead; finished pairs' run-log entries into ``entries``.
+
+    ``later`` (model index -> (build future, twin)): models still being built; ``join(i)`` is called once model
+    ``i``'s build is done and gives its pair (None: not stepped here), which then runs in turn with the others. With no
+    pair running, the loop waits for the next build. The bar counts ``expected`` cases for each model not yet joined
+    and follows the real count once it has.
+    """
+    later = later if later is not None else {}
     feed.start(sorted({r for pair in pairs.values() for r in pair.rows}))  # decoded ahead in the background
-    bar = progress_bar(total=sum(p.total for p in pairs.values()), desc=f"{len(pairs)} models × {name}",
-                       unit="pass", disable=not progress)
+    bar = progress_bar(total=sum(p.total for p in pairs.values()) + expected * len(later), desc=f"{len(pairs) + len(later)} "
+                       f"models × {name}", unit="pass", disable=not progress)
     started = time.perf_counter()
     running = {i: pair.steps() for i, pair in pairs.items()}
     try:
-        while running:
+        while running or later:
+            if later:
+                ready = [i for i, (future, _) in later.items() if future.done()]
+                if not ready and not running:  # nothing to step: wait for the next network
+                    wait_futures([future for future, _ in later.values()], return_when=FIRST_COMPLETED)
+                    ready = [i for i, (future, _) in later.items() if future.done()]
+                for i in sorted(ready):
+                    joined = join(i)
+                    bar.total += (joined.total if joined is not None else 0) - expected
+                    if joined is not None:
+                        pairs[i] = joined
+                        running[i] = joined.steps()
             for i in list(running):
                 try:
                     done, skipped = next(running[i])
