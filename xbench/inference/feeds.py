@@ -3,8 +3,9 @@
 
 Decoding ahead fills two places where the decode stage would otherwise wait (issue 22, round 5; docs/performance.md):
 
-* while a fresh dataset's networks are built, its feed decodes with *input twins*
-  (:func:`xbench.models.base.input_twin`), and :func:`fits_twin` checks each built adapter against its twin;
+* while a fresh dataset's networks are built (one after another in a background thread, each model inferring once
+  its network is built; round 8), its feed decodes with *input twins* (:func:`xbench.models.base.input_twin`), and
+  :func:`fits_twin` checks each built adapter against its twin;
 * while a dataset's models run, the next fresh dataset's feed starts once this one's decoding ends
   (:meth:`xbench.inference.cache.InputFeed.then`).
 

@@ -1,0 +1,25 @@
+set -u
+pip install -q --no-deps --target /tmp/site .device_carry/wheels/*.whl 2>&1 | grep -v WARN | tail -2
+export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PATH=/tmp/site/bin:$PATH
+unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
+nvidia-smi -L; nproc; T0=$(date +%s)
+python3 -c "import torch, torchvision, transformers, open_clip, timm, pydicom, PIL, scipy, sklearn, pandas, xbench.cli, xbench.workflows.run; from xbench.models.base import input_twin; [input_twin(m) for m in ['clip','medklip','kad','mavl','carzero','devide']]" 2>&1 | tail -1
+echo "warm-up $(( $(date +%s) - T0 ))s"
+[ -f /tmp/data/.gen_done ] || { python3 benchmarks/bench_gpu.py --root /tmp/data --out /tmp/gen --phases none --scale 0.25 --gen-workers 16 --weights files 2>&1 | tail -1 | cut -c1-200; touch /tmp/data/.gen_done; }
+echo "gen+weights $(( $(date +%s) - T0 ))s"
+B="--root /tmp/data --phases default,cached --scale 0.25 --bootstrap 1000 --workers 16 --weights files"
+for n in s5a s1a s5b s1b; do
+  iv=0.005; [ ${n:1:1} = 1 ] && iv=0.001
+  timeout 140 python3 .device_carry/exp/swrun.py $iv $B --out /tmp/$n > /tmp/$n.log 2>&1
+  cp /tmp/$n/bench_gpu.json $OUT/$n.json; echo "$n $iv $(( $(date +%s) - T0 ))s"
+done
+for pair in "s5a/default s1a/default" "s5a/cached s1a/cached"; do set -- $pair; python3 .device_carry/exp/cmp.py /tmp/$1 /tmp/$2 | head -c 330; echo; done
+python3 - <<'P'
+import json, os
+for f in ["s5a","s1a","s5b","s1b"]:
+    try: d=json.load(open(f"{os.environ['OUT']}/{f}.json"))
+    except Exception as e: print(f, e); continue
+    for ph in ("default", "cached"):
+        x=d.get(ph,{}); print(f, ph, {k:x.get(k) for k in ["whole_seconds","infer_seconds","eval_seconds","build_seconds","decode_seconds","passes_per_s","gpu_alone_passes_per_s"]}, x.get("decode_profile",{}).get("wall"), min((x.get("built_since_start") or {"-": None}).values()))
+    print(d.get("errors"))
+P
