@@ -287,3 +287,25 @@ def test_a_network_failing_in_the_background_stops_the_run_and_keeps_the_chunks_
     for thread in ours:  # ending: the build thread leaves once its last job has raised
         thread.join(timeout=30)
     assert [t.name for t in ours if t.is_alive()] == []
+
+
+def test_the_next_datasets_feed_gets_adapters_that_took_their_twins_calibration(tmp_path, monkeypatch, two_datasets):
+    """The next dataset's feed is made once every network is built (``on_built``), after the last one has taken its
+    twin's calibration: the real adapter is never calibrated in full (256 constant images of the 8-bit table)."""
+    calls: list[tuple[int, ...]] = []
+    real_open = runner.open_model
+
+    def open_model(spec, *args, **kwargs):
+        adapter = real_open(spec, *args, **kwargs)
+        if spec.name == "ref_xattn":
+            preprocess = adapter.preprocess
+            adapter.preprocess = lambda image: calls.append(image.shape) or preprocess(image)
+        return adapter
+
+    monkeypatch.setattr(runner, "open_model", open_model)
+    chained: list = []
+    real_then = InputFeed.then
+    monkeypatch.setattr(InputFeed, "then", lambda self, action: chained.append(action) or real_then(self, action))
+    infer(tmp_path / "run", ["ref_xattn", "random_prior", "center_prior"], datasets=two_datasets)
+    assert len(chained) == 1  # the second dataset's decoding followed the first one's
+    assert 2 <= len(calls) < 2 + 256  # the two probe images (and rows decoded in this process), no full calibration

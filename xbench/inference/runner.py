@@ -695,9 +695,10 @@ def _infer_dataset(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, mod
     def join(i: int) -> PairRun | None:  # a model built in the background: its pair, if its twin's inputs fit it
         future, twin = building.pop(i)
         adapters[i] = future.result()  # a failed build is raised here
+        fits = feeds.fits_twin(models[i].label, adapters[i], twin)  # first: a fitting adapter takes its calibration
         if not building and on_built is not None:
             on_built(adapters)
-        if not feeds.fits_twin(models[i].label, adapters[i], twin):
+        if not fits:
             apart.append(i)
             return None
         return pair(i, feed)
