@@ -78,3 +78,23 @@ def test_pixel_budget_launches_large_images_alone():
     assert finished == [0] and stage.held == 1
     stage.drain()
     assert finished == [0, 1]
+
+
+def test_the_stage_times_its_steps_within_the_callers_time():
+    """``DeviceStage.seconds``: one entry per step of ``STEPS``, none negative, their sum within the time the caller
+    spent in put/drain; the ``done`` callbacks are counted under ``publish`` (here 5 ms per row)."""
+    import time
+
+    from xbench.inference.device_stage import STEPS
+
+    plans = _plans()
+    rows = _rows(np.random.default_rng(3))
+    stage = DeviceStage(plans, DEVICE, lambda item, keys: time.sleep(0.005), max_images=3, depth=1)
+    started = time.perf_counter()
+    for r in rows:
+        stage.put(r)
+    stage.drain()
+    spent = time.perf_counter() - started
+    assert tuple(stage.seconds) == STEPS and min(stage.seconds.values()) >= 0.0
+    assert stage.seconds["kernels"] > 0.0 and stage.seconds["publish"] >= 0.005 * len(rows)
+    assert sum(stage.seconds.values()) <= spent

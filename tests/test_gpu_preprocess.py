@@ -214,4 +214,7 @@ def test_runner_stores_identical_with_device_preprocessing(tmp_path):
             np.testing.assert_array_equal(cpu[name][key], dev[name][key], err_msg=f"{name}:{key}")
     log = json.loads((outs["device"] / "run_log.json").read_text())
     assert log[-1]["preprocessed_on"] == {"device": str(DEVICE), "inputs": 12}  # 6 images x 2 distinct plans
+    steps = {k: v for k, v in log[-1]["decode_profile"].items() if k.startswith("device_") and k != "device_prep"}
+    assert len(steps) == 6 and steps["device_kernels"] > 0  # the device step's own seconds (DeviceStage.seconds)
+    assert sum(steps.values()) <= log[-1]["decode_profile"]["device_prep"] + 0.01  # within it (each rounded to 1 ms)
     assert "preprocessed_on" not in json.loads((outs["cpu"] / "run_log.json").read_text())[-1]

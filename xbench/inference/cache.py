@@ -61,7 +61,7 @@ from torch.utils.data import Dataset
 
 from ..core.errors import FormatError, MissingFileError
 from .decode_pool import DecodePool
-from .device_stage import DeviceStage
+from .device_stage import STEPS, DeviceStage
 
 __all__ = ["CaseItem", "Decoded", "ModelInput", "model_input", "inherit_input", "InputFeed", "content_hash"]
 
@@ -424,8 +424,10 @@ class InputFeed:
         self.stats = {"decoded": 0, "from_cache": 0, "skipped": 0}
         self.device_inputs = 0  # model inputs computed on preprocess_device (equal plans counted once per image)
         # seconds: worker time reading files and preprocessing on the CPU (summed over workers), this process's
-        # time in device preprocessing, and the wall time of the decode stage
-        self.profile = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0}
+        # time in device preprocessing (and its steps, device_<step>: DeviceStage.seconds), and the wall time of the
+        # decode stage
+        self.profile = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0,
+                        **{f"device_{step}": 0.0 for step in STEPS}}
         self.seconds = 0.0  # wall time spent decoding / reading the cache
         self._luts: dict[tuple[str, str], torch.Tensor] = {}
         self._cond = threading.Condition()
@@ -590,6 +592,8 @@ class InputFeed:
                 self._saver, self._saves = None, []
             if stage is not None:
                 self.device_inputs += stage.device_inputs
+                for step, seconds in stage.seconds.items():
+                    self.profile[f"device_{step}"] += seconds
             self.seconds += time.perf_counter() - started
             self.profile["wall"] = self.seconds
             if finished and self._error is None:

@@ -7,6 +7,11 @@ distinct plan once per stack. The codes come back in one copy to pinned memory, 
 arrival. The thread waits on an event only when more than ``depth`` stacks are in flight. Upload, kernels and copy
 back therefore overlap the models and the next rows' decoding instead of stalling the thread once per image.
 
+Timings: :attr:`DeviceStage.seconds` splits the thread's time in the stage by step (``pin``: the pinned block and
+the stack copy into it; ``upload``; ``kernels``: launching the plans; ``copy_back``: the pinned block for the codes
+and the copy's launch; ``wait``: waiting on events; ``publish``: the codes out of the pinned block and handed on).
+On CUDA the launches are asynchronous, so these are the thread's own seconds, not the device's.
+
 Bytes: every kernel of :mod:`xbench.inference.gpu_preprocess` is elementwise or an exact integer sum per image, so
 a stack gives each image its own codes (``test_plans_on_a_stack_equal_each_image``) and stores do not depend on
 how rows were grouped. On a CPU device the same code runs synchronously.
@@ -17,10 +22,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import time
+
 import numpy as np
 import torch
 
-__all__ = ["DeviceStage"]
+__all__ = ["DeviceStage", "STEPS"]
+
+STEPS = ("pin", "upload", "kernels", "copy_back", "wait", "publish")  # DeviceStage.seconds, in a stack's order
 
 
 class DeviceStage:
@@ -52,6 +61,7 @@ class DeviceStage:
                                  Any]] = deque()
         self.device_inputs = 0  # model inputs computed (equal plans counted once per image)
         self.stacks = 0
+        self.seconds = dict.fromkeys(STEPS, 0.0)  # this thread's seconds per step (module docstring)
 
     def put(self, item: Any) -> None:
         """Queue one row (``item.source``: its uploaded array; ``item.inputs``: keys already held)."""
@@ -77,12 +87,17 @@ class DeviceStage:
     def _launch(self, rows: list[tuple[Any, list[str]]]) -> None:
         self.held -= len(rows)
         sources = [item.source for item, _ in rows]
+        t0 = time.perf_counter()
         if self.cuda:
             host = torch.empty((len(sources), *sources[0].shape), dtype=sources[0].dtype, pin_memory=True)
             torch.stack(sources, out=host)
+            t1 = time.perf_counter()
             stack = host.to(self.device, non_blocking=True)
         else:
-            stack = torch.stack(sources).to(self.device)
+            host = torch.stack(sources)
+            t1 = time.perf_counter()
+            stack = host.to(self.device)
+        t2 = time.perf_counter()
         for item, _ in rows:
             item.source = None  # its shared memory is released as soon as the stack holds it
         plans: dict[Any, None] = {}
@@ -97,6 +112,7 @@ class DeviceStage:
             layout[plan] = (slice(at, at + outs[-1].shape[1]), tuple(codes.shape[1:]))
             at += outs[-1].shape[1]
         flat = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+        t3 = time.perf_counter()
         event = None
         if self.cuda:
             back = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
@@ -107,6 +123,9 @@ class DeviceStage:
             back = flat.cpu()
         self.flight.append((rows, layout, back, event))
         self.stacks += 1
+        t4 = time.perf_counter()
+        for step, seconds in zip(STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            self.seconds[step] += seconds
 
     def _retire(self, *, wait: bool) -> None:
         while self.flight:
@@ -114,7 +133,10 @@ class DeviceStage:
             if event is not None and not (wait or len(self.flight) > self.depth or event.query()):
                 return
             if event is not None:
+                t = time.perf_counter()
                 event.synchronize()
+                self.seconds["wait"] += time.perf_counter() - t
+            t = time.perf_counter()
             self.flight.popleft()
             codes = back.numpy().copy()  # out of the pinned block, which is reused once ``back`` is freed
             for i, (item, wanted) in enumerate(rows):
@@ -127,3 +149,4 @@ class DeviceStage:
                         self.device_inputs += 1
                     item.inputs[key] = per_plan[plan]
                 self.done(item, wanted)
+            self.seconds["publish"] += time.perf_counter() - t
