@@ -3,6 +3,7 @@ and save_figure writes non-empty PNG and PDF files."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -203,3 +204,35 @@ def test_importing_figures_keeps_the_backend():
             "import matplotlib.pyplot as plt; print(matplotlib.get_backend())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "svg"
+
+
+def test_saved_figures_use_matplotlibs_own_fonts_whatever_the_machine_has(tmp_path):
+    """Another file of the family listed first (as a system DejaVu Sans is on some machines) changes neither the
+    saved PDF's bytes nor, afterwards, the font list's order. Here the stand-in "other copy" is a copy of matplotlib's
+    DejaVu Serif listed as DejaVu Sans: without :func:`figures.matplotlib_fonts` it would be drawn instead."""
+    import matplotlib
+    from matplotlib import font_manager
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1], [0, 1])
+    ax.set_title("Dice at τ=0.5 vs best τ − ρ")
+    want = figures.save_figure(fig, tmp_path / "plain")[1].read_bytes()
+
+    serif = tmp_path / "fonts" / "DejaVuSans.ttf"  # a copy elsewhere, of other glyphs
+    serif.parent.mkdir()
+    serif.write_bytes(Path(matplotlib.get_data_path(), "fonts", "ttf", "DejaVuSerif.ttf").read_bytes())
+    other = font_manager.FontEntry(fname=str(serif), name="DejaVu Sans", style="normal", variant="normal",
+                                   weight=400, stretch="normal", size="scalable")
+    manager = font_manager.fontManager
+    listed = list(manager.ttflist)
+    manager.ttflist.insert(0, other)
+    font_manager.FontManager._findfont_cached.cache_clear()
+    try:
+        assert font_manager.findfont("DejaVu Sans") == str(serif)  # the stand-in copy is what matplotlib picks now
+        got = figures.save_figure(fig, tmp_path / "other")[1].read_bytes()
+        assert manager.ttflist[0] is other  # the order is given back
+    finally:
+        manager.ttflist[:] = listed
+        font_manager.FontManager._findfont_cached.cache_clear()
+    plt.close(fig)
+    assert got == want

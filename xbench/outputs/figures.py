@@ -12,10 +12,12 @@ are XBench's extra views.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -46,14 +48,44 @@ def save_figure(fig: plt.Figure, stem: str | Path) -> list[Path]:
     """Write ``<stem>.png`` and ``<stem>.pdf``; returns the paths.
 
     Both files are byte-for-byte deterministic: the PDF carries no ``/CreationDate`` (so a re-run leaves a
-    committed figure unchanged) and the PNG no time stamp.
+    committed figure unchanged) and the PNG no time stamp. The text is drawn with matplotlib's own DejaVu fonts
+    (:func:`matplotlib_fonts`), so the bytes do not depend on the fonts installed on the machine either.
     """
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    atomic_write(paths[0], lambda tmp: fig.savefig(tmp, dpi=150, bbox_inches="tight"))
-    atomic_write(paths[1], lambda tmp: fig.savefig(tmp, bbox_inches="tight", metadata={"CreationDate": None}))
+    with matplotlib_fonts():
+        atomic_write(paths[0], lambda tmp: fig.savefig(tmp, dpi=150, bbox_inches="tight"))
+        atomic_write(paths[1], lambda tmp: fig.savefig(tmp, bbox_inches="tight", metadata={"CreationDate": None}))
     return paths
+
+
+@contextmanager
+def matplotlib_fonts() -> Iterator[None]:
+    """Within the block, matplotlib's bundled DejaVu fonts (``mpl-data/fonts/ttf``) come before any other file of the
+    same family (a system ``/usr/share/fonts/.../DejaVuSans.ttf``, say). Another copy of a font numbers its glyphs
+    otherwise, and the PDF's font-subset tag is derived from those numbers, so a figure's bytes would depend on
+    the machine's fonts. The font list's order is restored afterwards.
+    """
+    from matplotlib import font_manager
+
+    manager = font_manager.fontManager
+    bundled = Path(matplotlib.get_data_path(), "fonts", "ttf")
+    listed = {entry.fname for entry in manager.ttflist}
+    for path in sorted(bundled.glob("DejaVu*.ttf")):
+        if str(path) not in listed:
+            manager.addfont(str(path))
+    before = list(manager.ttflist)
+    forget = getattr(font_manager.FontManager, "_findfont_cached", None)  # findfont's memo (private to matplotlib)
+    manager.ttflist.sort(key=lambda entry: Path(entry.fname).parent != bundled)  # stable: bundled first
+    if forget is not None:
+        forget.cache_clear()
+    try:
+        yield
+    finally:
+        manager.ttflist[:] = before
+        if forget is not None:
+            forget.cache_clear()
 
 
 def _fit_text(fit) -> str:
