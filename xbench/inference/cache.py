@@ -621,6 +621,7 @@ class InputFeed:
             self._cond.notify_all()
 
     def release(self) -> None:
+        """Stop decoding and drop every held row (the counts and profile stay)."""
         self.stop()
         self.rows.clear()
         self._queued.clear()

@@ -565,7 +565,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             adapters = [by_spec.get(id(m)) for m in models]
             if twins:
                 feed.start(rows)
-                building = _build_behind({j: (weight_bytes(m), partial(build, m, dspec), twins[id(m)])
+                building = _build_behind({j: (_weight_bytes(m), partial(build, m, dspec), twins[id(m)])
                                           for j, m in enumerate(models) if id(m) in twins})
         nxt = order[pos + 1] if pos + 1 < len(order) else None
 
@@ -635,7 +635,7 @@ def inference_order(datasets: Sequence[BaseDataset]) -> list[int]:
     return sorted(range(len(datasets)), key=lambda d: -len(datasets[d]) * max(1, len(datasets[d].findings)))
 
 
-def weight_bytes(mspec: ModelSpec) -> int:
+def _weight_bytes(mspec: ModelSpec) -> int:
     """The size of a model's weight files (0 without any): builds in the background run smallest first."""
     if mspec.fit_split is not None:
         return 0
@@ -719,7 +719,8 @@ def _infer_dataset(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, mod
             return [entries[i] for i in range(len(models))]
         _step_in_turn(pairs, feed, dspec.name, progress, entries, failed, later=building, join=join, expected=expected)
         if apart:
-            alone = feeds.new_feed(cfg, dataset, cfg.resolved_device(), [adapters[i] for i in apart])
+            feed.release()  # the others are done: what was decoded for the twins goes before decoding again
+            alone = feeds.new_feed(cfg, dataset, with_index(cfg.resolved_device()), [adapters[i] for i in apart])
             again = {i: p for i in apart if (p := pair(i, alone)) is not None}
             _step_in_turn(again, alone, dspec.name, progress, entries, failed)
     finally:
