@@ -190,6 +190,50 @@ def test_device_codes_are_cached_by_the_saving_thread_and_its_errors_raised(adap
         broken.close()
 
 
+def test_a_warm_feed_reads_the_cache_itself_and_forks_no_workers(adapters, tmp_path, monkeypatch):
+    """With workers, rows whose every entry is cached are read in the decoding thread (no process is forked when all
+    are); a row with a missing entry (a new model's) or a changed file goes to the workers; after ``_COLD`` misses
+    in a row the rest go to the workers unread. The rows are the same bytes every way."""
+    from xbench.inference import cache as cache_mod
+
+    paths = write_pngs(tmp_path / "img", 6)
+    cache = tmp_path / "cache"
+    kad, prior = adapters["kad"], xbench.create_model("random_prior")
+    first = InputFeed(Files(paths), [kad], cache_dir=cache, workers=2, preprocess_device="cpu")
+    first.ensure(range(6))
+    assert first.stats == {"decoded": 6, "from_cache": 0, "skipped": 0}
+
+    forks = []
+    real_pool = cache_mod.DecodePool
+    monkeypatch.setattr(cache_mod, "DecodePool", lambda *a, **k: forks.append(1) or real_pool(*a, **k))
+    warm = InputFeed(Files(paths), [kad], cache_dir=cache, workers=2, preprocess_device="cpu")
+    warm.ensure(range(6))
+    assert warm.stats == {"decoded": 0, "from_cache": 6, "skipped": 0} and not forks
+    assert warm.profile["cache_reads"] > 0 and warm.profile["pool_receive"] == 0.0
+    key = warm.specs[id(kad)].key
+    assert all(np.array_equal(warm.rows[r][1][key], first.rows[r][1][key]) for r in range(6))
+
+    Image.fromarray(np.full((41, 50), 7, np.uint8)).save(paths[1])  # new bytes: decoded again, by a worker
+    os.utime(paths[1], ns=(time.time_ns() + 10**9,) * 2)
+    mixed = InputFeed(Files(paths), [kad, prior], cache_dir=cache, workers=2, preprocess_device="cpu")
+    mixed.ensure(range(6))  # the prior's entries are new: every row goes to the workers
+    assert mixed.stats == {"decoded": 6, "from_cache": 0, "skipped": 0} and len(forks) == 1
+    again = InputFeed(Files(paths), [kad, prior], cache_dir=cache, workers=2, preprocess_device="cpu")
+    again.ensure(range(6))
+    assert again.stats == {"decoded": 0, "from_cache": 6, "skipped": 0} and len(forks) == 1
+    for r in range(6):
+        assert again.rows[r][1].keys() == mixed.rows[r][1].keys()
+        assert all(np.array_equal(again.rows[r][1][k], mixed.rows[r][1][k]) for k in mixed.rows[r][1])
+
+    looked = []
+    real_cached = cache_mod._Decode.cached
+    monkeypatch.setattr(cache_mod._Decode, "cached", lambda self, row: looked.append(row) or real_cached(self, row))
+    monkeypatch.setattr(cache_mod, "_COLD", 2)
+    cold = InputFeed(Files(paths), [kad], cache_dir=tmp_path / "cold", workers=2, preprocess_device="cpu")
+    cold.ensure(range(6))
+    assert looked == [0, 1] and cold.stats == {"decoded": 6, "from_cache": 0, "skipped": 0} and len(forks) == 2
+
+
 def _prepare(args):
     cache, paths = args
     adapter = xbench.create_model("random_prior")  # a cheap model that reads pixels (the center prior reads none)

@@ -213,7 +213,10 @@ def test_runner_stores_identical_with_device_preprocessing(tmp_path):
         for key in cpu[name]:
             np.testing.assert_array_equal(cpu[name][key], dev[name][key], err_msg=f"{name}:{key}")
     log = json.loads((outs["device"] / "run_log.json").read_text())
-    assert log[-1]["preprocessed_on"] == {"device": str(DEVICE), "inputs": 12}  # 6 images x 2 distinct plans
+    from xbench.inference.runner import with_index
+
+    # 6 images x 2 distinct plans, on the device named by index (cuda:0 on a GPU: the decoding thread's own device)
+    assert log[-1]["preprocessed_on"] == {"device": str(with_index(DEVICE)), "inputs": 12}
     steps = {k: v for k, v in log[-1]["decode_profile"].items() if k.startswith("device_") and k != "device_prep"}
     assert len(steps) == 6 and steps["device_kernels"] > 0  # the device step's own seconds (DeviceStage.seconds)
     assert sum(steps.values()) <= log[-1]["decode_profile"]["device_prep"] + 0.01  # within it (each rounded to 1 ms)

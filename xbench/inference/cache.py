@@ -62,6 +62,7 @@ from torch.utils.data import Dataset
 from ..core.errors import FormatError, MissingFileError
 from .decode_pool import DecodePool
 from .device_stage import STEPS, DeviceStage
+from .pinned_slots import SLOT_BYTES, SlotArena, shared_arena
 
 __all__ = ["CaseItem", "Decoded", "ModelInput", "model_input", "inherit_input", "InputFeed", "content_hash"]
 
@@ -296,7 +297,9 @@ class Decoded:
     ``source``: the native-size ``uint8``/``uint16`` image (a tensor, shared memory between processes) when keys
     computed on the device still need it;
     ``content``: the file's content hash when the disk cache is on (entries of device-computed keys are saved
-    under it).
+    under it);
+    ``slot``: the :class:`~xbench.inference.pinned_slots.SlotArena` slot the worker wrote the source into instead
+    (``layout``: its shape and numpy dtype string; ``source`` is then None until the decoding thread views the slot).
     """
 
     row: int
@@ -309,42 +312,68 @@ class Decoded:
     content: str | None = None
     read_seconds: float = 0.0  # in the worker: reading the file (decode)
     prep_seconds: float = 0.0  # in the worker: CPU preprocess of the CPU-path keys and the upload array
+    slot: int | None = None
+    layout: tuple[tuple[int, ...], str] | None = None
 
 
 class _Decode(Dataset):
     """Row → :class:`Decoded` — one decode for every model; keys in ``device_keys`` are left to the device."""
 
     def __init__(self, dataset: Any, adapters: dict[str, Any], inputs: dict[str, ModelInput],
-                 cache: _DiskCache | None, skip_missing: bool, device_keys: frozenset[str] = frozenset()):
+                 cache: _DiskCache | None, skip_missing: bool, device_keys: frozenset[str] = frozenset(),
+                 arena: SlotArena | None = None):
         self.dataset, self.adapters, self.inputs, self.cache, self.skip_missing = (
             dataset, adapters, inputs, cache, skip_missing)
         self.device_keys = device_keys
+        self.arena = arena
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, row: int) -> Decoded:
+    def into(self, task: tuple[int, int | None]) -> Decoded:
+        """``(row, slot)`` → the row decoded, its source written into ``slot`` of the arena where it fits (a decode
+        worker's task; ``slot`` None: no slot was free)."""
+        return self.__getitem__(*task)
+
+    def cached(self, row: int) -> Decoded | None:
+        """The row from the disk cache when every key's entry is there, else None (nothing is decoded, and no entry
+        is read unless all exist)."""
+        sample, path, found = self._look(row, complete=True)
+        return found if isinstance(found, Decoded) else None
+
+    def _look(self, row: int, complete: bool = False) -> tuple[Any, Path,
+                                                               Decoded | tuple[dict[str, np.ndarray], str | None]]:
+        """``(sample, path, found)``: ``found`` is the cached row, or the entries found so far and the content hash
+        of an indexed file (both empty without a cache or an index record; ``complete``: no entry is read unless
+        every one exists)."""
         sample = self.dataset[row]
         out: dict[str, np.ndarray] = {}
-        rec = content = None
         path = Path(sample.image_path)
         folder = getattr(sample.reader, "__self__", None)
-        if self.cache is not None and hasattr(folder, "locate"):  # ImageFolder reader: the real file
+        if self.cache is None:
+            return sample, path, (out, None)
+        if hasattr(folder, "locate"):  # ImageFolder reader: the real file
             try:
                 path = folder.locate(path.name)
             except MissingFileError:
                 pass
-        if self.cache is not None and path.is_file():
-            rec = self.cache.lookup(path)
-            if rec is not None:
-                content = rec["content"]
-                for key in self.inputs:
-                    arr = self.cache.load(key, content)
-                    if arr is None:
-                        break
-                    out[key] = arr
-                else:
-                    return Decoded(row, sample.case_id, out, None, tuple(rec["shape"]), False)
+        rec = self.cache.lookup(path) if path.is_file() else None
+        if rec is None:
+            return sample, path, (out, None)
+        if complete and not all(self.cache.entry(key, rec["content"]).is_file() for key in self.inputs):
+            return sample, path, (out, rec["content"])
+        for key in self.inputs:
+            arr = self.cache.load(key, rec["content"])
+            if arr is None:
+                return sample, path, (out, rec["content"])
+            out[key] = arr
+        return sample, path, Decoded(row, sample.case_id, out, None, tuple(rec["shape"]), False)
+
+    def __getitem__(self, row: int, slot: int | None = None) -> Decoded:
+        sample, path, found = self._look(row)
+        if isinstance(found, Decoded):
+            return found
+        out, content = found
         started = time.perf_counter()
         try:
             st = path.stat() if self.cache is not None and path.is_file() else None
@@ -369,14 +398,20 @@ class _Decode(Dataset):
                 self.cache.save(key, content, out[key])
         if content is not None:  # lookup() serves a record only once every key's entry exists
             self.cache.record(path, content, src.shape, st)
-        source = None
+        source = layout = None
         if any(key not in out for key in self.device_keys):
             from .gpu_preprocess import upload_array
 
-            # a tensor crosses to the main process through shared memory (a numpy array would be pickled)
-            source = torch.from_numpy(np.ascontiguousarray(upload_array(src)))
+            array = np.ascontiguousarray(upload_array(src))
+            if slot is not None and self.arena is not None and self.arena.fits(array):
+                self.arena.write(slot, array)
+                layout = (tuple(array.shape), array.dtype.str)
+            else:  # a tensor crosses to the main process through shared memory (a numpy array would be pickled)
+                source, slot = torch.from_numpy(array), None
+        else:
+            slot = None
         return Decoded(row, sample.case_id, out, None, src.shape, True, source, content, read,
-                       time.perf_counter() - started - read)
+                       time.perf_counter() - started - read, slot, layout)
 
 
 def _share_by_name() -> None:
@@ -387,6 +422,7 @@ def _share_by_name() -> None:
     torch.multiprocessing.set_sharing_strategy("file_system")
 
 
+_COLD = 64  # rows looked up in the decoding thread before a cache with none of them is taken for cold (_from_cache)
 _PREFETCH = 2  # rows in flight per decoding process: a new row is sent as soon as one comes back (decode_pool)
 
 
@@ -424,9 +460,11 @@ class InputFeed:
         self.stats = {"decoded": 0, "from_cache": 0, "skipped": 0}
         self.device_inputs = 0  # model inputs computed on preprocess_device (equal plans counted once per image)
         # seconds: worker time reading files and preprocessing on the CPU (summed over workers), this process's
-        # time in device preprocessing (and its steps, device_<step>: DeviceStage.seconds), and the wall time of the
-        # decode stage
-        self.profile = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0,
+        # time in device preprocessing (and its steps, device_<step>: DeviceStage.seconds), waiting for the workers
+        # (pool_idle) and reading their answers (pool_receive), reading cached rows itself (cache_reads), and the
+        # wall time of the decode stage
+        self.profile = {"read": 0.0, "cpu_prep": 0.0, "device_prep": 0.0, "wall": 0.0, "pool_idle": 0.0,
+                        "pool_receive": 0.0, "cache_reads": 0.0,
                         **{f"device_{step}": 0.0 for step in STEPS}}
         self.seconds = 0.0  # wall time spent decoding / reading the cache
         self._luts: dict[tuple[str, str], torch.Tensor] = {}
@@ -437,6 +475,8 @@ class InputFeed:
         self._halt = threading.Event()
         self._saver: ThreadPoolExecutor | None = None
         self._saves: list[Future] = []
+        self._arena: SlotArena | None = None
+        self._handed: dict[int, int] = {}  # row -> arena slot handed with it, until the device has read it
         self._start_lock = threading.Lock()  # start() is called by the consumer and by another feed's then()
         self._then_lock = threading.Lock()  # not _start_lock: start() joins the decoding thread while holding that
         self._then: Callable[[], None] | None = None  # run once this feed's decoding first ends without error
@@ -552,17 +592,28 @@ class InputFeed:
                        if stage is not None and self.cache is not None else None)
         self._saves: list[Future] = []
         pool: DecodePool | None = None
-        finished = False
+        finished, error = False, None
         try:
-            if self.workers:
-                pool = DecodePool(source.__getitem__, self.workers, prefetch=_PREFETCH, init=_share_by_name)
-            items = pool.imap_unordered(todo) if pool is not None else map(source.__getitem__, todo)
+            if self.workers and self.cache is not None:
+                todo = self._from_cache(source, todo)
+            if self.workers and todo:
+                if stage is not None:  # sources written where they are uploaded from (pinned_slots)
+                    # rows in the workers, held for a stack, and in flight (DeviceStage's bounds), at most 2 GiB
+                    slots = min(self.workers * _PREFETCH + 4 * stage.max_images, (2 << 30) // SLOT_BYTES)
+                    self._arena = source.arena = shared_arena(slots, pin=side is not None)
+                pool = DecodePool(source.into, self.workers, prefetch=_PREFETCH, init=_share_by_name)
+            items = (pool.imap_unordered(self._tasks(todo)) if pool is not None
+                     else map(source.__getitem__, todo))
             with torch.cuda.stream(side) if side is not None else nullcontext():
                 for item in items:
                     if self._halt.is_set():
                         break
                     self.profile["read"] += item.read_seconds
                     self.profile["cpu_prep"] += item.prep_seconds
+                    if item.slot is not None:
+                        item.source = self._arena.view(item.slot, *item.layout)
+                    elif item.row in self._handed:  # the worker did not need the slot
+                        self._arena.give(self._handed.pop(item.row))
                     if item.source is not None and stage is not None:
                         t = time.perf_counter()
                         stage.put(item)  # published by _computed once its codes are back
@@ -575,20 +626,23 @@ class InputFeed:
                         stage.drain()
                         self.profile["device_prep"] += time.perf_counter() - t
                     finished = True
-        except BaseException as exc:  # raised to the consumer (wait) and at close
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
+        except BaseException as exc:  # raised to the consumer (wait) and at close, once everything below is undone
+            error = exc
         finally:
             if pool is not None:
                 pool.close(now=not finished)
+                self.profile["pool_idle"] += pool.seconds["idle"]
+                self.profile["pool_receive"] += pool.seconds["receive"]
+            if self._handed:  # stopped early: no worker writes any more; the device's reads end with the stream's
+                if side is not None:
+                    side.synchronize()
+                for slot in self._handed.values():
+                    self._arena.give(slot)
+                self._handed.clear()
             if self._saver is not None:
                 self._saver.shutdown(wait=True)  # every entry on disk before the stage is over
                 failed = next(filter(None, (f.exception() for f in self._saves)), None)
-                if failed is not None and self._error is None:
-                    with self._cond:
-                        self._error = failed
-                        self._cond.notify_all()
+                error = error if error is not None else failed
                 self._saver, self._saves = None, []
             if stage is not None:
                 self.device_inputs += stage.device_inputs
@@ -596,15 +650,52 @@ class InputFeed:
                     self.profile[f"device_{step}"] += seconds
             self.seconds += time.perf_counter() - started
             self.profile["wall"] = self.seconds
-            if finished and self._error is None:
+            if error is not None:
+                with self._cond:
+                    self._error = error
+                    self._cond.notify_all()
+            elif finished:
                 with self._then_lock:
                     self._ended_once, action, self._then = True, self._then, None
                 if action is not None:
                     action()
 
+    def _from_cache(self, source: _Decode, rows: list[int]) -> list[int]:
+        """Publish the rows whose every entry is in the disk cache, read here; the others are returned for the
+        decode workers (forked only if there are any). Reading a cached row (an index record and a few small ``.npy``
+        files) costs less than sending it through a worker's pipe, and a warm run then forks no workers at all.
+        Once the first ``_COLD`` rows all missed, the rest go to the workers unread (they look up the cache too)."""
+        t = time.perf_counter()
+        misses: list[int] = []
+        for i, row in enumerate(rows):
+            if self._halt.is_set():
+                return []
+            if len(misses) >= _COLD and len(misses) == i:  # nothing cached so far: a cold run, the workers look
+                misses.extend(rows[i:])
+                break
+            item = source.cached(row)
+            if item is None:
+                misses.append(row)
+            else:
+                self._publish(item)
+        self.profile["cache_reads"] += time.perf_counter() - t
+        return misses
+
+    def _tasks(self, rows: list[int]) -> Iterator[tuple[int, int | None]]:
+        """``(row, slot)`` for the decode workers: a free arena slot taken as each row is sent (None when none is)."""
+        for row in rows:
+            slot = self._arena.take() if self._arena is not None else None
+            if slot is not None:
+                self._handed[row] = slot
+            yield row, slot
+
     def _computed(self, item: Decoded, keys: list[str]) -> None:
-        """A row whose device codes are back: published, and their cache entries queued for the saving thread (an
-        error there is raised once the stage ends, like any decoding error)."""
+        """A row whose device codes are back: its arena slot freed (the upload is done), the row published, and its
+        cache entries queued for the saving thread (an error there is raised once the stage ends, like any decoding
+        error)."""
+        if item.slot is not None:
+            self._arena.give(self._handed.pop(item.row))
+            item.slot = None
         if self._saver is not None and item.content is not None:
             entries = {key: item.inputs[key] for key in keys}
             self._saves.append(self._saver.submit(self._save, item.content, entries))

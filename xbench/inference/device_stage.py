@@ -2,8 +2,9 @@
 
 The decoding thread of :class:`xbench.inference.cache.InputFeed` hands every decoded row that still needs device
 codes to a :class:`DeviceStage`. Rows whose native-size sources have one shape and dtype are stacked (up to
-``max_images`` and ``max_pixels``), copied once into pinned memory, uploaded in one copy, and run through each
-distinct plan once per stack. The codes come back in one copy to pinned memory, and a CUDA event marks their
+``max_images`` and ``max_pixels``), copied once into pinned memory, uploaded in one copy (sources already
+page-locked, in :mod:`~xbench.inference.pinned_slots` slots, are uploaded one by one from where they are), and run
+through each distinct plan once per stack. The codes come back in one copy to pinned memory, and a CUDA event marks their
 arrival. The thread waits on an event only when more than ``depth`` stacks are in flight. Upload, kernels and copy
 back therefore overlap the models and the next rows' decoding instead of stalling the thread once per image.
 
@@ -88,7 +89,12 @@ class DeviceStage:
         self.held -= len(rows)
         sources = [item.source for item, _ in rows]
         t0 = time.perf_counter()
-        if self.cuda:
+        if self.cuda and all(source.is_pinned() for source in sources):  # arena slots: uploaded from where they are
+            t1 = time.perf_counter()
+            stack = torch.empty((len(sources), *sources[0].shape), dtype=sources[0].dtype, device=self.device)
+            for i, source in enumerate(sources):
+                stack[i].copy_(source, non_blocking=True)
+        elif self.cuda:
             host = torch.empty((len(sources), *sources[0].shape), dtype=sources[0].dtype, pin_memory=True)
             torch.stack(sources, out=host)
             t1 = time.perf_counter()
@@ -99,7 +105,7 @@ class DeviceStage:
             stack = host.to(self.device)
         t2 = time.perf_counter()
         for item, _ in rows:
-            item.source = None  # its shared memory is released as soon as the stack holds it
+            item.source = None  # its shared memory is released as soon as the stack holds it (a slot: once done)
         plans: dict[Any, None] = {}
         for _, wanted in rows:
             for key in wanted:

@@ -147,8 +147,9 @@ def _pillow_matrix(in_size: int, out_size: int, resample: int, device: torch.dev
 
 
 def _clip8(sums: torch.Tensor) -> torch.Tensor:
-    """``clip8(2^21 + s)``: arithmetic shift by 22 (floor; exact power-of-two scaling), clamp to 0..255."""
-    return torch.floor((sums + float(1 << (PRECISION_BITS - 1))) * (1.0 / (1 << PRECISION_BITS))).clamp_(0, 255)
+    """``clip8(2^21 + s)``: arithmetic shift by 22 (floor; exact power-of-two scaling), clamp to 0..255; in place
+    (``sums`` is a fresh product)."""
+    return sums.add_(float(1 << (PRECISION_BITS - 1))).mul_(1.0 / (1 << PRECISION_BITS)).floor_().clamp_(0, 255)
 
 
 def resize_pillow(image: torch.Tensor, size: tuple[int, int], resample: int = Image.BICUBIC) -> torch.Tensor:
@@ -185,25 +186,40 @@ def resize_pillow(image: torch.Tensor, size: tuple[int, int], resample: int = Im
 
 # -- OpenCV INTER_AREA (CARZero's re-implementation) ----------------------------------------------
 @functools.lru_cache(maxsize=256)
-def _area_passes_cpu(src: int, dst: int, scale: float) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def _area_terms_cpu(src: int, dst: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sources, weights)``, each ``(J, dst)``: term ``j`` of every output index (``_table_passes``' pass ``j``),
+    outputs with fewer than ``J`` terms padded with weight 0 at source 0. Adding ``+0.0`` to a non-negative float32
+    sum leaves it unchanged, so summing the ``J`` rows in order gives every output its terms in OpenCV's order."""
     from ..models.carzero import _area_table, _table_passes
 
-    return [(torch.from_numpy(o), torch.from_numpy(s), torch.from_numpy(w))
-            for o, s, w in _table_passes(_area_table(src, dst, scale))]
+    passes = _table_passes(_area_table(src, dst, scale))
+    sources = np.zeros((len(passes), dst), np.int64)
+    weights = np.zeros((len(passes), dst), np.float32)
+    for j, (outs, srcs, w) in enumerate(passes):
+        sources[j, outs], weights[j, outs] = srcs, w
+    return torch.from_numpy(sources), torch.from_numpy(weights)
 
 
-_AREA: dict[tuple[int, int, float, str], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+_AREA: dict[tuple[int, int, float, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _area_passes(src: int, dst: int, scale: float, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
-    """:func:`_area_passes_cpu` on ``device``, cached (no host-to-device copies per image)."""
+def _area_terms(src: int, dst: int, scale: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_area_terms_cpu` on ``device``, cached (no host-to-device copies per image)."""
     key = (src, dst, scale, str(device))
-    passes = _AREA.get(key)
-    if passes is None:
+    terms = _AREA.get(key)
+    if terms is None:
         if len(_AREA) > 1024:
             _AREA.clear()
-        passes = _AREA[key] = [tuple(t.to(device) for t in p) for p in _area_passes_cpu(src, dst, scale)]
-    return passes
+        terms = _AREA[key] = tuple(t.to(device) for t in _area_terms_cpu(src, dst, scale))
+    return terms
+
+
+def _sum_in_order(terms: torch.Tensor, dim: int) -> torch.Tensor:
+    """``terms`` summed along ``dim`` one index after another (float32 adds, never fused or reordered)."""
+    total = terms.select(dim, 0)
+    for j in range(1, terms.shape[dim]):
+        total = total + terms.select(dim, j)
+    return total
 
 
 def resize_area(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -232,14 +248,10 @@ def resize_area(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
         return torch.round(sums.to(torch.float32) * factor).clamp_(0, 255).to(torch.uint8)
     dev = image.device
     source = image.to(torch.float32)
-    rows = torch.zeros((*lead, in_h, width), dtype=torch.float32, device=dev)
-    for outs, srcs, weights in _area_passes(in_w, width, scale_x, dev):
-        term = source[..., srcs] * weights
-        rows[..., outs] = rows[..., outs] + term
-    out = torch.zeros((*lead, height, width), dtype=torch.float32, device=dev)
-    for j, (outs, srcs, weights) in enumerate(_area_passes(in_h, height, scale_y, dev)):
-        term = rows[..., srcs, :] * weights[:, None]
-        out[..., outs, :] = term if j == 0 else out[..., outs, :] + term
+    srcs, weights = _area_terms(in_w, width, scale_x, dev)  # (J, width)
+    rows = _sum_in_order(source[..., srcs] * weights, -2)  # (..., in_h, J, width) -> (..., in_h, width)
+    srcs, weights = _area_terms(in_h, height, scale_y, dev)  # (J, height)
+    out = _sum_in_order(rows[..., srcs, :] * weights[..., None], -3)  # (..., J, height, width) -> (..., height, width)
     return torch.round(out).clamp_(0, 255).to(torch.uint8)
 
 
