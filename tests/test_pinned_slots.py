@@ -50,8 +50,35 @@ def test_a_slot_holds_uint8_and_uint16_sources_written_in_a_forked_worker():
     arena.close()
 
 
-def test_one_arena_per_process_and_kind():
-    assert shared_arena(4, pin=False, slot_bytes=256) is shared_arena(9, pin=False, slot_bytes=256)
+def test_one_arena_per_process_and_kind_released_when_idle():
+    from xbench.inference.pinned_slots import release_arenas
+
+    release_arenas()  # whatever earlier tests left
+    arena = shared_arena(4, pin=False, slot_bytes=256)
+    assert shared_arena(9, pin=False, slot_bytes=256) is arena and arena.slots == 4
+    slot = arena.take()
+    assert release_arenas() == 0  # a slot is out: kept
+    arena.give(slot)
+    assert release_arenas() == 4 * 256
+    assert arena.take() is None  # closed: a feed still holding it sends its rows the old way
+    again = shared_arena(2, pin=False, slot_bytes=256)
+    assert again is not arena and again.take() is not None
+    release_arenas()
+
+
+def test_a_refused_page_lock_leaves_the_arena_usable_unlocked(monkeypatch, caplog):
+    class Refusing:
+        def cudaHostRegister(self, *args):
+            return 2  # cudaErrorMemoryAllocation
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Refusing())
+    with caplog.at_level("WARNING", logger="xbench.inference.pinned_slots"):
+        arena = SlotArena(2, 64, pin=True)
+    assert not arena.pinned and "page-locking 128 bytes for decoded sources failed" in caplog.text
+    slot = arena.take()
+    arena.write(slot, np.arange(8, dtype=np.uint8))
+    assert arena.view(slot, (8,), "|u1").tolist() == list(range(8))
+    arena.close()
 
 
 def _images(tmp_path, shapes, seed=5):
