@@ -8,6 +8,8 @@ import multiprocessing
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import TEST_DEVICE, Files
 from xbench.inference import cache as cache_mod
@@ -47,6 +49,32 @@ def test_a_slot_holds_uint8_and_uint16_sources_written_in_a_forked_worker():
         arena.write(0, too_big)
     with pytest.raises(ValueError, match="does not fit"):
         arena.view(0, (41, 30), too_big.dtype.str)
+    arena.close()
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, database=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40), st.sampled_from(["|u1", "<u2"])), min_size=1,
+                max_size=6), st.integers(0, 2**32 - 1))
+def test_any_source_that_fits_comes_back_from_its_slot_unchanged(shapes, seed):
+    """Write each array into a slot of its own (in order, as workers do), then view them all: equal bytes, shapes and
+    dtypes, neighbours untouched; an array over the slot size is refused by ``fits`` and ``write`` alike."""
+    rng = np.random.default_rng(seed)
+    arena = SlotArena(len(shapes), 40 * 30 * 2)
+    arrays = {}
+    for h, w, dtype in shapes:
+        array = rng.integers(0, np.iinfo(np.dtype(dtype)).max + 1, (h, w)).astype(dtype)
+        slot = arena.take()
+        if arena.fits(array):
+            arena.write(slot, array)
+            arrays[slot] = array
+        else:
+            assert array.nbytes > arena.slot_bytes
+            with pytest.raises(ValueError, match="do not fit"):
+                arena.write(slot, array)
+    for slot, array in arrays.items():
+        got = arena.view(slot, array.shape, array.dtype.str)
+        assert tuple(got.shape) == array.shape and np.array_equal(got.numpy().view(array.dtype), array)
+    assert arena.take() is None
     arena.close()
 
 
