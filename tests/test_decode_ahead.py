@@ -140,7 +140,7 @@ def test_decode_ahead_is_on_for_cuda_runs_unless_turned_off(tmp_path, monkeypatc
         with pytest.raises(FormatError, match="decode_ahead"):
             RunConfig.from_dict(tiny_run(tmp_path, decode_ahead=wrong))
     chained: list = []
-    monkeypatch.setattr(InputFeed, "then", lambda self, action: chained.append(action))
+    monkeypatch.setattr(InputFeed, "then", lambda self, action, ahead=None: chained.append(action))
     log = infer(tmp_path / "auto", decode_ahead="auto")  # a CPU run
     assert not any(e["built_while_decoding"] for e in log.values()) and chained == []
     infer(tmp_path / "on", decode_ahead=True)  # the same run with decoding ahead: its twins, no next dataset
@@ -305,7 +305,8 @@ def test_the_next_datasets_feed_gets_adapters_that_took_their_twins_calibration(
     monkeypatch.setattr(runner, "open_model", open_model)
     chained: list = []
     real_then = InputFeed.then
-    monkeypatch.setattr(InputFeed, "then", lambda self, action: chained.append(action) or real_then(self, action))
+    monkeypatch.setattr(InputFeed, "then",
+                        lambda self, action, ahead=None: chained.append(action) or real_then(self, action, ahead))
     infer(tmp_path / "run", ["ref_xattn", "random_prior", "center_prior"], datasets=two_datasets)
     assert len(chained) == 1  # the second dataset's decoding followed the first one's
     assert 2 <= len(calls) < 2 + 256  # the two probe images (and rows decoded in this process), no full calibration
