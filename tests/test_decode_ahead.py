@@ -34,8 +34,8 @@ TWINNED = {"ref_xattn", "ref_patchsim"}
 
 
 def infer(out: Path, models: list[str] = MODELS, **changes) -> dict[str, dict]:
-    cfg = RunConfig.from_dict(tiny_run(out, cases=12, models=models, grid=[32, 32], num_workers=0,
-                                       **{"decode_ahead": True, **changes}))
+    cfg = RunConfig.from_dict(tiny_run(out, cases=12, models=models, grid=[32, 32],
+                                       **{"decode_ahead": True, "num_workers": 0, **changes}))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XBenchWarning)
         run(cfg, progress=False, evaluate=False)
@@ -186,6 +186,31 @@ def test_the_next_dataset_decodes_while_this_one_infers(tmp_path, monkeypatch, t
     assert seen == [True] * len(models)
     got, want = chunk_bytes(tmp_path / "ahead"), chunk_bytes(tmp_path / "plain")
     assert len(got) == 2 * 3 * 2 and got == want  # 2 datasets x 3 models x 2 chunks, the same bytes
+
+
+def test_with_workers_the_next_datasets_workers_are_chained_to_fork_ahead_and_the_store_is_unchanged(tmp_path, monkeypatch,
+                                                                                           two_datasets):
+    """Through 2 decode workers: the runner chains the second dataset's feed with its ``prefork`` as ``ahead``
+    (whether the fork comes before the first one's end depends on timing here; the feed-level test in test_cache
+    pins it down), and the chunks are the bytes of a run without decoding ahead."""
+    models = ["ref_xattn", "random_prior", "center_prior"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(feeds, "fresh_rows", lambda *a, **k: [])  # nothing decoded ahead: the reference store
+        infer(tmp_path / "plain", models, datasets=two_datasets, num_workers=2)
+    wired: list[tuple] = []
+    real_then = InputFeed.then
+
+    def then(self, action, ahead=None):
+        wired.append((action.func.__self__, action.func.__name__, ahead.func.__self__, ahead.func.__name__,
+                      list(ahead.args[0]) == list(action.args[0])))
+        return real_then(self, action, ahead)
+
+    monkeypatch.setattr(InputFeed, "then", then)
+    infer(tmp_path / "ahead", models, datasets=two_datasets, num_workers=2)
+    (nxt, start, forked, prefork, same_rows), = wired  # the chain to phantom_b: start, and prefork ahead of it
+    assert nxt is forked and len(nxt.dataset) == 10 and (start, prefork, same_rows) == ("start", "prefork", True)
+    got, want = chunk_bytes(tmp_path / "ahead"), chunk_bytes(tmp_path / "plain")
+    assert len(got) == 2 * 3 * 2 and got == want
 
 
 def test_the_largest_dataset_is_inferred_first_and_the_tables_keep_the_config_order(tmp_path, two_datasets):
