@@ -545,12 +545,13 @@ class InputFeed:
         :meth:`then`); nothing when there are no workers, or when the first of ``rows`` is fully cached (a warm
         dataset is read without workers). The workers are used only if the feed's models are unchanged by then,
         and closed by :meth:`stop` if the feed never starts."""
-        if not self.workers or self._ready is not None or self._thread is not None or not rows:
-            return  # no workers, forked already, or decoding already
-        source = self._decoder()
-        if self.cache is not None and source.cached(rows[0]) is not None:
-            return
-        self._ready = (self._signature(), source, self._pool(source))
+        with self._start_lock:  # not while start() makes the decoding thread
+            if not self.workers or self._ready is not None or self._thread is not None or not rows:
+                return  # no workers, forked already, or decoding already
+            source = self._decoder()
+            if self.cache is not None and source.cached(rows[0]) is not None:
+                return
+            self._ready = (self._signature(), source, self._pool(source))
 
     def _signature(self) -> tuple[Any, ...]:
         return tuple(self._by_key), tuple(self.plans)
