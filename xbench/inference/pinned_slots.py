@@ -103,14 +103,15 @@ class SlotArena:
         start = slot * self.slot_bytes
         return self._host[start: start + count * dt.itemsize].view(_TORCH_DTYPES[dt.str]).view(shape)
 
-    def close(self) -> None:
+    def close(self, *, only_if_idle: bool = False) -> bool:
         """Unlock the block and unmap it (at once, or once the last view of it is dropped); no slot is taken
-        afterwards."""
-        with self._lock:
-            if self._closed:
-                return
+        afterwards. With ``only_if_idle`` nothing is done while a slot is taken. Returns whether it was closed now."""
+        with self._lock:  # idle and closed at once: a feed holding the arena takes no slot afterwards
+            if self._closed or (only_if_idle and len(self._free) != self.slots):
+                return False
             self._closed = True
         self._unmap()
+        return True
 
     def _unmap(self) -> None:
         if self.pinned:
@@ -145,12 +146,7 @@ def release_arenas() -> int:
     released = 0
     with _ARENAS_LOCK:
         for kind, arena in list(_ARENAS.items()):
-            with arena._lock:  # idle and closed at once: a feed holding the arena takes no slot afterwards
-                idle = len(arena._free) == arena.slots
-                if idle:
-                    arena._closed = True
-            if idle:
+            if arena.close(only_if_idle=True):
                 released += arena.slots * arena.slot_bytes
                 del _ARENAS[kind]
-                arena._unmap()
     return released
