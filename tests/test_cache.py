@@ -234,52 +234,6 @@ def test_a_warm_feed_reads_the_cache_itself_and_forks_no_workers(adapters, tmp_p
     assert looked == [0, 1] and cold.stats == {"decoded": 6, "from_cache": 0, "skipped": 0} and len(forks) == 2
 
 
-def test_the_next_feeds_workers_are_forked_while_this_feeds_last_rows_decode(adapters, tmp_path, monkeypatch):
-    """``then(start, ahead=prefork)``: the next feed's workers are forked in this feed's decoding thread once all of
-    its rows are sent, before it ends, and the next feed decodes with them (the same rows as a feed of its own); a
-    feed whose models changed since forks anew; one never started closes its workers at ``stop``; a warm first row
-    forks nothing."""
-    kad = adapters["kad"]
-    first_paths, next_paths = write_pngs(tmp_path / "a", 8), write_pngs(tmp_path / "b", 5)
-    forks = []
-    real_pool = InputFeed._pool
-    monkeypatch.setattr(InputFeed, "_pool", lambda self, source: forks.append((self, first._ended_once))
-                        or real_pool(self, source))
-    first = InputFeed(Files(first_paths), [kad], workers=2, preprocess_device="cpu")
-    nxt = InputFeed(Files(next_paths), [kad], workers=2, preprocess_device="cpu")
-    first.then(lambda: nxt.start(range(5)), ahead=lambda: nxt.prefork(range(5)))
-    first.ensure(range(8))
-    nxt.wait(range(5))
-    nxt.close()
-    assert [(f is first, ended) for f, ended in forks] == [(True, False), (False, False)]  # forked before the end
-    plain = InputFeed(Files(next_paths), [kad], preprocess_device="cpu")
-    plain.ensure(range(5))
-    key = nxt.specs[id(kad)].key
-    assert nxt.stats == plain.stats and all(np.array_equal(nxt.rows[r][1][key], plain.rows[r][1][key])
-                                            for r in range(5))
-
-    changed = InputFeed(Files(next_paths), [kad], workers=2, preprocess_device="cpu")
-    changed.prefork(range(5))
-    stale = changed._ready[2]
-    prior = xbench.create_model("random_prior")
-    changed.add(prior)  # a model registered after the fork: its key is unknown to those workers
-    changed.ensure(range(5))
-    assert not any(p.is_alive() for p in stale._procs) and changed._ready is None
-    assert all(set(changed.rows[r][1]) == {key, changed.specs[id(prior)].key} for r in range(5))
-
-    unused = InputFeed(Files(next_paths), [kad], workers=2, preprocess_device="cpu")
-    unused.prefork(range(5))
-    procs = list(unused._ready[2]._procs)
-    unused.stop()
-    assert unused._ready is None and not any(p.is_alive() for p in procs)
-
-    cache = tmp_path / "cache"
-    InputFeed(Files(next_paths), [kad], cache_dir=cache, preprocess_device="cpu").ensure(range(5))
-    warm = InputFeed(Files(next_paths), [kad], cache_dir=cache, workers=2, preprocess_device="cpu")
-    warm.prefork(range(5))
-    assert warm._ready is None
-
-
 def _prepare(args):
     cache, paths = args
     adapter = xbench.create_model("random_prior")  # a cheap model that reads pixels (the center prior reads none)

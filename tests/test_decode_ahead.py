@@ -140,7 +140,7 @@ def test_decode_ahead_is_on_for_cuda_runs_unless_turned_off(tmp_path, monkeypatc
         with pytest.raises(FormatError, match="decode_ahead"):
             RunConfig.from_dict(tiny_run(tmp_path, decode_ahead=wrong))
     chained: list = []
-    monkeypatch.setattr(InputFeed, "then", lambda self, action, ahead=None: chained.append(action))
+    monkeypatch.setattr(InputFeed, "then", lambda self, action: chained.append(action))
     log = infer(tmp_path / "auto", decode_ahead="auto")  # a CPU run
     assert not any(e["built_while_decoding"] for e in log.values()) and chained == []
     infer(tmp_path / "on", decode_ahead=True)  # the same run with decoding ahead: its twins, no next dataset
@@ -188,27 +188,20 @@ def test_the_next_dataset_decodes_while_this_one_infers(tmp_path, monkeypatch, t
     assert len(got) == 2 * 3 * 2 and got == want  # 2 datasets x 3 models x 2 chunks, the same bytes
 
 
-def test_with_workers_the_next_datasets_workers_are_chained_to_fork_ahead_and_the_store_is_unchanged(tmp_path, monkeypatch,
-                                                                                           two_datasets):
-    """Through 2 decode workers: the runner chains the second dataset's feed with its ``prefork`` as ``ahead``
-    (whether the fork comes before the first one's end depends on timing here; the feed-level test in test_cache
-    pins it down), and the chunks are the bytes of a run without decoding ahead."""
+def test_with_decode_workers_the_next_dataset_is_chained_and_the_store_is_unchanged(tmp_path, monkeypatch,
+                                                                                 two_datasets):
+    """Through 2 decode workers: the runner chains the second dataset's feed to the first one's decoding, and the
+    chunks are the bytes of a run without decoding ahead."""
     models = ["ref_xattn", "random_prior", "center_prior"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(feeds, "fresh_rows", lambda *a, **k: [])  # nothing decoded ahead: the reference store
         infer(tmp_path / "plain", models, datasets=two_datasets, num_workers=2)
-    wired: list[tuple] = []
+    chained: list = []
     real_then = InputFeed.then
-
-    def then(self, action, ahead=None):
-        wired.append((action.func.__self__, action.func.__name__, ahead.func.__self__, ahead.func.__name__,
-                      list(ahead.args[0]) == list(action.args[0])))
-        return real_then(self, action, ahead)
-
-    monkeypatch.setattr(InputFeed, "then", then)
+    monkeypatch.setattr(InputFeed, "then", lambda self, action: chained.append(action) or real_then(self, action))
     infer(tmp_path / "ahead", models, datasets=two_datasets, num_workers=2)
-    (nxt, start, forked, prefork, same_rows), = wired  # the chain to phantom_b: start, and prefork ahead of it
-    assert nxt is forked and len(nxt.dataset) == 10 and (start, prefork, same_rows) == ("start", "prefork", True)
+    (start,) = chained  # the chain to phantom_b: its feed's start
+    assert start.func.__name__ == "start" and len(start.func.__self__.dataset) == 10
     got, want = chunk_bytes(tmp_path / "ahead"), chunk_bytes(tmp_path / "plain")
     assert len(got) == 2 * 3 * 2 and got == want
 
@@ -330,8 +323,7 @@ def test_the_next_datasets_feed_gets_adapters_that_took_their_twins_calibration(
     monkeypatch.setattr(runner, "open_model", open_model)
     chained: list = []
     real_then = InputFeed.then
-    monkeypatch.setattr(InputFeed, "then",
-                        lambda self, action, ahead=None: chained.append(action) or real_then(self, action, ahead))
+    monkeypatch.setattr(InputFeed, "then", lambda self, action: chained.append(action) or real_then(self, action))
     infer(tmp_path / "run", ["ref_xattn", "random_prior", "center_prior"], datasets=two_datasets)
     assert len(chained) == 1  # the second dataset's decoding followed the first one's
     assert 2 <= len(calls) < 2 + 256  # the two probe images (and rows decoded in this process), no full calibration

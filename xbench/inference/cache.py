@@ -61,7 +61,7 @@ from torch.utils.data import Dataset
 
 from ..core.errors import FormatError, MissingFileError
 from .decode_pool import DecodePool
-from .device_stage import MAX_IMAGES, STEPS, DeviceStage
+from .device_stage import STEPS, DeviceStage
 from .pinned_slots import SLOT_BYTES, SlotArena, shared_arena
 
 __all__ = ["CaseItem", "Decoded", "ModelInput", "model_input", "inherit_input", "InputFeed", "content_hash"]
@@ -480,8 +480,6 @@ class InputFeed:
         self._start_lock = threading.Lock()  # start() is called by the consumer and by another feed's then()
         self._then_lock = threading.Lock()  # not _start_lock: start() joins the decoding thread while holding that
         self._then: Callable[[], None] | None = None  # run once this feed's decoding first ends without error
-        self._ahead: Callable[[], None] | None = None  # run once every row of this feed was sent to a worker
-        self._ready: tuple[tuple[Any, ...], _Decode, DecodePool] | None = None  # workers forked ahead (prefork)
         self._ended_once = False
 
     def add(self, adapter: Any) -> ModelInput:
@@ -528,49 +526,15 @@ class InputFeed:
             self._thread = threading.Thread(target=self._produce, args=(todo,), daemon=True, name="xbench-decode")
             self._thread.start()
 
-    def then(self, action: Callable[[], None], ahead: Callable[[], None] | None = None) -> None:
+    def then(self, action: Callable[[], None]) -> None:
         """Run ``action`` (another feed's :meth:`start`: the next dataset's) in the decoding thread once this feed's
         decoding has ended without error, or now if it already has; so the decode stage goes on into the next
-        dataset while this one's models still run, one decoding thread at a time. ``ahead`` (that feed's
-        :meth:`prefork`) is run in the decoding thread as soon as every row of this feed has been sent to a worker,
-        so the next workers are forked while this feed's last rows decode."""
+        dataset while this one's models still run, one decoding thread and worker pool at a time."""
         with self._then_lock:
             if not self._ended_once:
-                self._then, self._ahead = action, ahead
+                self._then = action
                 return
         action()
-
-    def prefork(self, rows: Sequence[int]) -> None:
-        """Fork this feed's decode workers now, for a :meth:`start` to come (another feed's decoding thread calls it,
-        :meth:`then`); nothing when there are no workers, or when the first of ``rows`` is fully cached (a warm
-        dataset is read without workers). The workers are used only if the feed's models are unchanged by then,
-        and closed by :meth:`stop` if the feed never starts."""
-        with self._start_lock:  # not while start() makes the decoding thread
-            if not self.workers or self._ready is not None or self._thread is not None or not rows:
-                return  # no workers, forked already, or decoding already
-            source = self._decoder()
-            if self.cache is not None and source.cached(rows[0]) is not None:
-                return
-            self._ready = (self._signature(), source, self._pool(source))
-
-    def _signature(self) -> tuple[Any, ...]:
-        return tuple(self._by_key), tuple(self.plans)
-
-    def _decoder(self) -> _Decode:
-        """The decode step of the feed's models as they are registered now (what the workers run)."""
-        adapters = {k: a for k, (a, _) in self._by_key.items()}
-        inputs = {k: s for k, (_, s) in self._by_key.items()}
-        return _Decode(self.dataset, adapters, inputs, self.cache, self.skip_missing, frozenset(self.plans))
-
-    def _pool(self, source: _Decode) -> DecodePool:
-        """Fork the decode workers for ``source``; sources that go to the device are written into arena slots
-        (``pinned_slots``), which must exist before the fork."""
-        device = self.preprocess_device
-        if self.plans and device is not None:
-            # rows in the workers, held for a stack, and in flight (DeviceStage's bounds), at most 2 GiB
-            slots = min(self.workers * _PREFETCH + 4 * MAX_IMAGES, (2 << 30) // SLOT_BYTES)
-            self._arena = source.arena = shared_arena(slots, pin=device.type == "cuda")
-        return DecodePool(source.into, self.workers, prefetch=_PREFETCH, init=_share_by_name)
 
     def wait(self, rows: Iterable[int]) -> None:
         """Block until every row of ``rows`` is held; the decoding thread's error is raised here."""
@@ -596,17 +560,13 @@ class InputFeed:
         self._join()
 
     def stop(self) -> None:
-        """Stop decoding (after an error elsewhere): the thread ends at its next row; its own error is dropped;
-        workers forked ahead and never used are closed."""
+        """Stop decoding (after an error elsewhere): the thread ends at its next row; its own error is dropped."""
         self._halt.set()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
         self._halt.clear()
         self._error = None
-        ready, self._ready = self._ready, None
-        if ready is not None:
-            ready[2].close(now=True)
 
     def _join(self) -> None:
         if self._thread is not None:
@@ -621,11 +581,9 @@ class InputFeed:
         device codes are computed here in stacks (:class:`~xbench.inference.device_stage.DeviceStage`) on a CUDA
         stream of its own, so they overlap the models on the default stream."""
         started = time.perf_counter()
-        ready, self._ready = self._ready, None
-        if ready is not None and ready[0] != self._signature():  # models registered since: fork for them
-            ready[2].close(now=True)
-            ready = None
-        source = ready[1] if ready is not None else self._decoder()
+        adapters = {k: a for k, (a, _) in self._by_key.items()}
+        inputs = {k: s for k, (_, s) in self._by_key.items()}
+        source = _Decode(self.dataset, adapters, inputs, self.cache, self.skip_missing, frozenset(self.plans))
         device = self.preprocess_device
         side = torch.cuda.Stream(device) if self.plans and device is not None and device.type == "cuda" else None
         stage = DeviceStage(self.plans, device, self._computed) if self.plans and device is not None else None
@@ -639,10 +597,11 @@ class InputFeed:
             if self.workers and self.cache is not None:
                 todo = self._from_cache(source, todo)
             if self.workers and todo:
-                pool = ready[2] if ready is not None else self._pool(source)
-            elif ready is not None:  # every row was cached after all
-                ready[2].close()
-            ready = None
+                if stage is not None:  # sources written where they are uploaded from (pinned_slots)
+                    # rows in the workers, held for a stack, and in flight (DeviceStage's bounds), at most 2 GiB
+                    slots = min(self.workers * _PREFETCH + 4 * stage.max_images, (2 << 30) // SLOT_BYTES)
+                    self._arena = source.arena = shared_arena(slots, pin=side is not None)
+                pool = DecodePool(source.into, self.workers, prefetch=_PREFETCH, init=_share_by_name)
             items = (pool.imap_unordered(self._tasks(todo)) if pool is not None
                      else map(source.__getitem__, todo))
             with torch.cuda.stream(side) if side is not None else nullcontext():
@@ -670,8 +629,6 @@ class InputFeed:
         except BaseException as exc:  # raised to the consumer (wait) and at close, once everything below is undone
             error = exc
         finally:
-            if ready is not None:  # forked ahead, unused (an error came first)
-                ready[2].close(now=True)
             if pool is not None:
                 pool.close(now=not finished)
                 self.profile["pool_idle"] += pool.seconds["idle"]
@@ -699,7 +656,7 @@ class InputFeed:
                     self._cond.notify_all()
             elif finished:
                 with self._then_lock:
-                    self._ended_once, action, self._then, self._ahead = True, self._then, None, None
+                    self._ended_once, action, self._then = True, self._then, None
                 if action is not None:
                     action()
 
@@ -725,17 +682,12 @@ class InputFeed:
         return misses
 
     def _tasks(self, rows: list[int]) -> Iterator[tuple[int, int | None]]:
-        """``(row, slot)`` for the decode workers: a free arena slot taken as each row is sent (None when none is);
-        once all are sent, the next feed's workers are forked (:meth:`then`'s ``ahead``)."""
+        """``(row, slot)`` for the decode workers: a free arena slot taken as each row is sent (None when none is)."""
         for row in rows:
             slot = self._arena.take() if self._arena is not None else None
             if slot is not None:
                 self._handed[row] = slot
             yield row, slot
-        with self._then_lock:
-            ahead, self._ahead = self._ahead, None
-        if ahead is not None and not self._halt.is_set():
-            ahead()
 
     def _computed(self, item: Decoded, keys: list[str]) -> None:
         """A row whose device codes are back: its arena slot freed (the upload is done), the row published, and its

@@ -28,9 +28,7 @@ import time
 import numpy as np
 import torch
 
-__all__ = ["DeviceStage", "STEPS", "MAX_IMAGES"]
-
-MAX_IMAGES = 16  # rows per stack by default
+__all__ = ["DeviceStage", "STEPS"]
 
 STEPS = ("pin", "upload", "kernels", "copy_back", "wait", "publish")  # DeviceStage.seconds, in a stack's order
 
@@ -54,7 +52,7 @@ class DeviceStage:
     """
 
     def __init__(self, plans: Mapping[str, Any], device: torch.device, done: Callable[[Any, list[str]], None], *,
-                 max_images: int = MAX_IMAGES, max_pixels: int = 1 << 25, depth: int = 3):
+                 max_images: int = 16, max_pixels: int = 1 << 25, depth: int = 3):
         self.plans, self.device, self.done = dict(plans), torch.device(device), done
         self.max_images, self.max_pixels, self.depth = max(1, int(max_images)), int(max_pixels), max(0, int(depth))
         self.cuda = self.device.type == "cuda"

@@ -575,7 +575,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
                 rows = feeds.fresh_rows(cfg, cfg.datasets[nxt], opened[nxt], models, chunks_of(nxt), overwrite)
                 if rows:
                     behind[nxt] = feeds.new_feed(cfg, opened[nxt], device, adapters)
-                    feed.then(partial(behind[nxt].start, rows), ahead=partial(behind[nxt].prefork, rows))
+                    feed.then(partial(behind[nxt].start, rows))
 
         try:
             entries = _infer_dataset(cfg, dspec, dataset, models, adapters, feed, shard=shard, overwrite=overwrite,
