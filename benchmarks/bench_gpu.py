@@ -410,7 +410,20 @@ def environment() -> dict[str, Any]:
     if torch.cuda.is_available():
         env.update(gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                    cuda_runtime=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+    env.update(cpu_info())
     return env
+
+
+def cpu_info(path: str = "/proc/cpuinfo") -> dict[str, Any]:
+    """The host CPU's model name and whether it has the SHA extensions (``sha_ni``: the decode cache's SHA-256
+    content key runs on them), from ``/proc/cpuinfo``; empty where that file is absent (not Linux)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    return {"cpu_model": fields.get("model name"), "sha_ni": "sha_ni" in fields.get("flags", "").split()}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -92,3 +92,13 @@ def test_model_entries_load_weight_folders_when_given(bench, tmp_path):
     assert entries == {"kad": {"name": "kad", "weights": str(folders["kad"])},
                        "clip": {"name": "clip", "params": {"random_init": True}},
                        "center_prior": {"name": "center_prior"}}
+
+
+def test_the_environment_record_names_the_cpu_and_its_sha_extensions(bench, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Example CPU @ 2.00GHz\nflags\t\t: fpu avx2 sha_ni\n\n"
+                    "processor\t: 1\nmodel name\t: Example CPU @ 2.00GHz\nflags\t\t: fpu avx2 sha_ni\n")
+    assert bench.cpu_info(str(info)) == {"cpu_model": "Example CPU @ 2.00GHz", "sha_ni": True}
+    info.write_text("model name\t: Older CPU\nflags\t\t: fpu avx2 sha\n")  # "sha" alone is not sha_ni
+    assert bench.cpu_info(str(info)) == {"cpu_model": "Older CPU", "sha_ni": False}
+    assert bench.cpu_info(str(tmp_path / "absent")) == {}

@@ -160,6 +160,37 @@ def test_changed_file_is_decoded_again_never_served_stale(adapters, tmp_path):
     assert torch.equal(got, want)
 
 
+def test_the_content_key_is_sha256_and_records_of_the_earlier_blake2b_key_are_still_served(adapters, tmp_path,
+                                                                                           monkeypatch):
+    """New index records carry the file's SHA-256; a cache written while the key was BLAKE2b-128 (issue 22 before
+    round 10) is read as it is: its rows come from the cache, equal to a fresh decode, and nothing is hashed."""
+    import hashlib
+
+    from xbench.inference import cache as cache_mod
+
+    paths = write_pngs(tmp_path / "img", 3)
+    kad = adapters["kad"]
+    fresh = InputFeed(Files(paths), [kad], cache_dir=tmp_path / "new")
+    fresh.ensure(range(3))
+    records = [json.loads(f.read_text()) for f in sorted((tmp_path / "new" / "index").glob("*.json"))]
+    assert sorted(r["content"] for r in records) == sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in paths)
+
+    def blake2b(path):
+        return hashlib.blake2b(Path(path).read_bytes(), digest_size=16).hexdigest()
+
+    with monkeypatch.context() as mp:  # the earlier key
+        mp.setattr(cache_mod, "content_hash", blake2b)
+        InputFeed(Files(paths), [kad], cache_dir=tmp_path / "old").ensure(range(3))
+    assert all(len(json.loads(f.read_text())["content"]) == 32 for f in (tmp_path / "old" / "index").glob("*.json"))
+    hashed = []
+    monkeypatch.setattr(cache_mod, "content_hash", lambda path: hashed.append(path) or cache_mod.sha256(path))
+    old = InputFeed(Files(paths), [kad], cache_dir=tmp_path / "old")
+    old.ensure(range(3))
+    assert old.stats == {"decoded": 0, "from_cache": 3, "skipped": 0} and hashed == []
+    key = old.specs[id(kad)].key
+    assert all(np.array_equal(old.rows[r][1][key], fresh.rows[r][1][key]) for r in range(3))
+
+
 def test_device_codes_are_cached_by_the_saving_thread_and_its_errors_raised(adapters, tmp_path, monkeypatch):
     """Device-computed codes (here the kernels on the CPU) are written to the cache by the feed's saving thread: once
     the stage is over every entry is on disk and a second feed reads every row from it, the same codes; a failed
