@@ -10,19 +10,29 @@ Guarantees (each failure is a :class:`~xbench.core.errors.FormatError` naming th
   must equal the bytes that follow it in the file (or the ``.npz`` member) exactly, checked before reading.
 * **Bounded decompression** — an ``.npz`` member must be stored or deflated; the members' declared sizes
   together may not exceed :func:`max_expanded_bytes` of the archive (``XBENCH_MAX_EXPANSION`` × its size,
-  at least ``XBENCH_MIN_EXPANDED_BYTES``), checked before decompressing, and decompression is streamed and
-  never yields more than the declared size (Python's ``zipfile`` also checks each member's CRC). A caller
+  at least ``XBENCH_MIN_EXPANDED_BYTES``), checked before decompressing; a member's compressed size is held to
+  its declared size (stored: equal; deflated: at most deflate's worst case for it), inflating never yields more
+  than the declared size + 1 byte (more is refused), and each member's CRC-32 is checked. A caller
   that knows the expected arrays passes per-member ``limits`` (the results store: shape × itemsize from its
   ``meta.json``), checked the same way; what they allow is never refused by the archive-wide bound.
+  The zip's central directory is parsed by Python's ``zipfile``; each member is then read in one piece (its
+  local header checked as ``zipfile`` does: signature, name, no encryption) and its ``.npy`` header parsed by
+  a strict pattern of the headers NumPy writes, falling back to NumPy's own parser for any other header.
 * ``.safetensors`` is read by the ``safetensors`` library (bounds-checked header and offsets, no code),
   its errors wrapped with the file's name, and its dtypes held to the same rule.
 """
 from __future__ import annotations
 
+import functools
+import io
+import math
 import os
+import re
+import struct
 import zipfile
+import zlib
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -129,34 +139,129 @@ def _member_name(filename: str) -> str:
     return filename[:-4] if filename.endswith(".npy") else filename
 
 
-def read_npz(path: str | Path, *, limits: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+#: The ``.npy`` header NumPy writes (``np.save`` / ``np.savez``, format 1.0 / 2.0): parsed here without
+#: ``ast.literal_eval``; any other header goes to NumPy's own parser (:func:`_read_npy_stream`).
+_NPY_HEADER = re.compile(r"\{'descr': '([<>|=][a-zA-Z][0-9]{1,4})', 'fortran_order': (False|True), "
+                         r"'shape': \(((?:[0-9]{1,19}, )*[0-9]{1,19},?)?\), \} *\n")
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's structFileHeader: 30 bytes before the member's name
+_ZIP_ENCRYPTED, _ZIP_UTF8 = 0x1, 0x800
+
+
+@functools.lru_cache(maxsize=256)
+def _npy_header(text: bytes) -> tuple[np.dtype, tuple[int, ...], bool] | None:
+    """(dtype, shape, fortran order) of an ``.npy`` header NumPy writes (:data:`_NPY_HEADER`), ``None`` for any other
+    header; ``ValueError`` for a dtype that is not admitted. Cached: a store's chunks repeat a few headers."""
+    match = _NPY_HEADER.fullmatch(text.decode("latin1"))
+    if match is None:
+        return None
+    dims = match.group(3)
+    shape = tuple(int(d) for d in dims.split(",") if d.strip()) if dims else ()
+    return plain_dtype(match.group(1), "header", text=True), shape, match.group(2) == "True"
+
+
+def _npy_from_bytes(data: bytes | np.ndarray, where: Path, member: str) -> np.ndarray:
+    """One ``.npy`` held whole in ``data`` (a member of an archive), as :func:`_read_npy_stream` reads it. ``data``
+    may be a writable ``uint8`` array owned by the caller: the array returned is then a view of it (no copy)."""
+    view = memoryview(data)
+    prefix = bytes(view[:12])
+    parsed = None
+    if prefix[:8] in (b"\x93NUMPY\x01\x00", b"\x93NUMPY\x02\x00") and len(prefix) == 12:
+        start = 10 if prefix[6] == 1 else 12
+        length = int.from_bytes(prefix[8:start], "little")
+        if length <= _MAX_HEADER:
+            try:
+                parsed = _npy_header(bytes(view[start:start + length]))
+            except ValueError as exc:
+                raise FormatError(where, f"not a readable .npy array (ValueError: {exc})", field=member) from None
+    if parsed is None:  # not a header NumPy writes: NumPy's parser decides (and names the problem)
+        return _read_npy_stream(io.BytesIO(view), len(view), where, member)
+    dtype, shape, fortran = parsed
+    try:
+        need = _nbytes(shape, dtype)
+        if need != len(view) - start - length:
+            raise ValueError(f"header declares shape {shape} of {dtype} ({need} bytes); the file holds "
+                             f"{len(view) - start - length} data bytes")
+        array = np.frombuffer(data, dtype, offset=start + length, count=math.prod(shape))
+        array = array.reshape(shape, order="F" if fortran else "C")
+        return array.copy() if fortran or not array.flags.writeable else array
+    except Exception as exc:
+        raise FormatError(where, f"not a readable .npy array ({type(exc).__name__}: {exc})", field=member) from None
+
+
+def _deflate_bound(size: int) -> int:
+    """Most bytes deflate may take for ``size`` bytes (stored blocks: 5 bytes per 16 KiB at worst, and a margin)."""
+    return size + 5 * (size // 16384 + 1) + 64
+
+
+def _member_bytes(fh: IO[bytes], info: zipfile.ZipInfo, crc: bool = True) -> bytes | np.ndarray:
+    """The uncompressed bytes of one member of an open zip file, checked (local header, sizes, CRC-32 unless
+    ``crc`` is false for a stored member): a fresh ``uint8`` array for a stored member, ``bytes`` for a deflated
+    one; ``zipfile.BadZipFile`` / ``EOFError`` for damage."""
+    fh.seek(info.header_offset)
+    head = fh.read(_LOCAL_HEADER.size)
+    if len(head) != _LOCAL_HEADER.size:
+        raise EOFError("truncated local file header")
+    fields = _LOCAL_HEADER.unpack(head)
+    if fields[0] != zipfile.stringFileHeader:
+        raise zipfile.BadZipFile("bad magic number for the local file header")
+    name = fh.read(fields[10])
+    if (name.decode("utf-8" if fields[3] & _ZIP_UTF8 else "cp437", "replace") != info.orig_filename
+            or (info.flag_bits | fields[3]) & _ZIP_ENCRYPTED or fields[4] != info.compress_type):
+        raise zipfile.BadZipFile("local file header differs from the central directory (name, method) or is encrypted")
+    fh.seek(fields[11], os.SEEK_CUR)
+    if info.compress_type == zipfile.ZIP_STORED:  # read into a fresh array: its arrays are views of it, no copy
+        data = np.empty(info.compress_size, np.uint8)
+        got = fh.readinto(data)
+        if got != info.compress_size:
+            raise EOFError(f"member data cut short ({got} of {info.compress_size} bytes)")
+        if crc and zlib.crc32(data) != info.CRC:
+            raise zipfile.BadZipFile("bad CRC-32 for the member")
+        return data
+    raw = fh.read(info.compress_size)  # deflated (read_npz admits no other method)
+    if len(raw) != info.compress_size:
+        raise EOFError(f"member data cut short ({len(raw)} of {info.compress_size} bytes)")
+    inflate = zlib.decompressobj(-15)
+    data = inflate.decompress(raw, info.file_size + 1)  # one byte more than declared: a longer stream is caught
+    if len(data) != info.file_size or not inflate.eof:
+        raise zipfile.BadZipFile(f"member inflates to {'more than' if len(data) > info.file_size else 'less than'} "
+                                 f"its declared {info.file_size} bytes (bad CRC-32 / damaged stream)")
+    if zlib.crc32(data) != info.CRC:
+        raise zipfile.BadZipFile("bad CRC-32 for the member")
+    return data
+
+
+def read_npz(path: str | Path, *, limits: Mapping[str, int] | None = None,
+             self_checked: Collection[str] = ()) -> dict[str, np.ndarray]:
     """An ``.npz`` archive as ``{name: array}`` (``.npy`` suffix dropped), with bounded decompression.
 
     With ``limits`` (``{name: bytes}``, names without ``.npy``) every member must be named there and may
     declare at most its limit in data bytes (its ``.npy`` header aside) — checked, like the archive's
     bound, before anything is decompressed; the archive's bound is then at least the members' limits
     together (expected content is never refused for compressing well).
+
+    ``self_checked`` names stored members whose content carries its own checksum that the caller verifies (the
+    results store's zstd frame): their CRC-32 is not computed a second time. Every other member's is.
     """
     path = Path(path)
-    size = path.stat().st_size
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise FormatError(path, f"not a readable .npz archive ({type(exc).__name__}: {exc})") from None
-    with archive:
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        try:
+            archive = zipfile.ZipFile(fh)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            raise FormatError(path, f"not a readable .npz archive ({type(exc).__name__}: {exc})") from None
         infos = archive.infolist()
+        names = [_member_name(info.filename) for info in infos]
         bound = max_expanded_bytes(size)
         if limits is not None:  # what the caller expects may always be read, however well it compresses
-            bound = max(bound, sum(limits.get(_member_name(i.filename), 0) + _MAX_HEADER + 16 for i in infos))
+            bound = max(bound, sum(limits.get(name, 0) + _MAX_HEADER + 16 for name in names))
         declared = 0
-        for info in infos:
+        for info, name in zip(infos, names):
             if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
                 raise FormatError(path, "member is compressed with an unsupported method", field=info.filename)
             if info.compress_type == zipfile.ZIP_STORED and info.file_size > size:
                 raise FormatError(path, f"member declares {info.file_size} bytes; the archive has {size}",
                                   field=info.filename)
             if limits is not None:
-                name = _member_name(info.filename)
                 if name not in limits:
                     raise FormatError(path, f"unexpected member (expected {', '.join(sorted(limits))})",
                                       field=info.filename)
@@ -168,14 +273,17 @@ def read_npz(path: str | Path, *, limits: Mapping[str, int] | None = None) -> di
                 raise FormatError(path, f"members expand to more than {bound} bytes ({declared} declared so far, "
                                         f"{size} on disk; XBENCH_MAX_EXPANSION / XBENCH_MIN_EXPANDED_BYTES raise "
                                         "the bound)", field=info.filename)
+            most = info.file_size if info.compress_type == zipfile.ZIP_STORED else _deflate_bound(info.file_size)
+            if info.compress_size > most or (info.compress_type == zipfile.ZIP_STORED and info.compress_size != most):
+                raise FormatError(path, f"member's compressed size {info.compress_size} does not fit its declared "
+                                        f"{info.file_size} bytes", field=info.filename)
         out: dict[str, np.ndarray] = {}
-        for info in infos:
-            name = _member_name(info.filename)
+        for info, name in zip(infos, names):
             try:
-                with archive.open(info) as fh:
-                    out[name] = _read_npy_stream(fh, info.file_size, path, info.filename)
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                data = _member_bytes(fh, info, crc=name not in self_checked or info.compress_type != zipfile.ZIP_STORED)
+            except (zipfile.BadZipFile, OSError, EOFError, zlib.error, ValueError) as exc:
                 raise FormatError(path, f"unreadable member ({exc})", field=info.filename) from None
+            out[name] = _npy_from_bytes(data, path, info.filename)
         return out
 
 
