@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+import zstandard
 from sklearn.metrics import roc_auc_score
 
 import xbench
@@ -41,13 +42,16 @@ def done(phantom_run) -> dict:
 
 
 def stored(out: Path, model: str) -> dict[str, np.ndarray]:
-    """Chunks read with plain NumPy (the maps' float16 byte planes joined by hand), concatenated in chunk order."""
+    """Chunks read with plain NumPy and zstandard (the maps' float16 byte planes, one zstd frame each, joined by hand),
+    concatenated in chunk order."""
     files = sorted((out / "store" / "phantom" / model).glob("chunk-*.npz"))
     parts = []
     for f in files:
         with np.load(f, allow_pickle=False) as z:
             part = {k: z[k] for k in z.files}
-        part["maps"] = np.stack([part.pop("maps_b0"), part.pop("maps_b1")], axis=-1).view("<f2").reshape(part["maps_shape"])
+        planes = [np.frombuffer(zstandard.ZstdDecompressor().decompress(part.pop(f"maps_z{k}").tobytes()), np.uint8)
+                  for k in range(2)]
+        part["maps"] = np.stack(planes, axis=-1).view("<f2").reshape(part["maps_shape"])
         parts.append(part)
     return {k: np.concatenate([p[k] for p in parts]) for k in ("case_ids", "probs", "maps")}
 

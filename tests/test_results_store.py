@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import zstandard
 
 from xbench.core.atomic import atomic_write
 from xbench.core.errors import XBenchError
@@ -61,11 +62,15 @@ def test_chunk_round_trip_keeps_values_and_dtypes(store):
 
 
 def test_chunk_files_are_plain_npz(store):
-    path = store.write_chunk("toy", "m", 0, case_ids=["a", "b"], skipped={}, **chunk_arrays(2, 0))
-    with np.load(path, allow_pickle=False) as data:  # plain NumPy lists the members; maps as byte planes
-        assert set(data.files) == {"case_ids", "scores", "probs", "maps_shape", "maps_b0", "maps_b1", "sizes", "windows",
-                                   "skipped_ids", "skipped_reasons"}
-        assert data["maps_shape"].tolist() == [2, 2, 3, 4] and data["maps_b1"].shape == (2 * 2 * 3 * 4,)
+    arrays = chunk_arrays(2, 0)
+    path = store.write_chunk("toy", "m", 0, case_ids=["a", "b"], skipped={}, **arrays)
+    with np.load(path, allow_pickle=False) as data:  # plain NumPy lists the members; maps as zstd frames of byte planes
+        assert data.files == ["case_ids", "scores", "probs", "maps_shape", "maps_z0", "maps_z1", "sizes", "windows",
+                              "skipped_ids", "skipped_reasons"]
+        assert data["maps_shape"].tolist() == [2, 2, 3, 4] and data["maps_z1"].dtype == np.uint8
+        planes = [zstandard.ZstdDecompressor().decompress(data[f"maps_z{k}"].tobytes()) for k in range(2)]
+    maps = np.frombuffer(b"".join(planes), np.uint8).reshape(2, -1).T.copy().view("<f2").reshape(2, 2, 3, 4)
+    assert maps.tobytes() == arrays["maps"].astype(np.float16).tobytes()  # decodable by hand
     data = read_chunk_file(path)
     assert set(data) == {"case_ids", "scores", "probs", "maps", "sizes", "windows", "skipped_ids", "skipped_reasons"}
     assert data["skipped_ids"].shape == (0,)

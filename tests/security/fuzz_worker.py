@@ -19,7 +19,11 @@ from xbench.core.errors import XBenchError
 from xbench.spec.manifests import validate
 from xbench.models.base import load_checkpoint
 from xbench.spec.registry import read_yaml
+from xbench.store.results import read_chunk_file
 from xbench.workflows.score import load_maps, read_chexlocalize_pickle
+
+#: meta.json of the fuzzed results-store chunk (test_fuzz_inputs.py's "store chunk" seed): 4 cases, 3 findings, 5 × 7
+CHUNK_META = {"findings": ["Nodule", "Effusion", "Mass"], "grid": [5, 7], "chunk_size": 4}
 
 
 def _manifest(path: Path) -> None:
@@ -32,6 +36,7 @@ READERS = {
     "maps": lambda p: load_maps(Path(p).parent, classes=["Nodule"]),
     "config": RunConfig.from_yaml,
     "manifest": _manifest,
+    "chunk": lambda p: read_chunk_file(p, CHUNK_META),
 }
 
 

@@ -3,7 +3,7 @@
 
 Seeds (written here): a torch zip checkpoint holding numpy data and a placeholder payload, a legacy checkpoint,
 a safetensors file, a cheXlocalize map pickle with a nested legacy storage, ``.npy`` / ``.npz`` map files, a
-run config and a dataset manifest. Hypothesis mutates their bytes (overwrites, truncation, insertion; derandomized,
+run config, a dataset manifest and a results-store chunk (zstd layout). Hypothesis mutates their bytes (overwrites, truncation, insertion; derandomized,
 so CI is reproducible). Each file is read by a worker subprocess (``fuzz_worker.py``) whose address space is capped
 (``RLIMIT_AS`` = its size after imports + 1 GiB) with a per-file time limit; a crash, a non-XBench exception, a
 ``MemoryError`` or a time-out fails the test, naming the file and the mutation."""
@@ -24,6 +24,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save as save_safetensors
+
+from xbench.store.results import encode_chunk
 
 ROOT = Path(__file__).resolve().parents[2]
 TIME_LIMIT_S = 20
@@ -53,6 +55,11 @@ def _seeds() -> dict[str, tuple[str, str, bytes]]:
     config = (ROOT / "xbench" / "configs" / "runs").glob("*.yaml")
     config_text = next(iter(sorted(config)), None)
     manifest = (ROOT / "data_manifests" / "chestx_det.yaml").read_bytes()
+    rng = np.random.default_rng(0)
+    chunk = encode_chunk({"case_ids": np.array(["a", "b", "c", "d"]), "scores": rng.random((4, 3), np.float32),
+                          "probs": rng.random((4, 3), np.float32), "maps": rng.random((4, 3, 5, 7)).astype(np.float16),
+                          "sizes": np.full((4, 2), 512), "windows": np.zeros((4, 4)), "skipped_ids": np.array(["e"]),
+                          "skipped_reasons": np.array(["MissingFileError: gone"])})  # the zstd layout (fuzz_worker's meta)
     return {
         "zip checkpoint": ("checkpoint", "model.pth", _torch_bytes(state)),
         "legacy checkpoint": ("checkpoint", "model.pt", _torch_bytes({"w": torch.arange(6.0)}, legacy=True)),
@@ -65,6 +72,7 @@ def _seeds() -> dict[str, tuple[str, str, bytes]]:
                              save_safetensors({"Nodule": np.ones((8, 8), np.float32)})),
         "run config": ("config", "run.yaml", config_text.read_bytes() if config_text else b"datasets: [phantom]\n"),
         "manifest": ("manifest", "chestx_det.yaml", manifest),
+        "store chunk": ("chunk", "chunk-00000.npz", chunk),
     }
 
 

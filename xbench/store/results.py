@@ -18,23 +18,35 @@ a damaged chunk (truncated, emptied, edited) is reported by name and recomputed,
 and a re-run skips every intact chunk. A chunk whose index names other inputs than
 ``meta.json`` is refused (results of different inputs are never mixed).
 
-Chunk layout (written since the compressed store, issue 22): a zip archive (``.npz``) of ``.npy`` members.
-The maps are stored byte-shuffled, as HDF5's / blosc's shuffle filter does: members ``maps_b0``, ``maps_b1``
-(float32: also ``maps_b2``, ``maps_b3``) are ``uint8`` arrays of length N·C·h·w holding byte 0 (the low
-byte, little-endian), byte 1, … of every map value in C order, and ``maps_shape`` (int64, 4) is their shape;
-the number of planes names the dtype (2: float16, 4: float32). Every other array is stored as it is. Each
-member is deflated with zlib at level :data:`ZLIB_LEVEL` when that shrinks its first 64 KiB below 90 %,
-else stored: the low mantissa bytes of float maps are noise that deflate cannot shrink, and storing them
-keeps reading close to a plain copy. Lossless: the stored float16 / float32 values (NaN payloads, ±inf,
-−0.0 included) come back bit for bit, so tables are byte-identical. Sizes and times: docs/notes/store-compress.md,
-``benchmarks/bench_store.py``. Bytes are
-deterministic: fixed member order, fixed zip date (1980-01-01) and attributes, so the same arrays give the
-same file bytes (for a given zlib build). The older layout — ``np.savez`` with an uncompressed ``maps``
-member — is still read; a folder may hold both. :func:`read_chunk_file` reads either (``np.load`` still
-lists a new chunk's members, maps as planes). Reading is bounded: ``allow_pickle`` is never on, members are
-read by :func:`xbench.core.safe_arrays.read_npz` (plain dtypes, CRC-checked, streamed) and no member may
-declare more bytes than ``meta.json`` allows it (``chunk_size`` × findings × grid × itemsize for the maps,
-see :func:`chunk_limits`) — a hostile chunk cannot make the reader allocate more.
+Chunk layout (issue 22): a zip archive (``.npz``) of ``.npy`` members in a fixed order — ``case_ids``,
+``scores``, ``probs``, ``maps_shape``, ``maps_z0``, ``maps_z1`` (float32 maps: also ``maps_z2``, ``maps_z3``),
+``sizes``, ``windows``, ``skipped_ids``, ``skipped_reasons``. The maps are byte-shuffled, as HDF5's / blosc's
+shuffle filter does: byte plane ``k`` holds byte ``k`` (little-endian: 0 is the low byte) of every map value in
+C order, N·C·h·w bytes. Member ``maps_z{k}`` is a ``uint8`` array holding plane ``k`` as one zstd frame (level
+:data:`ZSTD_LEVEL`, single-threaded, with its content size and checksum); ``maps_shape`` (int64, 4) is the maps'
+shape; the number of planes names the dtype (2: float16, 4: float32). One frame per plane: the low bytes of
+float maps are mantissa noise that zstd keeps as raw blocks (a copy to read), the high bytes (sign, exponent,
+top mantissa bits) shrink to about half. Every other member holds its array as it is, deflated with zlib at
+:data:`ZLIB_LEVEL` when that shrinks its first 64 KiB below 90 % (case ids, sizes, windows), else stored; a frame
+is always stored. Lossless: the stored float16 / float32 values (NaN payloads, ±inf, −0.0 included) come back bit
+for bit, so tables are byte-identical. Bytes are deterministic: fixed member order, fixed zip date (1980-01-01)
+and attributes, so the same arrays give the same file bytes (for given zlib and zstd builds). Sizes and read /
+write times against the layouts before: docs/notes/store-compress.md, ``benchmarks/bench_store.py``,
+docs/perf/store_read_cpu.json.
+
+Layouts read (a folder may mix them; the layout describes itself, so ``STORE_VERSION`` is unchanged and a store
+written before is resumed): the zstd layout above; the shuffled-zlib layout written before it (members
+``maps_shape``, ``maps_b0``, ``maps_b1``, … holding the planes as plain ``uint8`` arrays, each deflated when that
+pays; ``encode_chunk(..., codec="zlib")`` still writes it); and the ``np.savez`` layout before compression (one
+uncompressed ``maps`` member). :func:`read_chunk_file` reads all three. ``np.load`` lists a chunk's members; a
+plane is ``zstandard.ZstdDecompressor().decompress(z["maps_z1"].tobytes())``.
+
+Reading is bounded: ``allow_pickle`` is never on; members are read by :func:`xbench.core.safe_arrays.read_npz`
+(plain dtypes, CRC-checked — a zstd frame by its own checksum instead, which zstd checks); no member may declare
+more bytes than ``meta.json`` allows it (``chunk_size`` × findings × grid × itemsize for the maps, see
+:func:`chunk_limits`), ``maps_shape`` may not declare more values than that, and each frame must declare exactly
+its plane's size, all checked before anything is decompressed — a hostile chunk cannot make the reader allocate
+more.
 """
 from __future__ import annotations
 
@@ -54,7 +66,7 @@ import numpy as np
 
 from ..core.atomic import atomic_write, atomic_write_bytes
 from ..core.errors import FormatError, StoreError, XBenchError, XBenchWarning
-from ..core.safe_arrays import read_npz
+from ..core.safe_arrays import max_expanded_bytes, read_npz
 from .fingerprint import diff_keys, digest, file_sha256
 
 STORE_VERSION = 2
@@ -66,14 +78,22 @@ UNCOMPARED_KEYS = ("code_version", "created")
 LOCAL_KEYS = ("dataset_root", "weights")
 _ARRAYS = {"case_ids": "U", "scores": "f", "probs": "f", "maps": "f", "skipped_ids": "U", "skipped_reasons": "U"}
 
-#: zlib level of every chunk member: 1 writes fastest; higher levels save little on float maps
+#: zlib level of every chunk member but the maps (and of the maps too in the shuffled-zlib layout that
+#: :func:`encode_chunk` writes with ``codec="zlib"``): 1 writes fastest; higher levels save little on float maps
 #: (docs/perf/store_cpu.json measures levels 1, 3 and 6)
 ZLIB_LEVEL = 1
+#: zstd level of the maps' byte planes in the chunks written now (docs/perf/store_read_cpu.json measures 1 and 3)
+ZSTD_LEVEL = 1
+#: codecs of the maps :func:`encode_chunk` writes: ``"zstd"`` (the store's layout) or ``"zlib"`` (the layout before,
+#: still read; kept writable so that tests and ``benchmarks/bench_store.py`` can make such chunks)
+MAPS_CODECS = ("zstd", "zlib")
 #: longest case id / skip reason (characters) a chunk may hold: bounds the text members when reading
 #: (a longer skip reason is cut when written, keeping its ``Type:`` prefix; a longer case id is refused)
 MAX_TEXT_CHARS = 16384
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed member date: same arrays, same bytes
-_MAP_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4")}  # number of maps_b* planes -> map dtype
+_MAP_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4")}  # number of maps_z* / maps_b* planes -> map dtype
+_FRAMES = tuple(f"maps_z{k}" for k in range(4))  # members holding a zstd frame
+_REDO = "delete it and run `xbench run` again to recompute it"
 #: a member is deflated when zlib shrinks its first :data:`_SAMPLE` bytes below this fraction, else stored
 _DEFLATE_BELOW = 0.9
 _SAMPLE = 65536
@@ -90,18 +110,28 @@ def chunk_rows(chunk: int, chunk_size: int, n_cases: int) -> range:
 
 def shuffle_bytes(values: np.ndarray) -> list[np.ndarray]:
     """The byte planes of ``values`` (little-endian): plane ``k`` holds byte ``k`` of every value, in C order."""
+    return list(_plane_table(values))
+
+
+def _plane_table(values: np.ndarray) -> np.ndarray:
+    """The byte planes of ``values`` as one C-contiguous ``uint8`` array of shape (itemsize, values.size)."""
     flat = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).reshape(-1)
-    table = flat.view(np.uint8).reshape(-1, flat.dtype.itemsize)
-    return [np.ascontiguousarray(table[:, k]) for k in range(flat.dtype.itemsize)]
+    return np.ascontiguousarray(flat.view(np.uint8).reshape(-1, flat.dtype.itemsize).T)
 
 
-def unshuffle_bytes(planes: list[np.ndarray], dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """Inverse of :func:`shuffle_bytes`: the ``dtype`` array of ``shape`` whose bytes the planes hold."""
-    out = np.empty(math.prod(shape), dtype)
-    table = out.view(np.uint8).reshape(-1, len(planes))
-    for k, plane in enumerate(planes):
-        table[:, k] = plane
-    return out.reshape(shape)
+def unshuffle_bytes(planes: list[np.ndarray] | np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Inverse of :func:`shuffle_bytes`: the ``dtype`` array of ``shape`` whose bytes the planes hold (a list of
+    planes, or one (itemsize, n) array of them), built as little-endian unsigned words — ``((b[k-1] << 8 | b[k-2])
+    << 8 | …) | b[0]`` — in one new array (contiguous numpy passes: 2.4× faster than interleaving the bytes with
+    strided copies on 2-byte values, measured)."""
+    dtype = np.dtype(dtype)
+    if len(planes) != dtype.itemsize:
+        raise ValueError(f"{len(planes)} byte planes do not make {dtype}")
+    out = np.asarray(planes[-1]).astype(f"<u{dtype.itemsize}")
+    for k in range(len(planes) - 2, -1, -1):
+        out <<= 8
+        out |= planes[k]
+    return out.view(dtype).reshape(shape)
 
 
 def _deflates(data: bytes, level: int) -> bool:
@@ -110,15 +140,42 @@ def _deflates(data: bytes, level: int) -> bool:
     return len(zlib.compress(sample, level)) < _DEFLATE_BELOW * len(sample)
 
 
-def encode_chunk(arrays: dict[str, np.ndarray], level: int = ZLIB_LEVEL) -> bytes:
-    """The bytes of a chunk file (module docstring): ``arrays`` in their order, ``maps`` as byte planes."""
+def _zstd() -> Any:
+    """The ``zstandard`` module (a dependency of xbench: the maps codec of the store)."""
+    try:
+        import zstandard
+    except ImportError as exc:  # pragma: no cover - installed with xbench
+        raise StoreError("the results store's chunks need the 'zstandard' package (a dependency of xbench: "
+                         "pip install zstandard)") from exc
+    return zstandard
+
+
+def encode_chunk(arrays: dict[str, np.ndarray], level: int | None = None, *, codec: str = "zstd") -> bytes:
+    """The bytes of a chunk file (module docstring): ``arrays`` in their order, ``maps`` as byte planes.
+
+    ``codec="zstd"`` (the store's layout): members ``maps_shape``, ``maps_z0``, ``maps_z1``, … — plane ``k`` in a
+    zstd frame of its own (``level``, default :data:`ZSTD_LEVEL`). ``codec="zlib"``: the layout before it (members
+    ``maps_shape``, ``maps_b0``, ``maps_b1``, …, each deflated at ``level``, default :data:`ZLIB_LEVEL`, when that
+    pays). Every other member is deflated at :data:`ZLIB_LEVEL` (zlib: at ``level``) when that pays."""
+    if codec not in MAPS_CODECS:
+        raise ValueError(f"codec must be one of {MAPS_CODECS}, got {codec!r}")
+    zlib_level = ZLIB_LEVEL if codec == "zstd" or level is None else level
     members: dict[str, np.ndarray] = {}
+    framed: set[str] = set()  # members holding a zstd frame: stored (a frame does not deflate)
     for name, array in arrays.items():
-        if name == "maps":
-            members["maps_shape"] = np.asarray(array.shape, np.int64)
-            members.update({f"maps_b{k}": plane for k, plane in enumerate(shuffle_bytes(array))})
-        else:
+        if name != "maps":
             members[name] = array
+            continue
+        members["maps_shape"] = np.asarray(array.shape, np.int64)
+        planes = _plane_table(array)
+        if codec == "zlib":
+            members.update({f"maps_b{k}": plane for k, plane in enumerate(planes)})
+            continue
+        compressor = _zstd().ZstdCompressor(level=ZSTD_LEVEL if level is None else level, write_checksum=True,
+                                            write_content_size=True, threads=0)
+        for k, plane in enumerate(planes):  # one frame per plane: a noise plane stays raw blocks (a copy to read)
+            members[f"maps_z{k}"] = np.frombuffer(compressor.compress(plane), np.uint8)
+            framed.add(f"maps_z{k}")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as archive:
         for name, array in members.items():
@@ -127,8 +184,9 @@ def encode_chunk(arrays: dict[str, np.ndarray], level: int = ZLIB_LEVEL) -> byte
             data = npy.getvalue()
             info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
             info.create_system, info.external_attr = 3, 0o644 << 16
-            method = zipfile.ZIP_DEFLATED if _deflates(data, level) else zipfile.ZIP_STORED
-            archive.writestr(info, data, compress_type=method, compresslevel=level)
+            deflate = name not in framed and _deflates(data, zlib_level)
+            method = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
+            archive.writestr(info, data, compress_type=method, compresslevel=zlib_level)
     return buf.getvalue()
 
 
@@ -150,35 +208,74 @@ def chunk_limits(meta: dict[str, Any]) -> dict[str, int] | None:
     text, values = n * 4 * MAX_TEXT_CHARS, n * classes * cells
     return {"case_ids": text, "skipped_ids": text, "skipped_reasons": text, "scores": n * classes * 8,
             "probs": n * classes * 8, "maps": values * 4, "maps_shape": 4 * 8, "sizes": n * 2 * 8, "windows": n * 4 * 8,
-            **{f"maps_b{k}": values for k in range(4)}}
+            **{f"maps_b{k}": values for k in range(4)},
+            **{f"maps_z{k}": _zstd_bound(values) for k in range(4)}}
+
+
+def _zstd_bound(size: int) -> int:
+    """Most bytes a zstd frame of ``size`` bytes may take (zstd's ``ZSTD_compressBound`` plus the frame's header and
+    checksum, rounded up)."""
+    return size + (size >> 8) + (128 << 10 >> 11) + 64
 
 
 def read_chunk_file(path: str | Path, meta: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-    """The arrays of one chunk file of either layout, maps un-shuffled (no index check: see
+    """The arrays of one chunk file of any layout, maps decoded (no index check: see
     :meth:`ResultStore.load_chunk`). Bounded by :func:`chunk_limits` of ``meta`` (default: the folder's
     ``meta.json`` when present); damage raises :class:`StoreError` naming the file."""
     path = Path(path)
     if meta is None and (path.parent / "meta.json").exists():
         meta = ResultStore._read_meta(path.parent / "meta.json")
-    try:
-        arrays = read_npz(path, limits=chunk_limits(meta) if meta is not None else None)
+    limits = chunk_limits(meta) if meta is not None else None
+    try:  # a zstd frame carries its own checksum (checked when it is decoded): its CRC-32 is not computed twice
+        arrays = read_npz(path, limits=limits, self_checked=_FRAMES)
     except FormatError as exc:
-        raise StoreError(f"{exc.message}; delete it and run `xbench run` again to recompute it") from None
+        raise StoreError(f"{exc.message}; {_REDO}") from None
     except OSError as exc:
         raise StoreError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
-    k = sum(1 for name in arrays if name.startswith("maps_b"))
-    if k or "maps_shape" in arrays:
-        planes = [arrays.pop(f"maps_b{i}", None) for i in range(k)]
-        shape = arrays.pop("maps_shape", None)
-        shape_ok = shape is not None and shape.dtype.kind in "iu" and shape.shape == (4,) and bool((shape >= 0).all())
-        n = math.prod(int(d) for d in shape) if shape_ok else -1
-        if not shape_ok or "maps" in arrays or k not in _MAP_DTYPES or any(
-                p is None or p.dtype != np.uint8 or p.shape != (n,) for p in planes):
-            raise StoreError(f"{path}: map members {sorted(a for a in arrays if a.startswith('maps'))} / maps_shape "
-                             f"{None if shape is None else shape.tolist()} / {k} byte planes do not fit together; "
-                             "delete it and run `xbench run` again to recompute it")
-        arrays["maps"] = unshuffle_bytes(planes, _MAP_DTYPES[k], tuple(int(d) for d in shape))
+    planes = {prefix: sum(1 for name in arrays if name.startswith(prefix)) for prefix in ("maps_b", "maps_z")}
+    if not planes["maps_b"] + planes["maps_z"] and "maps_shape" not in arrays:
+        return arrays  # the np.savez layout (member maps), or no maps at all (ResultStore.load_chunk names it)
+    prefix = "maps_z" if planes["maps_z"] else "maps_b"
+    k = planes[prefix]
+    found = [arrays.pop(f"{prefix}{i}", None) for i in range(k)]
+    shape = arrays.pop("maps_shape", None)
+    shape_ok = shape is not None and shape.dtype.kind in "iu" and shape.shape == (4,) and bool((shape >= 0).all())
+    n = math.prod(int(d) for d in shape) if shape_ok else -1
+    fits = shape_ok and "maps" not in arrays and not (planes["maps_b"] and planes["maps_z"]) and k in _MAP_DTYPES
+    if prefix == "maps_z" and fits and all(p is not None for p in found):
+        most = limits["maps_b0"] if limits is not None else max_expanded_bytes(path.stat().st_size) // k
+        if n > most:  # before any frame is decoded: maps_shape is as untrusted as the frames
+            raise StoreError(f"{path}: maps_shape {shape.tolist()} declares {n} values; at most {most} are expected "
+                             f"(meta.json's chunk_size × findings × grid); {_REDO}")
+        found = [_decode_frame(path, f"maps_z{i}.npy", frame, n) for i, frame in enumerate(found)]
+    if not fits or any(p is None or p.dtype != np.uint8 or p.shape != (n,) for p in found):
+        members = sorted({*(a for a in arrays if a.startswith("maps")), *(f"{prefix}{i}" for i in range(k))})
+        raise StoreError(f"{path}: map members {members} / maps_shape {None if shape is None else shape.tolist()} / "
+                         f"{k} byte planes do not fit together; {_REDO}")
+    arrays["maps"] = unshuffle_bytes(found, _MAP_DTYPES[k], tuple(int(d) for d in shape))
     return arrays
+
+
+def _decode_frame(path: Path, member: str, frame: np.ndarray, n: int) -> np.ndarray:
+    """One byte plane of ``n`` bytes from the zstd frame of ``member``: the frame must declare exactly ``n`` bytes
+    (``maps_shape``'s size, itself within the meta.json bound that :func:`read_npz` held the frame to) and carry a
+    checksum, checked before anything is decompressed; zstd then checks the size and the checksum."""
+    zstd = _zstd()
+    where = f"{path}, field {member!r}"
+    if frame.dtype != np.uint8 or frame.ndim != 1:
+        raise StoreError(f"{where}: a zstd frame must be a 1-d uint8 array, not {frame.dtype} {frame.shape}; {_REDO}")
+    try:
+        declared, checksum = zstd.frame_content_size(frame), zstd.get_frame_parameters(frame).has_checksum
+        if declared != n or not checksum:
+            raise StoreError(f"{where}: the zstd frame declares {declared} bytes (-1: unknown) "
+                             f"{'with' if checksum else 'without'} a checksum; maps_shape needs {n} bytes "
+                             f"and a checksum; {_REDO}")
+        raw = zstd.ZstdDecompressor().decompress(frame, read_across_frames=False, allow_extra_data=False)
+    except zstd.ZstdError as exc:
+        raise StoreError(f"{where}: not a readable zstd frame ({exc}); {_REDO}") from None
+    if len(raw) != n:  # zstd checks the declared size itself; never trusted blindly
+        raise StoreError(f"{where}: the zstd frame holds {len(raw)} bytes, not {n}; {_REDO}")
+    return np.frombuffer(raw, np.uint8)
 
 
 def inputs_digest(meta: dict[str, Any]) -> str:
