@@ -30,7 +30,9 @@ def test_bench_store_on_a_small_store(tmp_path, capsys):
     assert toy["pairs"] == 2 and toy["chunks"] == 4 and toy["case_model_pairs"] == 64
     assert all(layout["bit_identical"] for layout in toy["layouts"].values())
     assert toy["layouts"]["shuffle_zlib1"]["ratio_vs_today"] < 0.9 and toy["layouts"]["today"]["ratio_vs_today"] == 1
+    assert toy["layouts"]["shuffle_zstd1"]["ratio_vs_today"] < 0.9 and "read_time_vs_today" in toy["layouts"]["shuffle_zstd1"]
     assert set(toy["per_model_ratio"]) == {"a", "b"} and max(toy["per_model_ratio"].values()) < 0.9
     read = toy["store_read"]
     assert read["arrays_identical"] and read["rewrite_gives_same_bytes"] and read["bytes_new"] < read["bytes_today"]
+    assert read["bytes_zlib_layout"] < read["bytes_today"] and read["zlib_layout_s"] > 0
     assert (tmp_path / "out.json").exists() and '"toy"' in capsys.readouterr().out
