@@ -144,7 +144,8 @@ def _member_name(filename: str) -> str:
 _NPY_HEADER = re.compile(r"\{'descr': '([<>|=][a-zA-Z][0-9]{1,4})', 'fortran_order': (False|True), "
                          r"'shape': \(((?:[0-9]{1,19}, )*[0-9]{1,19},?)?\), \} *\n")
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # zipfile's structFileHeader: 30 bytes before the member's name
-_ZIP_ENCRYPTED, _ZIP_UTF8 = 0x1, 0x800
+_ZIP_UNSUPPORTED = 0x1 | 0x20 | 0x40  # encrypted, compressed patched data, strong encryption (zipfile refuses them too)
+_ZIP_UTF8 = 0x800
 
 
 @functools.lru_cache(maxsize=256)
@@ -189,8 +190,9 @@ def _npy_from_bytes(data: bytes | np.ndarray, where: Path, member: str) -> np.nd
 
 
 def _deflate_bound(size: int) -> int:
-    """Most bytes deflate may take for ``size`` bytes (stored blocks: 5 bytes per 16 KiB at worst, and a margin)."""
-    return size + 5 * (size // 16384 + 1) + 64
+    """Most bytes a deflate stream of ``size`` bytes may reasonably take: 9 bits a byte (fixed Huffman codes on
+    incompressible data; zlib itself stores such blocks, 5 bytes per block) and a margin."""
+    return size + size // 8 + 5 * (size // 16384 + 1) + 64
 
 
 def _member_bytes(fh: IO[bytes], info: zipfile.ZipInfo, crc: bool = True) -> bytes | np.ndarray:
@@ -206,8 +208,9 @@ def _member_bytes(fh: IO[bytes], info: zipfile.ZipInfo, crc: bool = True) -> byt
         raise zipfile.BadZipFile("bad magic number for the local file header")
     name = fh.read(fields[10])
     if (name.decode("utf-8" if fields[3] & _ZIP_UTF8 else "cp437", "replace") != info.orig_filename
-            or (info.flag_bits | fields[3]) & _ZIP_ENCRYPTED or fields[4] != info.compress_type):
-        raise zipfile.BadZipFile("local file header differs from the central directory (name, method) or is encrypted")
+            or (info.flag_bits | fields[3]) & _ZIP_UNSUPPORTED or fields[4] != info.compress_type):
+        raise zipfile.BadZipFile("local file header differs from the central directory (name, method) or is encrypted "
+                                 "/ patched")
     fh.seek(fields[11], os.SEEK_CUR)
     if info.compress_type == zipfile.ZIP_STORED:  # read into a fresh array: its arrays are views of it, no copy
         data = np.empty(info.compress_size, np.uint8)

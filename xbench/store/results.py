@@ -213,9 +213,9 @@ def chunk_limits(meta: dict[str, Any]) -> dict[str, int] | None:
 
 
 def _zstd_bound(size: int) -> int:
-    """Most bytes a zstd frame of ``size`` bytes may take (zstd's ``ZSTD_compressBound`` plus the frame's header and
-    checksum, rounded up)."""
-    return size + (size >> 8) + (128 << 10 >> 11) + 64
+    """Most bytes a zstd frame of ``size`` bytes may take: zstd's ``ZSTD_compressBound`` (``size + size / 256`` and a
+    margin of at most 64 bytes for small inputs) plus the frame's header and checksum (at most 22 bytes), rounded up."""
+    return size + (size >> 8) + 128
 
 
 def read_chunk_file(path: str | Path, meta: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
