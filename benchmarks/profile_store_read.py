@@ -13,14 +13,15 @@ import importlib.util
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_store import _best_s  # noqa: E402  (fastest of n calls, as bench_store times)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,15 +45,6 @@ def old_reader(commit: str, folder: Path) -> tuple[Any, Any]:
     safe = _module("xbench.core._safe_arrays_before", show("xbench/core/safe_arrays.py"), folder)
     results = show("xbench/store/results.py").replace("from ..core.safe_arrays import", "from ..core._safe_arrays_before import")
     return _module("xbench.store._results_before", results, folder), safe
-
-
-def _best_ms(fn: Callable[[], Any], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return 1e3 * best
 
 
 def time_chunk(chunk: Path, old: Any, old_safe: Any, work: Path, repeats: int) -> dict[str, float]:
@@ -94,7 +86,7 @@ def time_chunk(chunk: Path, old: Any, old_safe: Any, work: Path, repeats: int) -
         "  now: unshuffle": lambda: new.unshuffle_bytes(planes, np.dtype("<f2"), shape),
         "now: read_chunk_file of the np.savez file": lambda: new.read_chunk_file(sv, meta),
     }
-    return {name: _best_ms(fn, repeats) for name, fn in timed.items()}
+    return {name: 1e3 * _best_s(fn, repeats) for name, fn in timed.items()}
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
