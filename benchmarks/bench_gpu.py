@@ -298,7 +298,21 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
             "built_since_start": {e["model"]: e["built_since_start_seconds"] for e in log
                                   if e.get("built_since_start_seconds") is not None},
             "preprocessed_on": sorted({json.dumps(e["preprocessed_on"]) for e in log if "preprocessed_on" in e}),
-            "store_mb": round(sum(f.stat().st_size for f in (Path(cfg.output_dir) / "store").rglob("*.npz")) / 2**20, 1)}
+            "store_mb": round(sum(f.stat().st_size for f in (Path(cfg.output_dir) / "store").rglob("*.npz")) / 2**20, 1),
+            "eval_timeline": eval_timeline(Path(cfg.output_dir), log) if evaluate else None}
+
+
+def eval_timeline(out: Path, log: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation's steps (``evaluation_timing.json``), in seconds since the run started (the run log's
+    ``run_started_unix``), with the evaluation's worker count; None without the file."""
+    path = out / "evaluation_timing.json"
+    starts = [e["run_started_unix"] for e in log if "run_started_unix" in e]
+    if not path.is_file() or not starts:
+        return None
+    doc = json.loads(path.read_text())
+    shift = doc["created_unix"] - min(starts)
+    return {"workers": doc["workers"], "created": round(shift, 2),
+            "events": {k: {e: round(v + shift, 2) for e, v in ev.items()} for k, ev in doc["events"].items()}}
 
 
 def stores(out: Path) -> dict[tuple[str, str], dict[str, np.ndarray]]:

@@ -47,6 +47,10 @@ def test_tiny_cpu_benchmark(bench, tmp_path, monkeypatch):
     assert bench.tables_equal(tmp_path / "out" / "default", tmp_path / "out" / "cached", decimals=12)[
         "equal_to_12_decimals"]
     assert (tmp_path / "out" / "default" / "tables" / "metrics.parquet").exists()
+    timeline = r["default"]["eval_timeline"]  # the evaluation's steps, in seconds since the run started
+    assert timeline["workers"] >= 1 and set(timeline["events"]) == {"run", *(f"standin_{d}" for d in r["generate"]["per_dataset"])}
+    assert 0 <= timeline["created"] <= timeline["events"]["run"]["inference_done"] <= r["default"]["whole_seconds"]
+    assert r["paper"].get("eval_timeline") is None
 
 
 def test_rank_timings_read_each_ranks_log(bench, tmp_path):

@@ -322,6 +322,19 @@ def test_a_run_evaluates_each_dataset_as_soon_as_it_is_inferred(tmp_path, monkey
     assert [n for n in serial if serial[n] != overlapped.get(n)] == []
     with process_pool(1, nice=3) as pool:  # the overlapped evaluation's workers yield the CPU to inference
         assert pool.submit(os.nice, 0).result() == os.nice(0) + 3
+    timing = json.loads((out / "evaluation_timing.json").read_text())  # when each step happened, for profiles
+    assert timing["workers"] == 2 and timing["created_unix"] > 0
+    run_events, names = timing["events"].pop("run"), [d["name"] for d in tiny_run(out)["datasets"]]
+    assert sorted(timing["events"]) == sorted(names)
+    for name, ev in timing["events"].items():
+        steps = ["ground_truth_started", "ground_truth_done", "pairs_submitted", "pairs_done", "comparisons_submitted",
+                 "comparisons_done"]
+        assert [s for s in steps if s in ev] == steps, name
+        assert [ev[s] for s in steps] == sorted(ev[s] for s in steps), name
+        assert ev["ready"] <= ev["pairs_submitted"] and ev["comparisons_done"] <= run_events["gathered"], name
+    order = ["inference_done", "finish_called", "gathered", "tables_written", "paper_tables_written"]
+    assert [run_events[s] for s in order] == sorted(run_events[s] for s in order)
+    assert "evaluation_timing.json" not in {p.name for p in (out / "tables").iterdir()}  # timings stay out of tables
 
 
 def test_paper_tables_written_by_workers_are_the_same_bytes_in_the_same_order(phantom_run, tmp_path, monkeypatch):

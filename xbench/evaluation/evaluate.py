@@ -33,6 +33,7 @@ import functools
 import json
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -274,6 +275,8 @@ class RunEvaluation:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.watch_store = watch_store  # other processes write the store (ranks): a dataset is ready once it is full
+        self._t0, self._created_unix = time.perf_counter(), round(time.time(), 3)
+        self.timing: dict[str, dict[str, float]] = {}  # "run" or a dataset name -> event -> seconds since created
 
     def start(self) -> None:
         """Prepare ground truth and submit ready datasets in a background thread (only with a pool)."""
@@ -284,8 +287,20 @@ class RunEvaluation:
     def ready(self, index: int) -> None:
         """Dataset ``index`` of the config has every pair in the store: its pairs may be evaluated now."""
         with self._cond:
+            if index not in self._ready:
+                self.mark("ready", self.cfg.datasets[index].name)
             self._ready.add(index)
             self._cond.notify_all()
+
+    def mark(self, event: str, dataset: str = "run") -> None:
+        """Note when ``event`` happened (seconds since this evaluation was created; the first time only)."""
+        self.timing.setdefault(dataset, {}).setdefault(event, round(time.perf_counter() - self._t0, 3))
+
+    def write_timing(self) -> None:
+        """``<output_dir>/evaluation_timing.json``: when each step of the evaluation happened (seconds since it was
+        created, ``created_unix`` on the wall clock). Timings only: never part of the tables."""
+        doc = {"created_unix": self._created_unix, "workers": self.workers, "events": self.timing}
+        atomic_write_bytes(Path(self.cfg.output_dir) / "evaluation_timing.json", json.dumps(doc, indent=1).encode())
 
     def _ahead(self) -> None:
         try:
@@ -328,10 +343,13 @@ class RunEvaluation:
             evaluated = {label: x.result()[0][0] for label, x in zip(self.labels, items)}
             self.compared[i] = self.pool.submit(capture_warnings, compare_dataset, name, evaluated,
                                                 threshold=self.cfg.fixed_threshold)
+            self.mark("comparisons_submitted", name)
+            self.compared[i].add_done_callback(lambda _, name=name: self.mark("comparisons_done", name))
 
-    def _pair_done(self, _: Any = None) -> None:
-        """A pair's future is done: count it, and wake the thread (its dataset's comparisons may start)."""
+    def _pair_done(self, name: str, _: Any = None) -> None:
+        """A pair of dataset ``name`` is done: count it, and wake the thread (its dataset's comparisons may start)."""
         self.bar.update(1)
+        self.timing.setdefault(name, {})["pairs_done"] = round(time.perf_counter() - self._t0, 3)  # the last one's
         with self._cond:
             self._cond.notify_all()
 
@@ -354,16 +372,19 @@ class RunEvaluation:
         shipped = shippable(dataset) if self.pool is not None else None
         if in_pool and shipped is None:
             return None  # evaluated in this process by finish()
+        self.mark("ground_truth_started", dspec.name)
         gt, gt_file, gt_key, _ = cached_ground_truth(dataset, self.cfg.grid, self.cache, options=dspec.options,
                                                      pool=None if shipped is None else self.pool, workers=self.workers,
                                                      progress=self.progress, warning_registry=self.registry,
                                                      shipped=shipped)
+        self.mark("ground_truth_done", dspec.name)
         return dataset, shipped, gt, gt_file, gt_key
 
     def _pairs(self, dataset: BaseDataset, shipped: Any, gt: dict[str, GroundTruth], gt_file: Path,
                gt_key: dict[str, Any]) -> list[Any]:
         """Every model's evaluation of one dataset: futures in the pool, or results computed here."""
         items: list[Any] = []
+        self.mark("pairs_submitted", dataset.name)
         for label in self.labels:
             if shipped is None:  # in this process
                 store = ResultStore(self.cfg.output_dir)
@@ -372,12 +393,13 @@ class RunEvaluation:
             else:
                 items.append(self.pool.submit(capture_warnings, _evaluate_pair_job, *shipped, self.cfg, dataset.name,
                                               label, gt_file, gt_key))
-                items[-1].add_done_callback(self._pair_done)
+                items[-1].add_done_callback(functools.partial(self._pair_done, dataset.name))
         return items
 
     def finish(self) -> pd.DataFrame:
         """Evaluate what is left, gather in run order, write every table; returns the tidy table."""
         cfg = self.cfg
+        self.mark("finish_called")
         for i in range(len(cfg.datasets)):
             self.ready(i)
         if self._thread is not None:
@@ -423,6 +445,7 @@ class RunEvaluation:
                     collect(i, *self.items.pop(i))
         finally:
             blas.restore_original_limits()
+        self.mark("gathered")
         out = Path(cfg.output_dir) / "tables"
         table = pd.concat(tidy, ignore_index=True)
         write_table(table, out / "metrics")
@@ -435,6 +458,8 @@ class RunEvaluation:
         write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
         atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
         write_comparisons(compared, out)
+        self.mark("tables_written")
+        self.write_timing()
         return table
 
     def close(self) -> None:

@@ -57,8 +57,11 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
                            keep_going=keep_going, on_dataset=(lambda i: started().ready(i)) if alone else None)
         if evaluation is None:  # no dataset was handed over (infer_run raises when a pair failed)
             evaluation = RunEvaluation(cfg, progress=progress)
+        evaluation.mark("inference_done")
         evaluation.finish()
         write_paper_tables(cfg.output_dir, pool=evaluation.pool)  # a table per worker
+        evaluation.mark("paper_tables_written")
+        evaluation.write_timing()
     finally:
         if evaluation is not None:
             evaluation.close()
