@@ -242,8 +242,7 @@ class RunEvaluation:
 
     :func:`xbench.workflows.run.run` overlaps evaluation with inference through it:
 
-    * :meth:`start` prepares each dataset's ground truth in a background thread, through the worker pool, in the
-      order given to :meth:`prepare_in` (a dataset already inferred first);
+    * :meth:`start` prepares each dataset's ground truth in a background thread, through the worker pool;
     * :meth:`ready` is called with a dataset's index once every one of its pairs is in the store, and the thread
       submits that dataset's pairs to the pool; with ``watch_store`` (rank 0 of a distributed run, whose store the
       other ranks write too) the thread also looks for datasets whose every chunk index is present;
@@ -276,7 +275,6 @@ class RunEvaluation:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.watch_store = watch_store  # other processes write the store (ranks): a dataset is ready once it is full
-        self.order = list(range(len(cfg.datasets)))  # ground truth is prepared in this order (see prepare_in)
         self._t0, self._created_unix = time.perf_counter(), round(time.time(), 3)
         self.timing: dict[str, dict[str, float]] = {}  # "run" or a dataset name -> event -> seconds since created
 
@@ -294,13 +292,6 @@ class RunEvaluation:
             self._ready.add(index)
             self._cond.notify_all()
 
-    def prepare_in(self, order: list[int]) -> None:
-        """Prepare the datasets' ground truth in ``order`` (config indices: the order they are inferred in), a dataset
-        that is already inferred first. Default: the config's order."""
-        with self._cond:
-            self.order = list(order) + [i for i in range(len(self.cfg.datasets)) if i not in order]
-            self._cond.notify_all()
-
     def mark(self, event: str, dataset: str = "run") -> None:
         """Note when ``event`` happened (seconds since this evaluation was created; the first time only)."""
         self.timing.setdefault(dataset, {}).setdefault(event, round(time.perf_counter() - self._t0, 3))
@@ -313,16 +304,11 @@ class RunEvaluation:
 
     def _ahead(self) -> None:
         try:
-            prepared: dict[int, Any] = {}  # prepared, not yet submitted (_submit_ready takes them out)
-            left = set(range(len(self.cfg.datasets)))
-            while left:
+            prepared: dict[int, Any] = {}
+            for i, dspec in enumerate(self.cfg.datasets):
                 if self._stop:
                     return
-                with self._cond:  # a dataset already inferred first, else the next in the inference order
-                    todo = [j for j in self.order if j in left]
-                    i = next((j for j in todo if j in self._ready), todo[0])
-                left.discard(i)
-                prepared[i] = self._prepare(self.cfg.datasets[i], in_pool=True)
+                prepared[i] = self._prepare(dspec, in_pool=True)
                 self._submit_ready(prepared)
             while (prepared or self._uncompared()) and not self._stop:
                 full = {i for i, got in prepared.items() if got is not None and self._full(got[0])} if self.watch_store else set()

@@ -467,8 +467,7 @@ def _join_chunk(old: dict[str, np.ndarray], new: dict[str, Any], dataset: BaseDa
 
 def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool = False,
               progress: bool = True, check: bool = True,
-              keep_going: bool = False, on_dataset: Callable[[int], None] | None = None,
-              on_order: Callable[[list[int]], None] | None = None) -> tuple[Path, bool]:
+              keep_going: bool = False, on_dataset: Callable[[int], None] | None = None) -> tuple[Path, bool]:
     """Infer every (dataset, model) of ``cfg`` into the store; the metric tables are computed above this layer
     (:func:`xbench.workflows.run.run`).
 
@@ -476,8 +475,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     ``run_log.json`` (``failed``) and the run goes on with the other pairs; the failures are raised together at the
     end (no tables are computed then: re-run once fixed, the finished pairs are not recomputed). Every skipped
     case (``on_missing_image: skip``) is listed in ``<output_dir>/skipped_cases.csv``. ``on_dataset(i)`` is called once
-    every pair of ``cfg.datasets[i]`` is in the store without failure (so its evaluation can start); ``on_order(order)``
-    once, before the first network is built, with the config indices in the order they will be inferred.
+    every pair of ``cfg.datasets[i]`` is in the store without failure (so its evaluation can start).
 
     With ``check`` (default) :func:`xbench.inference.preflight.preflight` runs first and any problem stops the run before a
     model is built. Optional models without weights are left out (logged; noted in ``run_log.json``).
@@ -545,8 +543,6 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     ahead_on = feeds.decodes_ahead(cfg, device)
     behind: dict[int, Any] = {}  # dataset index -> its feed, whose decoding follows the previous dataset's
     order = inference_order(opened)
-    if on_order is not None:
-        on_order(list(order))
     for pos, i in enumerate(order):
         dspec, dataset = cfg.datasets[i], opened[i]
         mine = chunks_of(i)

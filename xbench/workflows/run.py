@@ -24,8 +24,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     With ``check`` (default) :func:`xbench.inference.preflight.preflight` runs first and any problem stops the run before a
     model is built. Returns the output folder. A re-run with the same config only evaluates (and infers cases
     skipped before). In one process each dataset is evaluated (worker processes at lower CPU priority,
-    :class:`~xbench.evaluation.evaluate.RunEvaluation`) while the next one infers; its ground truth is rasterised from
-    the start of the run, in the order the datasets are inferred. Under ``torchrun`` every rank infers
+    :class:`~xbench.evaluation.evaluate.RunEvaluation`) while the next one infers. Under ``torchrun`` every rank infers
     its share, and rank 0 evaluates each dataset once the ranks have filled its store, the rest after the barrier.
     ``keep_going``: see :func:`xbench.inference.runner.infer_run`. Besides the tidy tables, the paper-form tables
     (CSV/Markdown/LaTeX/HTML) are written.
@@ -41,23 +40,21 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
             write_paper_tables(cfg.output_dir)
         return out
     # each dataset is evaluated (worker processes, lower priority) while the next one infers: in one process once its
-    # pairs are inferred; on rank 0 of torchrun once every rank's chunks of it are in the store. The workers start
-    # when the inference order is known (before the first network is built) and rasterise ground truth in that order
+    # pairs are inferred; on rank 0 of torchrun once every rank's chunks of it are in the store (from the start)
     evaluation: RunEvaluation | None = None
 
-    def started(order: list[int] | None = None) -> RunEvaluation:
+    def started() -> RunEvaluation:
         nonlocal evaluation
         if evaluation is None:
             evaluation = RunEvaluation(cfg, progress=progress, nice=10, watch_store=rank0)
-            if order is not None:
-                evaluation.prepare_in(order)
             evaluation.start()
         return evaluation
 
     try:
+        if rank0:
+            started()
         out, _ = infer_run(cfg, shard=shard, overwrite=overwrite, progress=progress, check=check,
-                           keep_going=keep_going, on_dataset=(lambda i: started().ready(i)) if alone else None,
-                           on_order=started)
+                           keep_going=keep_going, on_dataset=(lambda i: started().ready(i)) if alone else None)
         if evaluation is None:  # no dataset was handed over (infer_run raises when a pair failed)
             evaluation = RunEvaluation(cfg, progress=progress)
         evaluation.mark("inference_done")
