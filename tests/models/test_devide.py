@@ -1,6 +1,9 @@
 """DeViDe adapter (unverified re-construction): build, shapes, text-dependent maps, checkpoint round trip, errors."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -63,6 +66,26 @@ def test_maps_respond_to_text_and_are_deterministic(model, pixels, prediction):
     assert (prediction.maps[:, 0] - prediction.maps[:, 1]).abs().max() > 1e-4
     other = model.predict(pixels[:1], ["cardiomegaly", "pneumonia"])
     assert (other.maps[0, 1] - prediction.maps[0, 0]).abs().max() > 0  # queries self-attend: the set matters
+
+
+def test_a_prompt_list_is_encoded_once_and_batches_equal_the_uncached_path(pixels):
+    """The text features of a prompt list are computed once and serve every batch (a dataset's prompts do not
+    change between batches); each batch's outputs are the bytes of encoding the text again for it."""
+    with pytest.warns(XBenchWarning, match="unverified"):
+        fresh = xbench.create_model("devide", random_init=True, seed=1,
+                                    tokenizer=str(_tokenizer_folder(Path(tempfile.mkdtemp()) / "Med-KEBERT")))
+    calls = []
+    encode = fresh.encode_text_ids
+    fresh.encode_text_ids = lambda *a: (calls.append(1), encode(*a))[1]
+    first, second = fresh.predict(pixels[:1], PROMPTS), fresh.predict(pixels[1:], PROMPTS)
+    assert len(calls) == 1
+    fresh.predict(pixels[1:], PROMPTS[:2])  # another prompt list is encoded for itself
+    assert len(calls) == 2
+    for got, rows in ((first, pixels[:1]), (second, pixels[1:])):
+        logits, attention = fresh.forward_features(rows, encode(*fresh.tokenizer([devide_module.prompt_text(p)
+                                                                                     for p in PROMPTS])))
+        assert torch.equal(got.scores, logits.softmax(dim=-1)[..., 1].float())
+        assert torch.equal(got.maps, devide_module.max_normalised_maps(attention[-1], fresh.grid).float())
 
 
 def _checkpoint(model) -> dict:

@@ -52,8 +52,8 @@ from torch import nn
 from transformers import BertConfig
 
 from ..core.errors import XBenchWarning
-from ._common import (IMAGENET_MEAN, IMAGENET_STD, build_uninitialised, check_inputs, normalize_uint8, resize_uint8,
-                      seeded_build)
+from ._common import (IMAGENET_MEAN, IMAGENET_STD, PromptCache, build_uninitialised, check_inputs, normalize_uint8,
+                      resize_uint8, seeded_build)
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
 from .kad import (TQN, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state, canonical_text_state,
                   canonical_tqn_state, checkpoint_containers, max_normalised_maps, prompt_text,
@@ -125,6 +125,7 @@ class DeViDeAdapter(Adapter):
         self.std = tuple(params.get("image_std", IMAGENET_STD))
         self.network = network.to(self.device).eval()
         self.tokenizer = tokenizer
+        self._text_cache: PromptCache[torch.Tensor] = PromptCache()
 
     @classmethod
     def _network_kwargs(cls, config: Mapping[str, Any]) -> dict[str, int]:
@@ -170,6 +171,12 @@ class DeViDeAdapter(Adapter):
         """Text features ``(Q, 768)`` from token ids ``(Q, L)``."""
         return self.network.text_encoder(input_ids.to(self.device), attention_mask.to(self.device))
 
+    def encode_prompts(self, prompts: Sequence[str]) -> torch.Tensor:
+        """Text features of ``prompts`` (mapped by :func:`prompt_text`), cached for the last prompt list: a dataset's
+        batches share one encoding, as in KAD."""
+        return self._text_cache.get(
+            tuple(prompts), lambda: self.encode_text_ids(*self.tokenizer([prompt_text(p) for p in prompts])))
+
     @torch.no_grad()
     def forward_features(self, pixels: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits ``(B, Q, head_outputs)`` and per-layer cross-attention (each ``(B, Q, 196)``)."""
@@ -180,7 +187,6 @@ class DeViDeAdapter(Adapter):
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (softmax index 1, or sigmoid for one output) and max-normalised 14x14 maps."""
         check_inputs(pixels, prompts, self.input_size)
-        ids, mask = self.tokenizer([prompt_text(p) for p in prompts])
-        logits, attention = self.forward_features(pixels, self.encode_text_ids(ids, mask))
+        logits, attention = self.forward_features(pixels, self.encode_prompts(prompts))
         scores = logits.softmax(dim=-1)[..., 1] if logits.shape[-1] == 2 else logits[..., 0].sigmoid()
         return Prediction(scores=scores.float().cpu(), maps=max_normalised_maps(attention[-1], self.grid).float().cpu())
