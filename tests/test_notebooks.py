@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import nbformat
 import pandas as pd
@@ -17,16 +18,72 @@ import pytest
 
 from xbench.spec.config import RunConfig
 from xbench.metrics import DATASET_LEVEL
-from xbench.workflows.reproduce import notebook_paths, reproduce
+from xbench.workflows.reproduce import notebook_paths
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "xbench" / "configs" / "runs" / "phantom.yaml"
 OUT = REPO / "results" / "phantom"
 
 
+class WheelReproduce(NamedTuple):
+    """What one ``xbench reproduce`` of an installed wheel did (see :func:`wheel_reproduce`)."""
+    out: Path
+    made: set[str]  # files under ``out`` it wrote (new, or changed since it started)
+    site_unchanged: bool  # site-packages as before the run
+    work_left: list[str]  # what it left in its (empty) working folder
+    stderr: str
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
 @pytest.fixture(scope="module")
-def reproduced() -> Path:
-    return reproduce(CONFIG, output_dir=OUT, device="cpu", timeout=900, progress=False)
+def wheel_reproduce(tmp_path_factory) -> WheelReproduce:
+    """Issue 23 item 1, and the run every test of this module reads: the package's wheel is built and installed in a
+    fresh virtual environment, and its ``xbench reproduce --config phantom --output-dir results/phantom --device cpu``
+    runs from an empty working folder (inference, evaluation, every notebook). One reproduction serves both the
+    installed-wheel checks and the tables / figures checks (it was run twice, in this process and by the wheel, until
+    the suite's time called for one)."""
+    import os
+    import subprocess
+    import sys
+    import sysconfig
+
+    from test_packaging import PIP, build_wheel
+
+    tmp_path = tmp_path_factory.mktemp("wheel_reproduce")
+    wheel, _ = build_wheel(tmp_path)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on the path reads as installed
+    subprocess.run([*PIP, "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True,
+                   capture_output=True, env=clean)
+    assert (site / "xbench" / "notebooks").is_dir() and (python.parent / "xbench").is_file()
+    # then torch & co. from this interpreter (after the install: pip would take an editable xbench there as installed)
+    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    OUT.mkdir(parents=True, exist_ok=True)
+    before, seeded = _snapshot(site), _snapshot(OUT)  # a store left by an earlier run is resumed, not recomputed
+    env = {"PATH": f"{python.parent}{os.pathsep}/usr/bin{os.pathsep}/bin", "HOME": str(tmp_path / "home"),
+           "HF_HUB_OFFLINE": "1",  # matplotlib's backend left to the kernels: their figures show inline
+           "XBENCH_CACHE": os.environ.get("XBENCH_CACHE") or str(Path.home() / ".cache" / "xbench")}
+    result = subprocess.run([str(python.parent / "xbench"), "reproduce", "--config", "phantom", "--output-dir", str(OUT),
+                             "--device", "cpu", "--timeout", "900", "-q"], cwd=work, env=env, capture_output=True,
+                            text=True, timeout=1500)
+    assert result.returncode == 0, result.stderr[-4000:]
+    after = _snapshot(OUT)
+    return WheelReproduce(OUT, {k for k, v in after.items() if seeded.get(k) != v}, _snapshot(site) == before,
+                          sorted(p.name for p in work.iterdir()), result.stderr)
+
+
+@pytest.fixture(scope="module")
+def reproduced(wheel_reproduce: WheelReproduce) -> Path:
+    return wheel_reproduce.out
 
 
 def test_every_notebook_has_a_parameters_cell_and_no_logic():
@@ -138,53 +195,14 @@ def test_comparison_notebook_on_a_synthetic_7x7_result_set(tmp_path):
     assert "Synthetic result set" in printed
 
 
-#: what `xbench reproduce` makes after inference: removed from the seeded copy so the wheel's run remakes them
-_REMADE = ("notebooks", "tables", "figures", "my_maps", "exports", "report.html")
-
-
-def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
-
-
 @pytest.mark.slow
-def test_wheel_reproduce_by_name_writes_only_under_its_output_folder(reproduced: Path, tmp_path):
-    """Issue 23 item 1: an installed wheel's ``xbench reproduce --config phantom``, started in an empty folder, leaves
-    site-packages unchanged and writes everything under ``--output-dir``. The store of this module's run is copied
-    in first (inference then resumes as a no-op; evaluation, tables, figures and all 11 notebooks run again)."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-    import sysconfig
-
-    from test_packaging import PIP, build_wheel
-
-    wheel, _ = build_wheel(tmp_path)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a checkout on the path reads as installed
-    subprocess.run([*PIP, "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)], check=True,
-                   capture_output=True, env=clean)
-    assert (site / "xbench" / "notebooks").is_dir() and (python.parent / "xbench").is_file()
-    # then torch & co. from this interpreter (after the install: pip would take an editable xbench there as installed)
-    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    out, work = tmp_path / "out", tmp_path / "work"
-    shutil.copytree(reproduced, out, ignore=lambda folder, names: [n for n in names if Path(folder) == reproduced
-                                                                   and n in _REMADE])
-    work.mkdir()
-    before, seeded = _snapshot(site), _snapshot(out)
-    env = {"PATH": f"{python.parent}{os.pathsep}/usr/bin{os.pathsep}/bin", "HOME": str(tmp_path / "home"),
-           "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg",
-           "XBENCH_CACHE": os.environ.get("XBENCH_CACHE") or str(Path.home() / ".cache" / "xbench")}
-    result = subprocess.run([str(python.parent / "xbench"), "reproduce", "--config", "phantom", "--output-dir", str(out),
-                             "-q"], cwd=work, env=env, capture_output=True, text=True, timeout=1500)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert _snapshot(site) == before, "xbench reproduce wrote into site-packages"
-    assert list(work.iterdir()) == [], "xbench reproduce wrote into its working folder"
-    made = set(_snapshot(out)) - set(seeded)
+def test_wheel_reproduce_by_name_writes_only_under_its_output_folder(wheel_reproduce: WheelReproduce):
+    """Issue 23 item 1: the installed wheel's ``xbench reproduce --config phantom``, started in an empty folder, leaves
+    site-packages unchanged and writes everything under ``--output-dir``."""
+    assert wheel_reproduce.site_unchanged, "xbench reproduce wrote into site-packages"
+    assert wheel_reproduce.work_left == [], "xbench reproduce wrote into its working folder"
     assert {"my_maps/tables/metrics.parquet", "tables/paper_table1.md", "notebooks/10_score_your_maps.ipynb",
-            "figures/fig3_auc_vs_pointing.pdf", "report.html"} <= made
-    assert "No pretrained weights" not in result.stderr and "without encryption" not in result.stderr  # -q, IPC kernels
+            "figures/fig3_auc_vs_pointing.pdf", "report.html"} <= wheel_reproduce.made
+    assert {f"notebooks/{p.name}" for p in notebook_paths()} <= wheel_reproduce.made  # every notebook ran again
+    stderr = wheel_reproduce.stderr
+    assert "No pretrained weights" not in stderr and "without encryption" not in stderr  # -q, IPC kernels
