@@ -360,3 +360,39 @@ def test_paper_tables_written_by_workers_are_the_same_bytes_in_the_same_order(ph
     assert parallel == serial
     assert {p.name: p.read_bytes() for p in sorted(paper.iterdir())} == by_run
     assert len(replayed) == len(serial) // 4  # one replay per table (4 files each)
+
+
+def test_the_timeline_is_written_while_callbacks_still_mark_it(tmp_path):
+    """Futures' callbacks mark the timeline from the pool's threads, possibly while ``write_timing`` runs: the
+    file is written from a copy taken under a lock, so it is always whole JSON and marking never fails."""
+    import threading
+
+    from xbench.evaluation.evaluate import RunEvaluation
+
+    evaluation = RunEvaluation(RunConfig.from_dict(tiny_run(tmp_path / "run", eval_workers=0)), progress=False)
+    (tmp_path / "run").mkdir()
+    stop, errors = threading.Event(), []
+
+    def marker(k: int) -> None:
+        try:
+            i = 0
+            while not stop.is_set():
+                evaluation.mark(f"event_{i}", f"dataset_{k}_{i % 50}")
+                evaluation._pair_done(f"dataset_{k}")
+                i += 1
+        except Exception as exc:  # pragma: no cover - what the test fails on
+            errors.append(exc)
+
+    threads = [threading.Thread(target=marker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(30):
+            evaluation.write_timing()
+            json.loads((tmp_path / "run" / "evaluation_timing.json").read_text())
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        evaluation.close()
+    assert errors == [] and len(evaluation.timing) > 4

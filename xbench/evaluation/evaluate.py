@@ -277,6 +277,7 @@ class RunEvaluation:
         self.watch_store = watch_store  # other processes write the store (ranks): a dataset is ready once it is full
         self._t0, self._created_unix = time.perf_counter(), round(time.time(), 3)
         self.timing: dict[str, dict[str, float]] = {}  # "run" or a dataset name -> event -> seconds since created
+        self._timing_lock = threading.Lock()  # futures' callbacks mark from the pool's threads
 
     def start(self) -> None:
         """Prepare ground truth and submit ready datasets in a background thread (only with a pool)."""
@@ -294,12 +295,20 @@ class RunEvaluation:
 
     def mark(self, event: str, dataset: str = "run") -> None:
         """Note when ``event`` happened (seconds since this evaluation was created; the first time only)."""
-        self.timing.setdefault(dataset, {}).setdefault(event, round(time.perf_counter() - self._t0, 3))
+        self._note(dataset, event, first=True)
+
+    def _note(self, dataset: str, event: str, *, first: bool) -> None:
+        with self._timing_lock:
+            events = self.timing.setdefault(dataset, {})
+            if not (first and event in events):
+                events[event] = round(time.perf_counter() - self._t0, 3)
 
     def write_timing(self) -> None:
         """``<output_dir>/evaluation_timing.json``: when each step of the evaluation happened (seconds since it was
         created, ``created_unix`` on the wall clock). Timings only: never part of the tables."""
-        doc = {"created_unix": self._created_unix, "workers": self.workers, "events": self.timing}
+        with self._timing_lock:
+            events = {name: dict(ev) for name, ev in self.timing.items()}
+        doc = {"created_unix": self._created_unix, "workers": self.workers, "events": events}
         atomic_write_bytes(Path(self.cfg.output_dir) / "evaluation_timing.json", json.dumps(doc, indent=1).encode())
 
     def _ahead(self) -> None:
@@ -349,7 +358,7 @@ class RunEvaluation:
     def _pair_done(self, name: str, _: Any = None) -> None:
         """A pair of dataset ``name`` is done: count it, and wake the thread (its dataset's comparisons may start)."""
         self.bar.update(1)
-        self.timing.setdefault(name, {})["pairs_done"] = round(time.perf_counter() - self._t0, 3)  # the last one's
+        self._note(name, "pairs_done", first=False)  # the last pair's
         with self._cond:
             self._cond.notify_all()
 
