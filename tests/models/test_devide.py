@@ -12,6 +12,7 @@ import xbench
 import xbench.models.devide as devide_module
 from xbench.core.errors import CheckpointError, MissingFileError, XBenchWarning
 from xbench.models.devide import DeViDeAdapter
+from xbench.models.kad import prompt_text
 
 PROMPTS = ["pneumonia", "pleural effusion", "cardiomegaly"]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "pneumonia", "pleural", "effusion", "cardio", "##megaly"]
@@ -82,7 +83,7 @@ def test_a_prompt_list_is_encoded_once_and_batches_equal_the_uncached_path(pixel
     fresh.predict(pixels[1:], PROMPTS[:2])  # another prompt list is encoded for itself
     assert len(calls) == 2
     for got, rows in ((first, pixels[:1]), (second, pixels[1:])):
-        logits, attention = fresh.forward_features(rows, encode(*fresh.tokenizer([devide_module.prompt_text(p)
+        logits, attention = fresh.forward_features(rows, encode(*fresh.tokenizer([prompt_text(p)
                                                                                      for p in PROMPTS])))
         assert torch.equal(got.scores, logits.softmax(dim=-1)[..., 1].float())
         assert torch.equal(got.maps, devide_module.max_normalised_maps(attention[-1], fresh.grid).float())

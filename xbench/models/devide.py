@@ -55,8 +55,8 @@ from ..core.errors import XBenchWarning
 from ._common import (IMAGENET_MEAN, IMAGENET_STD, PromptCache, build_uninitialised, check_inputs, normalize_uint8,
                       resize_uint8, seeded_build)
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
-from .kad import (TQN, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state, canonical_text_state,
-                  canonical_tqn_state, checkpoint_containers, max_normalised_maps, prompt_text,
+from .kad import (TQN, KADPromptFeatures, KADTextEncoder, MedKEBERTTokenizer, bert_config_from_state,
+                  canonical_text_state, canonical_tqn_state, checkpoint_containers, max_normalised_maps,
                   random_init_tokenizer)
 
 
@@ -97,7 +97,7 @@ class DeViDeNetwork(nn.Module):
         load_state_strict(self.model, canonical_tqn_state(parts["model"]), "DeViDe checkpoint['model']")
 
 
-class DeViDeAdapter(Adapter):
+class DeViDeAdapter(KADPromptFeatures, Adapter):
     """XBench adapter for the assumed DeViDe architecture (**unverified**; see the module docstring).
 
     Parameters
@@ -170,12 +170,6 @@ class DeViDeAdapter(Adapter):
     def encode_text_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Text features ``(Q, 768)`` from token ids ``(Q, L)``."""
         return self.network.text_encoder(input_ids.to(self.device), attention_mask.to(self.device))
-
-    def encode_prompts(self, prompts: Sequence[str]) -> torch.Tensor:
-        """Text features of ``prompts`` (mapped by :func:`prompt_text`), cached for the last prompt list: a dataset's
-        batches share one encoding, as in KAD."""
-        return self._text_cache.get(
-            tuple(prompts), lambda: self.encode_text_ids(*self.tokenizer([prompt_text(p) for p in prompts])))
 
     @torch.no_grad()
     def forward_features(self, pixels: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -66,7 +66,7 @@ Deviations
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -328,7 +328,22 @@ def max_normalised_maps(attention: torch.Tensor, grid: tuple[int, int]) -> torch
 
 
 # -- adapter -------------------------------------------------------------------------------
-class KADAdapter(Adapter):
+class KADPromptFeatures:
+    """``encode_prompts`` for adapters with KAD's text side (KAD, DeViDe): the prompt names mapped by
+    :func:`prompt_text`, tokenised by ``self.tokenizer``, encoded by ``self.encode_text_ids`` and kept for the last
+    prompt list (``self._text_cache``, a :class:`PromptCache`), so a dataset's batches share one encoding."""
+
+    _text_cache: PromptCache[torch.Tensor]
+    tokenizer: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]]
+    encode_text_ids: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def encode_prompts(self, prompts: Sequence[str]) -> torch.Tensor:
+        """Text features of ``prompts``, cached for the last prompt list."""
+        return self._text_cache.get(
+            tuple(prompts), lambda: self.encode_text_ids(*self.tokenizer([prompt_text(p) for p in prompts])))
+
+
+class KADAdapter(KADPromptFeatures, Adapter):
     """XBench adapter for KAD-224 / 512 / 1024 (see the module docstring for every convention).
 
     Parameters
@@ -397,11 +412,6 @@ class KADAdapter(Adapter):
     def encode_text_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Text features ``(Q, 768)`` (queries before ``decoder_norm``) from token ids ``(Q, L)``."""
         return self.network.text_encoder(input_ids.to(self.device), attention_mask.to(self.device))
-
-    def encode_prompts(self, prompts: Sequence[str]) -> torch.Tensor:
-        """Text features of ``prompts`` (mapped by :func:`prompt_text`), cached for the last prompt list."""
-        return self._text_cache.get(
-            tuple(prompts), lambda: self.encode_text_ids(*self.tokenizer([prompt_text(p) for p in prompts])))
 
     @torch.no_grad()
     def forward_features(self, pixels: torch.Tensor, text_features: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
