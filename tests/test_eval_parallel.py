@@ -36,6 +36,7 @@ def _evaluate(run_dir: Path, to: Path, workers: int | str) -> dict[str, bytes]:
     out = copy_run(run_dir, to)
     shutil.rmtree(out / "tables", ignore_errors=True)
     shutil.rmtree(out / "cache" / "ground_truth", ignore_errors=True)
+    (out / "evaluation_timing.json").unlink(missing_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XBenchWarning)
         evaluate_run(RunConfig.from_dict(tiny_run(out, eval_workers=workers)), progress=False)
@@ -55,6 +56,9 @@ def test_serial_and_two_workers_write_byte_identical_tables(phantom_run, tmp_pat
         assert (phantom_run / "tables" / name).read_bytes() == serial[name], name
     log = json.loads(serial["evaluation_log.json"])
     assert [e["model"] for e in log] == ["center_prior", "random_prior", "anatomical_prior"]
+    for arm in ("serial", "parallel"):  # evaluate_run writes its timeline once, beside tables/ (never in it)
+        events = json.loads((tmp_path / arm / "evaluation_timing.json").read_text())["events"]
+        assert events["run"]["gathered"] <= events["run"]["tables_written"] and "ground_truth_done" in events["phantom"]
 
 
 @pytest.fixture(scope="module")

@@ -228,11 +228,14 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     it would serially, so the tables are byte-identical whatever the worker count. Every process evaluates with
     one BLAS thread (workers and this one alike): OpenBLAS may split a matrix product's sums over its threads, so
     with more threads the last bits of bootstrap CIs would depend on the machine's core count. Progress: at most
-    one line per finished pair. :class:`RunEvaluation` is the same work, started while inference still runs.
+    one line per finished pair. :class:`RunEvaluation` is the same work, started while inference still runs. When
+    each step ran is written to ``<output_dir>/evaluation_timing.json`` (timings only, outside ``tables/``).
     """
     evaluation = RunEvaluation(cfg, progress=progress)
     try:
-        return evaluation.finish()
+        table = evaluation.finish()
+        evaluation.write_timing()
+        return table
     finally:
         evaluation.close()
 
@@ -468,7 +471,6 @@ class RunEvaluation:
         atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
         write_comparisons(compared, out)
         self.mark("tables_written")
-        self.write_timing()
         return table
 
     def close(self) -> None:
