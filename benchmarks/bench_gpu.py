@@ -299,18 +299,20 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
                                   if e.get("built_since_start_seconds") is not None},
             "preprocessed_on": sorted({json.dumps(e["preprocessed_on"]) for e in log if "preprocessed_on" in e}),
             "store_mb": round(sum(f.stat().st_size for f in (Path(cfg.output_dir) / "store").rglob("*.npz")) / 2**20, 1),
-            "eval_timeline": eval_timeline(Path(cfg.output_dir), log) if evaluate else None}
+            "eval_timeline": eval_timeline(Path(cfg.output_dir), min((e["run_started_unix"] for e in log
+                                                                       if "run_started_unix" in e), default=None))
+            if evaluate else None}
 
 
-def eval_timeline(out: Path, log: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The evaluation's steps (``evaluation_timing.json``), in seconds since the run started (the run log's
-    ``run_started_unix``), with the evaluation's worker count; None without the file."""
+def eval_timeline(out: Path, since_unix: float | None) -> dict[str, Any] | None:
+    """The evaluation's steps (``evaluation_timing.json``), in seconds since ``since_unix`` (a run's
+    ``run_started_unix``, or when a multi-GPU launcher started), with the evaluation's worker count; None without the
+    file."""
     path = out / "evaluation_timing.json"
-    starts = [e["run_started_unix"] for e in log if "run_started_unix" in e]
-    if not path.is_file() or not starts:
+    if not path.is_file() or since_unix is None:
         return None
     doc = json.loads(path.read_text())
-    shift = doc["created_unix"] - min(starts)
+    shift = doc["created_unix"] - since_unix
     return {"workers": doc["workers"], "created": round(shift, 2),
             "events": {k: {e: round(v + shift, 2) for e, v in ev.items()} for k, ev in doc["events"].items()}}
 
@@ -587,7 +589,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                          # from the last rank's end of inference to the launcher's exit: evaluation
                                          # after the barrier, tables, process exits
                                          "after_inference_seconds": round(wall - max(ends), 2) if ends else None,
-                                         "stderr_tail": proc.stderr[-1500:] if proc.returncode else ""}
+                                         "stderr_tail": proc.stderr[-1500:] if proc.returncode else "",
+                                         # rank 0's evaluation, in seconds since the launch
+                                         "eval_timeline": eval_timeline(args.out / tag, launched)}
                 # the baseline: one GPU launched the same way when it ran (equal start-up), else the in-process default
                 base = result.get("multi_1") if gpus > 1 and result.get("multi_1", {}).get("returncode") == 0 else None
                 if proc.returncode == 0 and (base is not None or "default" in result):

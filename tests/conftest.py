@@ -112,3 +112,18 @@ class Files:
         from xbench.datasets import Sample
 
         return Sample(case_id=f"c{i}", dataset="files", image_path=self.paths[i], size=(0, 0), view=None, labels={})
+
+
+@pytest.fixture()
+def two_datasets(tmp_path, monkeypatch) -> list[dict]:
+    """The phantom test split and a second dataset (the phantom manifest under another name, from a config path)."""
+    from xbench.spec import registry
+
+    monkeypatch.setattr(registry, "MODEL_CONFIG_DIRS", list(registry.MODEL_CONFIG_DIRS))
+    monkeypatch.setattr(registry, "MANIFEST_DIRS", list(registry.MANIFEST_DIRS))
+    folder = tmp_path / "configs"
+    (folder / "datasets").mkdir(parents=True)
+    (folder / "datasets" / "phantom_b.yaml").write_text((registry.PACKAGE_DIR.parent / "data_manifests" /
+                                                         "phantom.yaml").read_text())
+    registry.add_search_dir(folder)
+    return [{"name": "phantom", "split": "test", "cases": 12}, {"name": "phantom_b", "split": "test", "cases": 10}]

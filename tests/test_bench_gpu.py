@@ -89,6 +89,16 @@ def test_rank_timings_give_each_ranks_start_up_from_the_launch(bench, tmp_path):
          "model_seconds": 1.5, "decode_wait_seconds": 0.5, "cases": 3}]
 
 
+def test_the_evaluation_timeline_is_shifted_to_the_launch(bench, tmp_path):
+    """A multi-GPU run's timeline (rank 0's ``evaluation_timing.json``) is reported in seconds since the launcher
+    started, like the ranks' start-ups; without the file, or without a start, there is none."""
+    doc = {"created_unix": 1005.5, "workers": 3, "events": {"run": {"gathered": 10.0}, "d": {"ready": 1.25}}}
+    (tmp_path / "evaluation_timing.json").write_text(json.dumps(doc))
+    assert bench.eval_timeline(tmp_path, 1000.0) == {"workers": 3, "created": 5.5,
+                                                     "events": {"run": {"gathered": 15.5}, "d": {"ready": 6.75}}}
+    assert bench.eval_timeline(tmp_path, None) is None and bench.eval_timeline(tmp_path / "none", 1000.0) is None
+
+
 def test_model_entries_load_weight_folders_when_given(bench, tmp_path):
     """``--weights files``: a model with a stand-in folder is configured to load it; the others as before."""
     folders = {"kad": tmp_path / "weights" / "kad"}

@@ -20,7 +20,6 @@ from xbench.core.errors import CheckpointError, FormatError, XBenchWarning
 from xbench.inference import feeds, runner
 from xbench.inference.cache import InputFeed, inherit_input, model_input
 from xbench.models.base import input_twin
-from xbench.spec import registry
 from xbench.spec.config import RunConfig
 from xbench.store.results import ResultStore
 from xbench.workflows.run import run
@@ -147,19 +146,6 @@ def test_decode_ahead_is_on_for_cuda_runs_unless_turned_off(tmp_path, monkeypatc
     assert json.loads((tmp_path / "on" / "run_log.json").read_text())[0]["built_while_decoding"] is True
 
 
-@pytest.fixture()
-def two_datasets(tmp_path, monkeypatch) -> list[dict]:
-    """The phantom test split and a second dataset (the phantom manifest under another name, from a config path)."""
-    monkeypatch.setattr(registry, "MODEL_CONFIG_DIRS", list(registry.MODEL_CONFIG_DIRS))
-    monkeypatch.setattr(registry, "MANIFEST_DIRS", list(registry.MANIFEST_DIRS))
-    folder = tmp_path / "configs"
-    (folder / "datasets").mkdir(parents=True)
-    (folder / "datasets" / "phantom_b.yaml").write_text((registry.PACKAGE_DIR.parent / "data_manifests" /
-                                                         "phantom.yaml").read_text())
-    registry.add_search_dir(folder)
-    return [{"name": "phantom", "split": "test", "cases": 12}, {"name": "phantom_b", "split": "test", "cases": 10}]
-
-
 def test_the_next_dataset_decodes_while_this_one_infers(tmp_path, monkeypatch, two_datasets):
     models = ["ref_xattn", "random_prior", "center_prior"]
     with pytest.MonkeyPatch.context() as mp:
@@ -207,7 +193,7 @@ def test_with_decode_workers_the_next_dataset_is_chained_and_the_store_is_unchan
 
 
 def test_the_largest_dataset_is_inferred_first_and_the_tables_keep_the_config_order(tmp_path, two_datasets):
-    """``runner.inference_order``: phantom_b (12 cases) before phantom (10 cases, first in the config), so the
+    """``largest_first`` (:mod:`xbench.datasets.base`): phantom_b (12 cases) before phantom (10 cases, first in the config), so the
     evaluation left after the last inference is the smaller one's; the tidy table still lists phantom first."""
     small, large = {**two_datasets[0], "cases": 10}, {**two_datasets[1], "cases": 12}
     cfg = RunConfig.from_dict(tiny_run(tmp_path / "run", models=["center_prior", "random_prior"], grid=[32, 32],

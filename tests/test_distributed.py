@@ -99,9 +99,10 @@ def test_slurm_recipe_shards_then_merge_through_the_cli(tmp_path, phantom_cache)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(tiny_raw(tmp_path / "merged")))
     env = {**os.environ, "XBENCH_CACHE": str(phantom_cache), "PYTHONWARNINGS": "ignore"}
-    for i in range(3):
-        subprocess.run([sys.executable, "-m", "xbench.cli", "run", "--config", str(config), "--shard", f"{i}/3",
-                        "--output-dir", str(tmp_path / f"task{i}"), "--quiet"], check=True, env=env)
+    tasks = [subprocess.Popen([sys.executable, "-m", "xbench.cli", "run", "--config", str(config), "--shard", f"{i}/3",
+                               "--output-dir", str(tmp_path / f"task{i}"), "--quiet"], env=env)
+             for i in range(3)]  # at once, as an array job's tasks run
+    assert [task.wait(timeout=300) for task in tasks] == [0, 0, 0]
     subprocess.run([sys.executable, "-m", "xbench.cli", "merge", "--config", str(config), "--from",
                     *[str(tmp_path / f"task{i}") for i in range(3)]], check=True, env=env)
     assert_same_tables(tmp_path / "merged", single)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import time
 import pickle
 import shutil
 import warnings
@@ -400,3 +401,42 @@ def test_the_timeline_is_written_while_callbacks_still_mark_it(tmp_path):
             t.join()
         evaluation.close()
     assert errors == [] and len(evaluation.timing) > 4
+
+
+def test_rank_0_evaluates_the_largest_dataset_first_and_each_as_soon_as_its_store_is_full(tmp_path, two_datasets):
+    """Rank 0 of a distributed run evaluates while the ranks infer (``watch_store``): ground truth is rasterised
+    largest dataset first, the order the ranks infer in, and a dataset whose store is full has its pairs submitted
+    right after its own ground truth, before the next dataset's is rasterised. The tables are the bytes of evaluating
+    the same store serially."""
+    from xbench.evaluation.evaluate import RunEvaluation
+    from xbench.workflows.run import run
+
+    small, large = {**two_datasets[0], "cases": 10}, {**two_datasets[1], "cases": 12}  # phantom_b is the larger
+
+    def config(out: Path, workers: int) -> RunConfig:
+        return RunConfig.from_dict(tiny_run(out, models=["center_prior", "random_prior"], datasets=[small, large],
+                                            num_workers=0, eval_workers=workers))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        run(config(tmp_path / "run", 0), evaluate=False, progress=False)  # every rank's chunks are in the store
+        serial = copy_run(tmp_path / "run", tmp_path / "serial")
+        evaluate_run(config(serial, 0), progress=False)
+        evaluation = RunEvaluation(config(tmp_path / "run", 2), progress=False, watch_store=True)
+        try:
+            evaluation.start()
+            for _ in range(600):  # both datasets submitted by the background thread alone (finish readies the rest)
+                if len(evaluation.items) == 2 or evaluation._thread is None or not evaluation._thread.is_alive():
+                    break
+                time.sleep(0.1)
+            assert sorted(evaluation.items) == [0, 1]
+            evaluation.finish()
+            evaluation.write_timing()
+        finally:
+            evaluation.close()
+    events = json.loads((tmp_path / "run" / "evaluation_timing.json").read_text())["events"]
+    first, second = events["phantom_b"], events["phantom"]
+    assert first["ground_truth_done"] <= first["pairs_submitted"] <= second["ground_truth_started"]
+    tables = {p.name: p.read_bytes() for p in sorted((tmp_path / "run" / "tables").glob("*")) if p.is_file()}
+    want = {p.name: p.read_bytes() for p in sorted((serial / "tables").glob("*")) if p.is_file()}
+    assert tables.keys() == want.keys() and [n for n in want if tables[n] != want[n]] == []

@@ -46,6 +46,7 @@ import pandas as pd
 from ..core.atomic import atomic_write_bytes, write_frame
 from ..spec.config import RunConfig
 from ..datasets import BaseDataset, open_dataset
+from ..datasets.base import largest_first
 from ..core.errors import XBenchError
 from ..core.logs import progress_bar
 from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers, round_trips
@@ -245,7 +246,8 @@ class RunEvaluation:
 
     :func:`xbench.workflows.run.run` overlaps evaluation with inference through it:
 
-    * :meth:`start` prepares each dataset's ground truth in a background thread, through the worker pool;
+    * :meth:`start` prepares each dataset's ground truth in a background thread, through the worker pool, largest
+      dataset first (:func:`~xbench.datasets.base.largest_first`, the order a run infers them in);
     * :meth:`ready` is called with a dataset's index once every one of its pairs is in the store, and the thread
       submits that dataset's pairs to the pool; with ``watch_store`` (rank 0 of a distributed run, whose store the
       other ranks write too) the thread also looks for datasets whose every chunk index is present;
@@ -315,23 +317,33 @@ class RunEvaluation:
         atomic_write_bytes(Path(self.cfg.output_dir) / "evaluation_timing.json", json.dumps(doc, indent=1).encode())
 
     def _ahead(self) -> None:
+        """Ground truth dataset by dataset, largest first (the order a run infers them in), each dataset's pairs
+        submitted as soon as its ground truth is prepared and it is ready; then wait for the rest."""
         try:
             prepared: dict[int, Any] = {}
-            for i, dspec in enumerate(self.cfg.datasets):
+            opened = [open_dataset(dspec) for dspec in self.cfg.datasets]
+            for i in largest_first(opened):
                 if self._stop:
                     return
-                prepared[i] = self._prepare(dspec, in_pool=True)
+                prepared[i] = self._prepare(self.cfg.datasets[i], in_pool=True, dataset=opened[i])
+                self._watch(prepared)
                 self._submit_ready(prepared)
             while (prepared or self._uncompared()) and not self._stop:
-                full = {i for i, got in prepared.items() if got is not None and self._full(got[0])} if self.watch_store else set()
+                self._watch(prepared)
                 with self._cond:
-                    self._ready |= full
                     if not self._stop and not (self._ready & set(prepared)) and not self._comparable():
                         self._cond.wait(timeout=0.5)
                 self._submit_ready(prepared)
                 self._submit_comparisons()
         except BaseException as exc:  # raised by finish
             self._error = exc
+
+    def _watch(self, prepared: dict[int, Any]) -> None:
+        """With ``watch_store``: every prepared dataset whose store is full (all ranks' chunks indexed) is ready."""
+        if self.watch_store:
+            full = {i for i, got in prepared.items() if got is not None and self._full(got[0])}
+            with self._cond:
+                self._ready |= full
 
     def _uncompared(self) -> list[int]:
         """Datasets whose pairs are all in the pool, none failed so far, and whose comparisons are not submitted yet
@@ -378,9 +390,9 @@ class RunEvaluation:
             if got is not None and not self._stop:
                 self.items[i] = (got[0].name, self._pairs(*got))
 
-    def _prepare(self, dspec: Any, *, in_pool: bool) -> tuple[Any, ...] | None:
+    def _prepare(self, dspec: Any, *, in_pool: bool, dataset: BaseDataset | None = None) -> tuple[Any, ...] | None:
         """``(dataset, shipped, gt, gt_file, gt_key)``; None when ``in_pool`` and the dataset cannot be shipped."""
-        dataset = open_dataset(dspec)
+        dataset = open_dataset(dspec) if dataset is None else dataset
         shipped = shippable(dataset) if self.pool is not None else None
         if in_pool and shipped is None:
             return None  # evaluated in this process by finish()

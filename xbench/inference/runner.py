@@ -39,6 +39,7 @@ from ..core.version import __version__
 from ..core.atomic import atomic_write_bytes, check_writable
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
 from ..datasets import BaseDataset, open_dataset
+from ..datasets.base import largest_first
 from ..core.errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from ..store.fingerprint import fit_key, fitted_is_current, hash_ahead, refit, run_fingerprint, weight_files
 from ..models import Adapter, create_model
@@ -542,7 +543,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
 
     ahead_on = feeds.decodes_ahead(cfg, device)
     behind: dict[int, Any] = {}  # dataset index -> its feed, whose decoding follows the previous dataset's
-    order = inference_order(opened)
+    order = largest_first(opened)  # tables keep the config's order; the run log lists datasets as inferred
     for pos, i in enumerate(order):
         dspec, dataset = cfg.datasets[i], opened[i]
         mine = chunks_of(i)
@@ -620,19 +621,6 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
         _barrier(shard)
         return out, shard[0] == 0
     return out, shard == (0, 1)  # independent shards: `xbench merge` evaluates once all are present
-
-
-def inference_order(datasets: Sequence[BaseDataset]) -> list[int]:
-    """The order datasets are inferred in: most cases × findings first (ties in config order), so that the evaluation
-    left after the last dataset's inference is the shortest, and the first dataset, decoded while the networks are
-    built, is the largest. The tables keep the config's order; the run log lists the datasets as inferred.
-
-    >>> class D(list):
-    ...     findings = ["effusion"]
-    >>> inference_order([D(range(10)), D(range(300)), D(range(300)), D(range(40))])
-    [1, 2, 3, 0]
-    """
-    return sorted(range(len(datasets)), key=lambda d: -len(datasets[d]) * max(1, len(datasets[d].findings)))
 
 
 def _weight_bytes(mspec: ModelSpec) -> int:
