@@ -205,6 +205,43 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
     assert done.stdout.count("script body ran") == 1 and "separate" in done.stdout, done.stdout
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, ended but not yet reaped, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_workers_end_when_the_pools_owner_dies_without_shutting_it_down(tmp_path):
+    """A process that dies with its pool open (killed, ``os._exit``, out of memory: a crashed rank) leaves no
+    worker behind: the fork server's workers are not its children, and used to wait for jobs forever."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "dies.py"
+    script.write_text(
+        "import os, threading\n"
+        "from xbench.core.workers import process_pool\n"
+        "pool = process_pool(2, nice=1)\n"
+        "jobs = [pool.submit(threading.Event().wait, 0.5) for _ in range(2)]  # two jobs at once: two workers\n"
+        "print(*pool._processes, pool.submit(os.getppid).result(), flush=True)  # the workers, the fork server\n"
+        "os._exit(0)\n")
+    with (tmp_path / "out.txt").open("w") as out:  # a file, not a pipe: workers left behind would hold it open
+        done = subprocess.run([sys.executable, str(script)], stdout=out, stderr=subprocess.STDOUT, timeout=120,
+                              cwd=Path(__file__).resolve().parents[1])
+    printed = (tmp_path / "out.txt").read_text()
+    assert done.returncode == 0, printed
+    pids = [int(x) for x in printed.split()]  # the workers and the fork server
+    assert len(pids) == 3
+    for _ in range(200):
+        if not any(_running(pid) for pid in pids):
+            break
+        time.sleep(0.1)
+    assert [pid for pid in pids if _running(pid)] == []
+
+
 def test_a_dataset_that_cannot_be_pickled_is_evaluated_in_process(phantom_run, tmp_path, monkeypatch, caplog):
     """A user loader holding a lambda cannot cross to a worker: its pairs run here, with a log line; same bytes."""
     import logging

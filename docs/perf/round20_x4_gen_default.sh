@@ -1,3 +1,4 @@
+# As run on the device (round 12, first burst, code 43f6b62). .device_carry/exp/cmp.py = round12_cmp_stores.py.
 # round 12 call 1 (4-GPU host): install, generate the full-scale stand-ins, one-GPU cold default run (the identity reference)
 set -u
 pip install -q --no-deps --target /tmp/site .device_carry/wheels/*.whl 2>&1 | grep -v WARN | tail -2

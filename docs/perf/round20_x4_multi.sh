@@ -1,3 +1,4 @@
+# As run on the device (round 12, first burst, code 43f6b62). .device_carry/exp/cmp.py = round12_cmp_stores.py.
 # round 12 call 2 (same 4-GPU host): torchrun with 1, 2 and 4 GPUs on the same full-scale stand-ins, cold, then stores and tables against call 1's default
 set -u
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PATH=/tmp/site/bin:$PATH

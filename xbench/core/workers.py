@@ -12,6 +12,9 @@ Conventions
   started; jobs take everything they need as arguments. Workers do not import the caller's ``__main__`` (a
   script without an ``if __name__ == "__main__":`` guard would otherwise run again in every worker): a job
   must be a function of an importable module, unless the pool is made with ``main=True``.
+* A worker ends when the process that made its pool ends, even one that never shut the pool down (killed,
+  ``os._exit``, out of memory): a fork server's workers are not their owner's children and would otherwise wait
+  for jobs, and keep the server alive, forever.
 * Every worker is single-threaded: BLAS / OpenMP pools are limited to one thread (``threadpoolctl``) and torch's
   intra-op threads to one, so ``n`` workers use ``n`` cores. Results may depend on the BLAS thread count
   (OpenBLAS may split a matrix product's sums over its threads: the last bits of a bootstrap CI move), so
@@ -26,8 +29,10 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import select
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -127,15 +132,45 @@ def process_pool(workers: int, preload: tuple[str, ...] = (), *, main: bool = Fa
             context.set_forkserver_preload(list(preload))
     else:  # pragma: no cover - Windows
         context = multiprocessing.get_context("spawn")
-    init = functools.partial(_lower_priority, int(nice)) if nice else single_threaded
+    init = functools.partial(_start_worker, os.getpid(), int(nice))
     return _Pool(max_workers=workers, mp_context=context, initializer=init, hide_main=not main)
 
 
-def _lower_priority(nice: int) -> None:
-    """A pool's initializer: :func:`single_threaded`, then ``os.nice(nice)`` where the platform has it."""
+def _start_worker(owner: int, nice: int) -> None:
+    """A pool's initializer: :func:`single_threaded`, ``os.nice(nice)`` where the platform has it, and
+    :func:`_end_with` the pool's owner."""
     single_threaded()
-    if hasattr(os, "nice"):
+    if nice and hasattr(os, "nice"):
         os.nice(nice)
+    _end_with(owner)
+
+
+def _end_with(owner: int) -> None:
+    """End this worker when process ``owner`` (the pool's creator) ends, whether or not it shut the pool down.
+
+    A worker started by the fork server is not the owner's child, so nothing else tells it that the owner died
+    (killed, ``os._exit``, out of memory): it would wait for jobs forever and keep the fork server alive. A daemon
+    thread waits on a pidfd of the owner (Linux), else checks every second that the owner still exists.
+    """
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(owner)
+        except (AttributeError, OSError):  # no pidfd here: poll
+            fd = None
+        if fd is not None:
+            select.select([fd], [], [])  # readable once the owner has ended
+        else:
+            while True:
+                time.sleep(1.0)
+                try:
+                    os.kill(owner, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:  # exists, owned by another user (a reused pid): keep waiting
+                    pass
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="xbench-owner-watch").start()
 
 
 class _Pool(ProcessPoolExecutor):
