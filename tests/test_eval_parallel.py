@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import pickle
 import shutil
@@ -240,6 +241,30 @@ def test_workers_end_when_the_pools_owner_dies_without_shutting_it_down(tmp_path
             break
         time.sleep(0.1)
     assert [pid for pid in pids if _running(pid)] == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the polling watch is POSIX-only")
+def test_without_a_pidfd_a_worker_polls_for_its_owner(tmp_path):
+    """Where ``os.pidfd_open`` is missing, the watch checks every second that the owner exists, and ends the
+    worker once it is gone (here: this script plays the worker, a short ``sleep`` the owner)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "poll.py"
+    script.write_text(
+        "import os, signal, subprocess, time\n"
+        "from xbench.core import workers\n"
+        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the owner is reaped at once, not left as a zombie\n"
+        "del os.pidfd_open\n"
+        "owner = subprocess.Popen(['sleep', '1']).pid\n"
+        "workers._end_with(owner)\n"
+        "time.sleep(30)\n"
+        "print('still running', flush=True)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 1 and "still running" not in done.stdout, (done.stdout, done.stderr)
+    assert time.monotonic() - started < 25
 
 
 def test_a_dataset_that_cannot_be_pickled_is_evaluated_in_process(phantom_run, tmp_path, monkeypatch, caplog):

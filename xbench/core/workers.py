@@ -150,13 +150,17 @@ def _end_with(owner: int) -> None:
 
     A worker started by the fork server is not the owner's child, so nothing else tells it that the owner died
     (killed, ``os._exit``, out of memory): it would wait for jobs forever and keep the fork server alive. A daemon
-    thread waits on a pidfd of the owner (Linux), else checks every second that the owner still exists.
+    thread waits on a pidfd of the owner (Linux), else, on other POSIX systems, checks every second that the owner
+    still exists. Elsewhere (Windows: ``spawn`` workers, and ``os.kill(pid, 0)`` would send CTRL+C) nothing is watched.
     """
+    try:
+        fd: int | None = os.pidfd_open(owner)
+    except (AttributeError, OSError):  # no pidfd here
+        fd = None
+    if fd is None and os.name != "posix":
+        return
+
     def watch() -> None:
-        try:
-            fd = os.pidfd_open(owner)
-        except (AttributeError, OSError):  # no pidfd here: poll
-            fd = None
         if fd is not None:
             select.select([fd], [], [])  # readable once the owner has ended
         else:
