@@ -33,15 +33,16 @@ pytestmark = pytest.mark.usefixtures("phantom_cache")
 GRID = (64, 64)
 
 
-def _evaluate(run_dir: Path, to: Path, workers: int | str) -> dict[str, bytes]:
-    """Evaluate a copy of ``run_dir`` (tables and caches removed first) with ``workers``; its tables' bytes."""
+def _evaluate(run_dir: Path, to: Path, workers: int | str, **changes) -> dict[str, bytes]:
+    """Evaluate a copy of ``run_dir`` (tables and caches removed first) with ``workers`` (and config ``changes``);
+    its tables' bytes."""
     out = copy_run(run_dir, to)
     shutil.rmtree(out / "tables", ignore_errors=True)
     shutil.rmtree(out / "cache" / "ground_truth", ignore_errors=True)
     (out / "evaluation_timing.json").unlink(missing_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XBenchWarning)
-        evaluate_run(RunConfig.from_dict(tiny_run(out, eval_workers=workers)), progress=False)
+        evaluate_run(RunConfig.from_dict(tiny_run(out, eval_workers=workers, **changes)), progress=False)
     return {str(p.relative_to(out / "tables")): p.read_bytes() for p in sorted((out / "tables").rglob("*")) if p.is_file()}
 
 
@@ -61,6 +62,54 @@ def test_serial_and_two_workers_write_byte_identical_tables(phantom_run, tmp_pat
     for arm in ("serial", "parallel"):  # evaluate_run writes its timeline once, beside tables/ (never in it)
         events = json.loads((tmp_path / arm / "evaluation_timing.json").read_text())["events"]
         assert events["run"]["gathered"] <= events["run"]["tables_written"] and "ground_truth_done" in events["phantom"]
+
+
+def test_pairs_evaluated_in_steps_write_the_serial_bytes(phantom_run, tmp_path, monkeypatch):
+    """A large pair is split over the pool: grounding by groups of findings, the bootstrap by batches of replicates
+    (each batch's case weights drawn anew in its worker). Forced here on the phantom's small pairs, with 250
+    replicates (batches of 100, 100, 50): every table is the serial bytes, and the steps' files are gone after."""
+    import tempfile
+
+    import xbench.evaluation.evaluate as ev
+
+    groups = []
+    real = ev._pair_steps
+
+    def recorded(*args, **kwargs):
+        groups.append(args[5])
+        return real(*args, **kwargs)
+
+    serial = _evaluate(phantom_run, tmp_path / "serial", 0, bootstrap={"replicates": 250, "seed": 3})
+    monkeypatch.setattr(ev, "SPLIT_PAIRS", 1)
+    monkeypatch.setattr(ev, "PAIRS_PER_STEP", 6)
+    monkeypatch.setattr(ev, "_pair_steps", recorded)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    steps = _evaluate(phantom_run, tmp_path / "steps", 3, bootstrap={"replicates": 250, "seed": 3})
+    assert len(groups) == 3 and all(len(g) > 1 for g in groups), groups  # every model's pair, in several steps
+    assert all(sum(g, []) == list(range(6)) for g in groups)
+    assert set(steps) == set(serial) and [n for n in serial if serial[n] != steps[n]] == []
+    assert list((tmp_path / "tmp").iterdir()) == []  # the steps' private folder is removed
+
+
+def test_an_error_in_a_step_is_the_error_of_the_one_job_pair(phantom_run, tmp_path, monkeypatch):
+    """A step that fails (here on a store chunk cut short, found by the grounding steps) fails the run with the
+    error a one-job pair raises, naming the file; no table is written."""
+    import xbench.evaluation.evaluate as ev
+
+    out = copy_run(phantom_run, tmp_path / "run")
+    shutil.rmtree(out / "tables")
+    chunk = out / "store" / "phantom" / "random_prior" / "chunk-00001.npz"
+    chunk.write_bytes(chunk.read_bytes()[:40])
+    messages = []
+    for split in (10**9, 1):
+        monkeypatch.setattr(ev, "SPLIT_PAIRS", split)
+        with warnings.catch_warnings(), pytest.raises(XBenchError, match=r"phantom/random_prior: chunk-00001") as err:
+            warnings.simplefilter("ignore", XBenchWarning)
+            evaluate_run(RunConfig.from_dict(tiny_run(out, eval_workers=2)), progress=False)
+        messages.append(str(err.value))
+        assert not (out / "tables" / "metrics.csv").exists()
+    assert messages[0] == messages[1]
 
 
 @pytest.fixture(scope="module")

@@ -29,13 +29,15 @@ to the serial evaluation's.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import threading
 import time
+import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -47,10 +49,10 @@ from ..core.atomic import atomic_write_bytes, write_frame
 from ..spec.config import RunConfig
 from ..datasets import BaseDataset, open_dataset
 from ..datasets.base import largest_first
-from ..core.errors import XBenchError
+from ..core.errors import XBenchError, XBenchWarning
 from ..core.logs import progress_bar
 from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers, round_trips
-from ..metrics import BEST_TAU, THRESHOLDS, ScoredTable, grounding_scores, scored_table
+from ..metrics import BEST_TAU, THRESHOLDS, PreparedScore, ScoredTable, grounding_scores, prepare_score, scored_table
 from ..store.results import ResultStore, write_table
 from ..models.windows import is_whole_image, place_maps
 from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, read_cache, shippable
@@ -100,26 +102,59 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
     """Tidy metrics, per-pair rows, τ curves and counts of one (dataset, model).
 
     Curves are over :data:`xbench.metrics.THRESHOLDS` (the grid :func:`~xbench.metrics.score_table` chooses τ on).
+    A run's pool may compute the same in steps (:func:`_pair_steps`: grounding by groups of findings, bootstrap
+    by batches of replicates), with the same bytes.
     """
+    preds = _predictions(cfg, dataset, model, store)
+    counts = _counts(dataset, model, preds)
+    pairs, counts["pairs"] = _ground(cfg, dataset, preds, gt, range(len(dataset.findings)))
+    head, prepared = _scored_head(cfg, dataset, model, preds, pairs, counts)
+    result, message = _with_replicates(head, prepared, prepared.all_replicates())
+    if message is not None:
+        warnings.warn_explicit(message, XBenchWarning, *_DROPPED_AT, module=__name__, registry=_registry())
+    return result
+
+
+#: where the warning about dropped bootstrap replicates points, computed here or in steps (the same place)
+_DROPPED_AT = (__file__, evaluate_pair.__code__.co_firstlineno)
+
+
+def _registry() -> dict:
+    """This module's warning registry (``warnings.warn`` keeps one per module the same way)."""
+    return globals().setdefault("__warningregistry__", {})
+
+
+def _predictions(cfg: RunConfig, dataset: BaseDataset, model: str, store: ResultStore) -> Any:
+    """The stored predictions of one pair, checked against the dataset's annotation files and findings."""
     preds = store.read(dataset.name, model, expected_chunks=math.ceil(len(dataset) / cfg.chunk_size))
     check_annotations(dataset, model, preds.meta)
     if preds.meta["findings"] != dataset.findings:
         raise XBenchError(f"store for {dataset.name} × {model} was made with findings {preds.meta['findings']}, "
                           f"the dataset now has {dataset.findings}; re-run with --overwrite")
+    return preds
+
+
+def _counts(dataset: BaseDataset, model: str, preds: Any) -> dict[str, Any]:
+    return {"dataset": dataset.name, "model": model, "cases": len(dataset),
+            "cases_skipped_at_inference": len(preds.skipped),
+            "skip_reasons": dict(Counter(r.split(":")[0] for r in preds.skipped.values())), "pairs": {}}
+
+
+def _ground(cfg: RunConfig, dataset: BaseDataset, preds: Any, gt: dict[str, GroundTruth],
+            findings: Iterable[int]) -> tuple[pd.DataFrame | None, dict[str, dict[str, int]]]:
+    """Grounding rows (one per positive pair with a region and a prediction) of the findings with indices
+    ``findings``, in their order, and each finding's pair counts."""
     case_ids = dataset.cases["case_id"].astype(str).to_numpy()
     position = {cid: i for i, cid in enumerate(preds.case_ids.tolist())}
-    counts: dict[str, Any] = {"dataset": dataset.name, "model": model, "cases": len(dataset),
-                              "cases_skipped_at_inference": len(preds.skipped),
-                              "skip_reasons": dict(Counter(r.split(":")[0] for r in preds.skipped.values())), "pairs": {}}
-
-    frames = []
-    for c, finding in enumerate(dataset.findings):
+    frames, counts = [], {}
+    for c in findings:
+        finding = dataset.findings[c]
         if finding not in gt:
             continue
         rows, masks, no_region = gt[finding]
         keep = np.array([case_ids[r] in position for r in rows], bool)
-        counts["pairs"][finding] = {"evaluated": int(keep.sum()), "missing_prediction": int((~keep).sum()),
-                                    "positive_without_region": no_region}
+        counts[finding] = {"evaluated": int(keep.sum()), "missing_prediction": int((~keep).sum()),
+                           "positive_without_region": no_region}
         if not keep.any():
             continue
         ids = case_ids[rows[keep]]
@@ -135,8 +170,15 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
         frame = scores.to_frame(list(ids), finding)
         frame["area_fraction"] = frame["gt_area"] / float(cfg.grid[0] * cfg.grid[1])
         frames.append(frame)
-    pairs = pd.concat(frames, ignore_index=True) if frames else None
+    return (pd.concat(frames, ignore_index=True) if frames else None), counts
 
+
+def _scored_head(cfg: RunConfig, dataset: BaseDataset, model: str, preds: Any, pairs: pd.DataFrame | None,
+                 counts: dict[str, Any]) -> tuple[PairEvaluation, PreparedScore]:
+    """Everything of a pair but its bootstrap: the evaluation without ``tidy`` / ``scored`` (per-pair rows and
+    curves at each class's best τ, counts, ``rescore``), and the prepared score table."""
+    case_ids = dataset.cases["case_id"].astype(str).to_numpy()
+    position = {cid: i for i, cid in enumerate(preds.case_ids.tolist())}
     inferred = np.array([cid in position for cid in case_ids], bool)
     if not inferred.any():
         reasons = sorted({r.split(":")[0] for r in preds.skipped.values()})
@@ -146,15 +188,14 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
                           "Place the missing files and run again: only the skipped cases are inferred.")
     labels = pd.DataFrame(dataset.labels()[inferred], index=case_ids[inferred], columns=dataset.findings)
     probs = pd.DataFrame(preds.probs[[position[i] for i in case_ids[inferred]]], index=labels.index, columns=dataset.findings)
-    rescore = functools.partial(scored_table, pairs, model=model, dataset=dataset.name, labels=labels, scores=probs,
-                                findings=dataset.findings, threshold=cfg.fixed_threshold,
-                                n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
-    scored = rescore()
-    tidy = scored.table
+    args = dict(model=model, dataset=dataset.name, labels=labels, scores=probs, findings=dataset.findings,
+                threshold=cfg.fixed_threshold, n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+    rescore = functools.partial(scored_table, pairs, **args)
+    prepared = prepare_score(pairs, **args)
 
     curves, pair_rows = [], pd.DataFrame()
     if pairs is not None:
-        taus = tidy[(tidy["metric"] == BEST_TAU)].set_index("finding")["value"]
+        taus = {f: v for (f, m), v in zip(prepared.rows.specs, prepared.rows.values) if m == BEST_TAU}
         thresholds = THRESHOLDS
         for finding, sub in pairs.groupby("finding", sort=False):
             dc, ic = np.stack(sub["dice_curve"].to_numpy()), np.stack(sub["iou_curve"].to_numpy())
@@ -168,8 +209,17 @@ def evaluate_pair(cfg: RunConfig, dataset: BaseDataset, model: str, gt: dict[str
         pair_rows["dice@best"] = [d[i] if i >= 0 else np.nan for d, i in zip(pairs["dice_curve"], best_idx)]
         pair_rows.insert(0, "model", model)
         pair_rows.insert(1, "dataset", dataset.name)
-    return PairEvaluation(tidy, pair_rows, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(), counts,
-                          scored, rescore)
+    head = PairEvaluation(pd.DataFrame(), pair_rows, pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(),
+                          counts, None, rescore)
+    return head, prepared
+
+
+def _with_replicates(head: PairEvaluation, prepared: PreparedScore,
+                     reps: np.ndarray | None) -> tuple[PairEvaluation, str | None]:
+    """The pair's evaluation completed by its bootstrap replicates (every batch, in order), and the warning text
+    about dropped replicates (None when none)."""
+    scored, message = prepared.finish(reps)
+    return head._replace(tidy=scored.table, scored=scored), message
 
 
 class PairError(XBenchError):
@@ -203,19 +253,155 @@ def _worker_ground_truth(path: Path, key: dict[str, Any]) -> dict[str, GroundTru
 def _evaluate_pair_job(state: State, dataset: BaseDataset, cfg: RunConfig, name: str, model: str, gt_file: Path,
                        gt_key: dict[str, Any]) -> tuple[PairEvaluation, dict[str, Any]]:
     """:func:`evaluate_pair` in a worker process (ground truth read from the run's cache), with the model's
-    ``model_info``. An error comes back naming the pair: as itself when it is an :class:`XBenchError` whose
-    message names both dataset and model and that crosses the process boundary intact, else as a
-    :class:`PairError`. The parent's ``state`` is installed first (:mod:`xbench.evaluation.worker_state`)."""
-    try:
+    ``model_info``; errors name the pair (:func:`_naming_the_pair`). The parent's ``state`` is installed first
+    (:mod:`xbench.evaluation.worker_state`)."""
+    with _naming_the_pair(name, model):
         apply_state(state)
         store = ResultStore(cfg.output_dir)
         result = evaluate_pair(cfg, dataset, model, _worker_ground_truth(gt_file, gt_key), store)
         return result, store.meta(dataset.name, model)["model_info"]
+
+
+@contextlib.contextmanager
+def _naming_the_pair(name: str, model: str) -> Iterator[None]:
+    """A worker job's error comes back naming the pair: as itself when it is an :class:`XBenchError` whose message
+    names both dataset and model and that crosses the process boundary intact, else as a :class:`PairError`."""
+    try:
+        yield
     except Exception as exc:
         text = str(exc)
         if isinstance(exc, XBenchError) and name in text and model in text and round_trips(exc):
             raise
         raise PairError(name, model, f"{name} × {model}: {type(exc).__name__}: {text}", type(exc).__name__) from exc
+
+
+#: A pair is evaluated in steps over the pool (:func:`_pair_steps`) when its dataset has at least this many
+#: grounding pairs (positives with a region), or this many (case, finding) labels ×10; smaller pairs are one job.
+SPLIT_PAIRS = 4000
+#: grounding pairs per step of a split pair (about: whole findings go together)
+PAIRS_PER_STEP = 2500
+
+
+def _finding_groups(dataset: BaseDataset, gt: dict[str, GroundTruth]) -> list[list[int]] | None:
+    """Consecutive groups of finding indices with about :data:`PAIRS_PER_STEP` grounding pairs each, when the
+    pair is large enough to be split (:data:`SPLIT_PAIRS`); None when it is evaluated as one job."""
+    sizes = [len(gt[f].rows) if f in gt else 0 for f in dataset.findings]
+    total = sum(sizes)
+    if total < SPLIT_PAIRS and len(dataset) * len(dataset.findings) < 10 * SPLIT_PAIRS:
+        return None
+    steps = max(1, min(len(sizes), math.ceil(total / PAIRS_PER_STEP)))
+    groups: list[list[int]] = [[]]
+    done = 0
+    for c, n in enumerate(sizes):
+        if groups[-1] and done >= len(groups) * total / steps:
+            groups.append([])
+        groups[-1].append(c)
+        done += n
+    return groups
+
+
+def _pair_steps(cfg: RunConfig, shipped: tuple[State, BaseDataset], model: str, gt_file: Path, gt_key: dict[str, Any],
+                groups: list[list[int]], folder: Path) -> Generator[list[tuple], list[Any], tuple[Any, list]]:
+    """One (dataset, model) as :func:`evaluate_pair` computes it, in steps run by a pool: yields lists of jobs
+    ``(function, *arguments)`` and is sent their results, in order; returns ``((evaluation, model_info), caught)``
+    with the warnings the serial call would raise, in its order.
+
+    Steps: the grounding rows of each group of findings (:func:`_ground_job`, rows kept in ``folder``); the score
+    table's rows, per-pair rows and curves (:func:`_head_job`); the bootstrap replicates batch by batch
+    (:func:`_replicates_job`, each batch's case weights drawn anew: the same as in one loop). The results are the
+    bytes of :func:`evaluate_pair`. Files in ``folder`` (private to this run's process) are this run's own.
+    """
+    state, dataset = shipped
+    common = (state, dataset, cfg, model)
+    parts = [folder / f"ground-{k}.pkl" for k in range(len(groups))]
+    grounded = yield [(_ground_job, *common, gt_file, gt_key, group, part) for group, part in zip(groups, parts)]
+    caught = [w for _, got in grounded for w in got]
+    pair_counts = {f: n for counts, _ in grounded for f, n in counts.items()}
+    [((head, prepared, info), got)] = yield [(_head_job, *common, parts, pair_counts, folder / "score.pkl")]
+    caught += got
+    batches = yield [(_replicates_job, state, dataset.name, model, folder / "score.pkl", b)
+                     for b in range(len(prepared.batches()))]
+    caught += [w for _, got in batches for w in got]
+    reps = np.concatenate([r for r, _ in batches]) if batches else None
+    result, message = _with_replicates(head, prepared, reps)
+    if message is not None:
+        caught.append((message, XBenchWarning, *_DROPPED_AT))
+    return (result, info), caught
+
+
+def _ground_job(state: State, dataset: BaseDataset, cfg: RunConfig, model: str, gt_file: Path,
+                gt_key: dict[str, Any], findings: list[int], out: Path) -> dict[str, dict[str, int]]:
+    """Worker: the grounding rows of ``findings`` written to ``out`` (pickle, read back by :func:`_head_job` of
+    this run); returns their pair counts."""
+    with _naming_the_pair(dataset.name, model):
+        apply_state(state)
+        preds = _predictions(cfg, dataset, model, ResultStore(cfg.output_dir))
+        frame, counts = _ground(cfg, dataset, preds, _worker_ground_truth(gt_file, gt_key), findings)
+        _write_pickle(out, frame)
+        return counts
+
+
+def _head_job(state: State, dataset: BaseDataset, cfg: RunConfig, model: str, parts: list[Path],
+              pair_counts: dict[str, dict[str, int]], out: Path) -> tuple[PairEvaluation, PreparedScore, dict]:
+    """Worker: the pair's evaluation up to its bootstrap from the grounding rows in ``parts`` (deleted after),
+    the prepared score table written to ``out`` for :func:`_replicates_job` (returned without its statistic),
+    and the model's ``model_info``."""
+    with _naming_the_pair(dataset.name, model):
+        apply_state(state)
+        store = ResultStore(cfg.output_dir)
+        preds = _predictions(cfg, dataset, model, store)
+        frames = [f for f in map(_read_pickle, parts) if f is not None]
+        for part in parts:
+            part.unlink()
+        counts = _counts(dataset, model, preds)
+        counts["pairs"] = pair_counts
+        pairs = pd.concat(frames, ignore_index=True) if frames else None
+        head, prepared = _scored_head(cfg, dataset, model, preds, pairs, counts)
+        if prepared.n_boot:
+            _write_pickle(out, prepared)
+        return head, prepared.without_statistic(), store.meta(dataset.name, model)["model_info"]
+
+
+_SCORE_MEMO: dict[str, PreparedScore] = {}  # worker: the last prepared score table read
+
+
+def _replicates_job(state: State, name: str, model: str, path: Path, batch: int) -> np.ndarray:
+    """Worker: bootstrap replicates of batch ``batch`` of the prepared score table at ``path`` (kept in memory for
+    the next batch of the same pair in this process)."""
+    with _naming_the_pair(name, model):
+        apply_state(state)
+        if str(path) not in _SCORE_MEMO:
+            _SCORE_MEMO.clear()
+            _SCORE_MEMO[str(path)] = _read_pickle(path)
+        return _SCORE_MEMO[str(path)].replicates(batch)
+
+
+def _write_pickle(path: Path, obj: Any) -> None:
+    import pickle
+
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path, "wb") as f:
+        pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _read_pickle(path: Path) -> Any:
+    """A file written by :func:`_write_pickle` in this run's private step folder (made by the evaluating process
+    with mode 0700; the same trust as the pool's own pipes, which carry pickles too). Never a user's file."""
+    import pickle
+
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+class _Steps:
+    """A pair evaluated in steps (:func:`_pair_steps`): its generator, the futures of its current step, and the
+    future that gets its result (what a one-job pair's future would hold)."""
+
+    def __init__(self, steps: Generator, folder: Path):
+        self.steps, self.folder = steps, folder
+        self.future: Future = Future()
+        self.pending: list[Future] = []
+        self.started = False
 
 
 def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
@@ -283,6 +469,9 @@ class RunEvaluation:
         self._t0, self._created_unix = time.perf_counter(), round(time.time(), 3)
         self.timing: dict[str, dict[str, float]] = {}  # "run" or a dataset name -> event -> seconds since created
         self._timing_lock = threading.Lock()  # futures' callbacks mark from the pool's threads
+        self._staged: list[_Steps] = []  # pairs evaluated in steps, advanced by the stepping thread
+        self._stepper: threading.Thread | None = None
+        self._scratch: Path | None = None  # private folder of the steps' files (removed by close)
 
     def start(self) -> None:
         """Prepare ground truth and submit ready datasets in a background thread (only with a pool)."""
@@ -415,10 +604,82 @@ class RunEvaluation:
                 items.append((evaluate_pair(self.cfg, dataset, label, gt, store), store.meta(dataset.name, label)["model_info"]))
                 self.bar.update(1)
             else:
-                items.append(self.pool.submit(capture_warnings, _evaluate_pair_job, *shipped, self.cfg, dataset.name,
-                                              label, gt_file, gt_key))
+                groups = _finding_groups(dataset, gt)
+                if groups is None:
+                    items.append(self.pool.submit(capture_warnings, _evaluate_pair_job, *shipped, self.cfg,
+                                                  dataset.name, label, gt_file, gt_key))
+                else:
+                    items.append(self._start_steps(shipped, label, gt_file, gt_key, groups))
                 items[-1].add_done_callback(functools.partial(self._pair_done, dataset.name))
         return items
+
+    def _start_steps(self, shipped: tuple[State, BaseDataset], model: str, gt_file: Path, gt_key: dict[str, Any],
+                     groups: list[list[int]]) -> Future:
+        """Evaluate one pair in steps over the pool (:func:`_pair_steps`); returns the future of its result."""
+        import tempfile
+
+        with self._cond:
+            if self._scratch is None:
+                self._scratch = Path(tempfile.mkdtemp(prefix="xbench-evaluate-"))  # mode 0700
+            folder = Path(tempfile.mkdtemp(dir=self._scratch))  # one private folder per pair
+            steps = _Steps(_pair_steps(self.cfg, shipped, model, gt_file, gt_key, groups, folder), folder)
+            self._staged.append(steps)
+            if self._stepper is None:
+                self._stepper = threading.Thread(target=self._step_loop, daemon=True, name="xbench-evaluate-steps")
+                self._stepper.start()
+            self._cond.notify_all()
+        return steps.future
+
+    def _advanceable(self) -> list[_Steps]:
+        """Pairs in steps whose current step is done (or not started)."""
+        return [st for st in self._staged if all(f.done() for f in st.pending)]
+
+    def _step_loop(self) -> None:
+        """The stepping thread: submits each pair's next step once its current one is done, until :meth:`close`."""
+        while True:
+            with self._cond:
+                while not self._stop and not self._advanceable():
+                    self._cond.wait(timeout=0.5)
+                if self._stop:
+                    return
+                due = self._advanceable()
+            for steps in due:
+                self._advance(steps)
+
+    def _wake(self, _: Any = None) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _advance(self, steps: _Steps) -> None:
+        """Send the results of ``steps``' current step to its generator and submit the next step; set its future
+        when it returns or raises (a job's error is the pair's error)."""
+        try:
+            while True:
+                results = [f.result() for f in steps.pending]
+                jobs = steps.steps.send(results) if steps.started else next(steps.steps)
+                steps.started = True
+                steps.pending = [self.pool.submit(capture_warnings, fn, *args) for fn, *args in jobs]
+                if steps.pending:
+                    break
+        except StopIteration as stop:
+            self._end_steps(steps)
+            steps.future.set_result(stop.value)
+            return
+        except BaseException as exc:
+            for f in steps.pending:
+                f.cancel()
+            self._end_steps(steps)
+            steps.future.set_exception(exc)
+            return
+        for f in steps.pending:
+            f.add_done_callback(self._wake)
+
+    def _end_steps(self, steps: _Steps) -> None:
+        import shutil
+
+        with self._cond:
+            self._staged.remove(steps)
+        shutil.rmtree(steps.folder, ignore_errors=True)
 
     def finish(self) -> pd.DataFrame:
         """Evaluate what is left, gather in run order, write every table; returns the tidy table."""
@@ -492,12 +753,18 @@ class RunEvaluation:
             self._cond.notify_all()
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        for thread in (self._thread, self._stepper):
+            if thread is not None:
+                thread.join()
+        self._thread = self._stepper = None
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
+        if self._scratch is not None:
+            import shutil
+
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
         self.bar.close()
 
 

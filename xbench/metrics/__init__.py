@@ -66,6 +66,8 @@ from .stats import (
     iou_at,
     score_table,
     scored_table,
+    PreparedScore,
+    prepare_score,
 )
 from .compare import compare_models
 from .table import METRIC_TABLE, Metric
@@ -123,6 +125,8 @@ __all__ = [
     "score_table",
     "ScoredTable",
     "scored_table",
+    "PreparedScore",
+    "prepare_score",
     # paired model comparisons
     "compare_models",
     # table of metrics

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -66,6 +67,10 @@ __all__ = [
     "score_table",
     "ScoredTable",
     "scored_table",
+    "PreparedScore",
+    "prepare_score",
+    "bootstrap_batches",
+    "batch_weights",
 ]
 
 #: ``finding`` of rows that average the per-class values of a dataset (unweighted).
@@ -195,21 +200,63 @@ def bootstrap_ci(
         return BootstrapCI(value, nan, nan.copy(), np.zeros(k, int), 0)
     rng = _rng(seed)
     reps = np.empty((n_boot, k))
-    for s in range(0, n_boot, batch_size):
-        b = min(batch_size, n_boot - s)
-        draws = rng.integers(0, n_cases, size=(b, n_cases))
-        flat = (draws + (np.arange(b) * n_cases)[:, None]).ravel()
-        weights = np.bincount(flat, minlength=b * n_cases).reshape(b, n_cases).astype(np.float64)
-        out = np.asarray(statistic(weights), dtype=np.float64).reshape(b, -1)
-        if out.shape[1] != k:
-            raise ValueError(f"statistic returned {out.shape[1]} values per replicate but the point estimate has {k}")
-        reps[s : s + b] = out
+    for s, b in bootstrap_batches(n_boot, batch_size):
+        reps[s : s + b] = _batch_replicates(statistic, _draw_weights(rng, b, n_cases), k)
+    return _summarise(value, reps, level)
+
+
+def bootstrap_batches(n_boot: int, batch_size: int = 100) -> list[tuple[int, int]]:
+    """``(first replicate, replicates)`` of each call of the statistic in :func:`bootstrap_ci`, in order.
+
+    Examples
+    --------
+    >>> bootstrap_batches(250, 100)
+    [(0, 100), (100, 100), (200, 50)]
+    """
+    return [(s, min(batch_size, n_boot - s)) for s in range(0, n_boot, batch_size)]
+
+
+def _draw_weights(rng: np.random.Generator, b: int, n_cases: int) -> np.ndarray:
+    """``(b, n_cases)`` float64 case weights of ``b`` replicates: counts of ``n_cases`` uniform draws each."""
+    draws = rng.integers(0, n_cases, size=(b, n_cases))
+    flat = (draws + (np.arange(b) * n_cases)[:, None]).ravel()
+    return np.bincount(flat, minlength=b * n_cases).reshape(b, n_cases).astype(np.float64)
+
+
+def batch_weights(seed: int, n_cases: int, n_boot: int, batch: int, batch_size: int = 100) -> np.ndarray:
+    """The case weights of batch ``batch`` of :func:`bootstrap_ci` with an integer ``seed``, drawn anew (the
+    earlier batches' draws replayed): a batch computed by itself, e.g. in another process, gets the same
+    replicates as in the whole loop.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(7)
+    >>> whole = [_draw_weights(rng, b, 5) for _, b in bootstrap_batches(30, 10)]
+    >>> bool((batch_weights(7, 5, 30, 2, 10) == whole[2]).all())
+    True
+    """
+    rng = np.random.default_rng(seed)
+    batches = bootstrap_batches(n_boot, batch_size)
+    for _, b in batches[:batch]:
+        rng.integers(0, n_cases, size=(b, n_cases))  # the earlier batches' draws, discarded
+    return _draw_weights(rng, batches[batch][1], n_cases)
+
+
+def _batch_replicates(statistic: Callable[[np.ndarray], np.ndarray], weights: np.ndarray, k: int) -> np.ndarray:
+    out = np.asarray(statistic(weights), dtype=np.float64).reshape(len(weights), -1)
+    if out.shape[1] != k:
+        raise ValueError(f"statistic returned {out.shape[1]} values per replicate but the point estimate has {k}")
+    return out
+
+
+def _summarise(value: np.ndarray, reps: np.ndarray, level: float) -> BootstrapCI:
+    """Percentile bounds and dropped counts of replicates ``reps`` (n_boot, K) around ``value`` (K,)."""
     n_dropped = np.isnan(reps).sum(axis=0)
     q = 100 * (1 - level) / 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns → NaN bounds
         low, high = np.nanpercentile(reps, [q, 100 - q], axis=0)
-    return BootstrapCI(value, low, high, n_dropped, n_boot, reps)
+    return BootstrapCI(value, low, high, n_dropped, len(reps), reps)
 
 
 def _nanmean_rows(x: np.ndarray) -> np.ndarray:
@@ -469,10 +516,10 @@ class _DatasetLevel:
         return [_nanmean_rows(cls[:, self.members[m]]) if self.members[m] else nan for m in self.metrics]
 
 
-def _warn_dropped(rows: _Rows, ci: BootstrapCI, model: str, dataset: str, n_boot: int, stacklevel: int) -> None:
-    """One short warning naming the rows (with a defined point value) that lost replicates: per finding one count
-    when all its metrics lost the same number (the usual case: a resample without a positive of the class), else
-    ``metric count`` for each."""
+def _dropped_message(rows: _Rows, ci: BootstrapCI, model: str, dataset: str, n_boot: int) -> str | None:
+    """One short warning text naming the rows (with a defined point value) that lost replicates: per finding one
+    count when all its metrics lost the same number (the usual case: a resample without a positive of the class),
+    else ``metric count`` for each; None when no such row lost any."""
     by_finding: dict[object, dict[str, int]] = {}
     for (finding, metric), d, v in zip(rows.specs, ci.n_dropped, ci.value):
         if d and np.isfinite(v):
@@ -482,13 +529,10 @@ def _warn_dropped(rows: _Rows, ci: BootstrapCI, model: str, dataset: str, n_boot
         values = set(counts.values())
         parts.append(f"{finding!r} {values.pop()}" if len(values) == 1 else
                      f"{finding!r} (" + ", ".join(f"{m} {d}" for m, d in counts.items()) + ")")
-    if parts:
-        warnings.warn(
-            f"score_table({model!r}, {dataset!r}): undefined bootstrap replicates dropped (of {n_boot}, per class, "
-            "every metric alike unless listed): " + ", ".join(parts),
-            XBenchWarning,
-            stacklevel=stacklevel,
-        )
+    if not parts:
+        return None
+    return (f"score_table({model!r}, {dataset!r}): undefined bootstrap replicates dropped (of {n_boot}, per class, "
+            "every metric alike unless listed): " + ", ".join(parts))
 
 
 def score_table(
@@ -635,7 +679,49 @@ def scored_table(
 def _scored_table(pairs, *, model, dataset, labels, scores, findings, threshold, thresholds, prob_threshold, n_boot,
                   level, seed, cases, stacklevel: int) -> ScoredTable:
     """The body of :func:`score_table` / :func:`scored_table`; ``stacklevel`` points warnings at their caller."""
+    prepared = prepare_score(pairs, model=model, dataset=dataset, labels=labels, scores=scores, findings=findings,
+                             threshold=threshold, thresholds=thresholds, prob_threshold=prob_threshold, n_boot=n_boot,
+                             level=level, seed=seed, cases=cases)
+    scored, message = prepared.finish(prepared.all_replicates())
+    if message is not None:
+        warnings.warn(message, XBenchWarning, stacklevel=stacklevel)
+    return scored
+
+
+def prepare_score(
+    pairs: pd.DataFrame | None,
+    *,
+    model: str,
+    dataset: str,
+    labels: pd.DataFrame | None = None,
+    scores: pd.DataFrame | None = None,
+    findings: Sequence[str] | None = None,
+    threshold: float = 0.5,
+    thresholds=THRESHOLDS,
+    prob_threshold: float = 0.5,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int | np.random.Generator | None = 0,
+    cases: Sequence | None = None,
+) -> PreparedScore:
+    """:func:`scored_table` (the same arguments) up to its bootstrap: the rows, their point values and the
+    statistic, for replicates computed batch by batch (:class:`PreparedScore`).
+
+    Examples
+    --------
+    >>> labels = pd.DataFrame({"Nodule": [1, 0, 1, 0]}, index=list("abcd"))
+    >>> scores = pd.DataFrame({"Nodule": [0.9, 0.2, 0.6, 0.4]}, index=list("abcd"))
+    >>> p = prepare_score(None, model="m", dataset="d", labels=labels, scores=scores, n_boot=250, seed=3)
+    >>> reps = np.concatenate([p.replicates(i) for i in range(len(p.batches()))])  # each batch by itself
+    >>> whole = scored_table(None, model="m", dataset="d", labels=labels, scores=scores, n_boot=250, seed=3)
+    >>> p.finish(reps)[0].table.equals(whole.table)
+    True
+    """
     t = as_thresholds(thresholds)
+    if n_boot < 0:
+        raise ValueError(f"n_boot must be ≥ 0; got {n_boot}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1); got {level}")
     if pairs is not None:
         needed = [*PAIR_COLUMNS, *(c for c in map(pair_column, per_pair_metrics()) if c not in PAIR_COLUMNS)]
         missing = [c for c in needed if c not in pairs.columns]
@@ -659,6 +745,14 @@ def _scored_table(pairs, *, model, dataset, labels, scores, findings, threshold,
             pairs = pairs if len(pairs) else None
         if labels is not None:
             labels, scores = labels[labels.index.isin(cases)], scores[scores.index.isin(cases)]
+    prepared = _prepare(pairs, labels, scores, findings, t, threshold, prob_threshold, cases)
+    if len(prepared.cases) < 1:
+        raise ValueError(f"n_cases must be ≥ 1; got {len(prepared.cases)}")
+    return dataclasses.replace(prepared, model=model, dataset=dataset, n_boot=n_boot, level=level, seed=seed)
+
+
+def _prepare(pairs, labels, scores, findings, t, threshold, prob_threshold, cases) -> PreparedScore:
+    """The rows of the table and their statistic (inputs checked by :func:`_scored_table`)."""
     order = _class_order(findings, pairs, labels)
     cases = _case_index(pairs, labels) if cases is None else cases
     grounding = _Grounding(pairs, cases, order, t, threshold) if pairs is not None else None
@@ -677,37 +771,101 @@ def _scored_table(pairs, *, model, dataset, labels, scores, findings, threshold,
         rows += recognition.hamming_rows
     if grounding is not None:
         rows += grounding.pooled_rows
+    return PreparedScore(rows, cases, "", "", 0, 0.95, None, _Statistic(grounding, recognition, over_classes))
 
-    def statistic(w: np.ndarray) -> np.ndarray:
-        """Every row of ``rows`` for each row of case weights, in ``rows`` order."""
+
+class _Statistic:
+    """Every row of a :class:`PreparedScore` for each row of case weights, in row order (picklable)."""
+
+    def __init__(self, grounding: _Grounding | None, recognition: _Recognition | None, over_classes: _DatasetLevel):
+        self.grounding, self.recognition, self.over_classes = grounding, recognition, over_classes
+
+    def __call__(self, w: np.ndarray) -> np.ndarray:
         parts, pooled = [], None
-        if grounding is not None:
-            g_cols, pooled = grounding.replicates(w)
+        if self.grounding is not None:
+            g_cols, pooled = self.grounding.replicates(w)
             parts.append(g_cols)
-        if recognition is not None:
-            parts.append(recognition.replicates(w))
+        if self.recognition is not None:
+            parts.append(self.recognition.replicates(w))
         cls = np.concatenate(parts, axis=1)
-        extra = over_classes.replicates(cls)
-        if recognition is not None:
-            extra.append(recognition.hamming(w))
+        extra = self.over_classes.replicates(cls)
+        if self.recognition is not None:
+            extra.append(self.recognition.hamming(w))
         if pooled is not None:
             extra.extend(pooled.T)
         return np.concatenate([cls, np.stack(extra, axis=1)], axis=1)
 
-    ci = bootstrap_ci(statistic, len(cases), point=np.array(rows.values, dtype=np.float64), n_boot=n_boot,
-                      level=level, seed=seed)
-    _warn_dropped(rows, ci, model, dataset, n_boot, stacklevel)
-    table = pd.DataFrame(
-        {
-            "model": model,
-            "dataset": dataset,
-            "finding": [f for f, _ in rows.specs],
-            "metric": [m for _, m in rows.specs],
-            "value": ci.value,
-            "ci_low": ci.low,
-            "ci_high": ci.high,
-            **{c: pd.array([k.get(c) for k in rows.counts], dtype="Int64") for c in COUNT_COLUMNS},
-        },
-        columns=list(TIDY_COLUMNS),
-    )
-    return ScoredTable(table, ci.replicates, cases)
+
+@dataclass
+class PreparedScore:
+    """:func:`scored_table` up to its bootstrap: the rows with their point values, and the statistic that
+    computes their replicates from case weights (:func:`prepare_score`).
+
+    The replicates can be computed batch by batch, each where it suits (:meth:`replicates`, e.g. in other
+    processes), and gathered in batch order into :meth:`finish`: with an integer seed the table is then the same
+    bytes as :func:`scored_table`'s. :meth:`without_statistic` drops the statistic's arrays (what :meth:`finish`
+    needs is small).
+    """
+
+    rows: _Rows
+    cases: pd.Index
+    model: str
+    dataset: str
+    n_boot: int
+    level: float
+    seed: int | np.random.Generator | None
+    statistic: _Statistic | None
+    batch_size: int = 100
+
+    def batches(self) -> list[tuple[int, int]]:
+        """``(first replicate, replicates)`` of each batch (:func:`bootstrap_batches`)."""
+        return bootstrap_batches(self.n_boot, self.batch_size)
+
+    @property
+    def splittable(self) -> bool:
+        """Whether batches can be computed apart (an integer seed: each batch's draws can be replayed)."""
+        return isinstance(self.seed, (int, np.integer)) and not isinstance(self.seed, bool)
+
+    def replicates(self, batch: int) -> np.ndarray:
+        """``(b, rows)`` replicates of batch ``batch``, its weights drawn anew (:func:`batch_weights`)."""
+        if not self.splittable or self.statistic is None:
+            raise ValueError("batches apart need an integer seed and the statistic")
+        weights = batch_weights(int(self.seed), len(self.cases), self.n_boot, batch, self.batch_size)
+        return _batch_replicates(self.statistic, weights, len(self.rows.values))
+
+    def all_replicates(self) -> np.ndarray | None:
+        """Every batch in turn from one generator (None when ``n_boot == 0``)."""
+        if self.n_boot == 0:
+            return None
+        rng, k = _rng(self.seed), len(self.rows.values)
+        return np.concatenate([_batch_replicates(self.statistic, _draw_weights(rng, b, len(self.cases)), k)
+                               for _, b in self.batches()])
+
+    def without_statistic(self) -> PreparedScore:
+        return dataclasses.replace(self, statistic=None)
+
+    def finish(self, reps: np.ndarray | None) -> tuple[ScoredTable, str | None]:
+        """The table from the replicates of every batch in order (None when ``n_boot == 0``), and the text of the
+        warning about dropped replicates (None when none was dropped)."""
+        value = np.array(self.rows.values, dtype=np.float64)
+        if reps is None:
+            nan = np.full(value.size, np.nan)
+            ci = BootstrapCI(value, nan, nan.copy(), np.zeros(value.size, int), 0)
+        else:
+            ci = _summarise(value, reps, self.level)
+        rows = self.rows
+        table = pd.DataFrame(
+            {
+                "model": self.model,
+                "dataset": self.dataset,
+                "finding": [f for f, _ in rows.specs],
+                "metric": [m for _, m in rows.specs],
+                "value": ci.value,
+                "ci_low": ci.low,
+                "ci_high": ci.high,
+                **{c: pd.array([k.get(c) for k in rows.counts], dtype="Int64") for c in COUNT_COLUMNS},
+            },
+            columns=list(TIDY_COLUMNS),
+        )
+        return (ScoredTable(table, ci.replicates, self.cases),
+                _dropped_message(rows, ci, self.model, self.dataset, self.n_boot))
