@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -65,37 +66,64 @@ def test_serial_and_two_workers_write_byte_identical_tables(phantom_run, tmp_pat
 
 
 def test_pairs_evaluated_in_steps_write_the_serial_bytes(phantom_run, tmp_path, monkeypatch):
-    """A large pair is split over the pool: grounding by groups of findings, the bootstrap by batches of replicates
-    (each batch's case weights drawn anew in its worker). Forced here on the phantom's small pairs, with 250
-    replicates (batches of 100, 100, 50): every table is the serial bytes, and the steps' files are gone after."""
+    """A large pair is split over the pool: grounding by groups of findings, the bootstrap by ranges of batches of
+    replicates (each batch's case weights drawn anew in its worker). Forced here on the phantom's small pairs, with
+    750 replicates (8 batches: ranges of 3, 3, 2): every table is the serial bytes, and the steps' files are gone
+    after."""
     import tempfile
 
     import xbench.evaluation.evaluate as ev
+    import xbench.evaluation.steps as st
 
     groups = []
-    real = ev._pair_steps
+    real = ev.pair_steps
 
     def recorded(*args, **kwargs):
-        groups.append(args[5])
+        groups.append(args[6])
         return real(*args, **kwargs)
 
-    serial = _evaluate(phantom_run, tmp_path / "serial", 0, bootstrap={"replicates": 250, "seed": 3})
-    monkeypatch.setattr(ev, "SPLIT_PAIRS", 1)
-    monkeypatch.setattr(ev, "PAIRS_PER_STEP", 6)
-    monkeypatch.setattr(ev, "_pair_steps", recorded)
+    serial = _evaluate(phantom_run, tmp_path / "serial", 0, bootstrap={"replicates": 750, "seed": 3})
+    monkeypatch.setattr(st, "SPLIT_PAIRS", 1)
+    monkeypatch.setattr(st, "PAIRS_PER_STEP", 6)
+    monkeypatch.setattr(ev, "pair_steps", recorded)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    steps = _evaluate(phantom_run, tmp_path / "steps", 3, bootstrap={"replicates": 250, "seed": 3})
+    steps = _evaluate(phantom_run, tmp_path / "steps", 4, bootstrap={"replicates": 750, "seed": 3})
     assert len(groups) == 3 and all(len(g) > 1 for g in groups), groups  # every model's pair, in several steps
     assert all(sum(g, []) == list(range(6)) for g in groups)
     assert set(steps) == set(serial) and [n for n in serial if serial[n] != steps[n]] == []
     assert list((tmp_path / "tmp").iterdir()) == []  # the steps' private folder is removed
+    groups.clear()
+    assert _evaluate(phantom_run, tmp_path / "busy", 3, bootstrap={"replicates": 750, "seed": 3}) == serial
+    assert groups == []  # as many pairs as workers: each pair is one job
+
+
+def test_grounding_rows_round_trip_through_plain_arrays(tmp_path):
+    """A grounding step's rows go to disk as plain arrays (no pickle) and come back as the same frame; a column of
+    another kind is refused, not written approximately."""
+    import pandas as pd
+
+    from xbench.evaluation.steps import read_rows, write_rows
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"case_id": ["a", "bb", "c"], "finding": ["Nodule"] * 3, "pointing": [1.0, np.nan, 0.0],
+                          "gt_area": np.array([3, 0, 7]), "dice_curve": list(rng.random((3, 101))),
+                          "hit": [True, False, True]})
+    write_rows(tmp_path / "rows.npz", frame)
+    back = read_rows(tmp_path / "rows.npz")
+    assert list(back.columns) == list(frame.columns) and list(back.dtypes) == list(frame.dtypes)
+    for name in frame.columns:
+        for a, b in zip(frame[name], back[name]):
+            same = a == b if isinstance(a, str) else np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
+            assert type(a) is type(b) and same, name
+    with pytest.raises(TypeError, match="'note' holds values other than numbers, text or arrays"):
+        write_rows(tmp_path / "bad.npz", frame.assign(note=[None, "x", 1]))
 
 
 def test_an_error_in_a_step_is_the_error_of_the_one_job_pair(phantom_run, tmp_path, monkeypatch):
     """A step that fails (here on a store chunk cut short, found by the grounding steps) fails the run with the
     error a one-job pair raises, naming the file; no table is written."""
-    import xbench.evaluation.evaluate as ev
+    import xbench.evaluation.steps as st
 
     out = copy_run(phantom_run, tmp_path / "run")
     shutil.rmtree(out / "tables")
@@ -103,10 +131,10 @@ def test_an_error_in_a_step_is_the_error_of_the_one_job_pair(phantom_run, tmp_pa
     chunk.write_bytes(chunk.read_bytes()[:40])
     messages = []
     for split in (10**9, 1):
-        monkeypatch.setattr(ev, "SPLIT_PAIRS", split)
+        monkeypatch.setattr(st, "SPLIT_PAIRS", split)
         with warnings.catch_warnings(), pytest.raises(XBenchError, match=r"phantom/random_prior: chunk-00001") as err:
             warnings.simplefilter("ignore", XBenchWarning)
-            evaluate_run(RunConfig.from_dict(tiny_run(out, eval_workers=2)), progress=False)
+            evaluate_run(RunConfig.from_dict(tiny_run(out, eval_workers=4)), progress=False)
         messages.append(str(err.value))
         assert not (out / "tables" / "metrics.csv").exists()
     assert messages[0] == messages[1]
@@ -516,6 +544,13 @@ def test_the_timeline_is_written_while_callbacks_still_mark_it(tmp_path):
     assert errors == [] and len(evaluation.timing) > 4
 
 
+def _two_dataset_config(two_datasets: list[dict], out: Path, workers: int) -> RunConfig:
+    """Two priors on the phantom (10 cases) and phantom_b (12 cases, the larger), run order phantom first."""
+    small, large = {**two_datasets[0], "cases": 10}, {**two_datasets[1], "cases": 12}
+    return RunConfig.from_dict(tiny_run(out, models=["center_prior", "random_prior"], datasets=[small, large],
+                                        num_workers=0, eval_workers=workers))
+
+
 def test_rank_0_evaluates_the_largest_dataset_first_and_each_as_soon_as_its_store_is_full(tmp_path, two_datasets):
     """Rank 0 of a distributed run evaluates while the ranks infer (``watch_store``): ground truth is rasterised
     largest dataset first, the order the ranks infer in, and a dataset whose store is full has its pairs submitted
@@ -524,11 +559,7 @@ def test_rank_0_evaluates_the_largest_dataset_first_and_each_as_soon_as_its_stor
     from xbench.evaluation.evaluate import RunEvaluation
     from xbench.workflows.run import run
 
-    small, large = {**two_datasets[0], "cases": 10}, {**two_datasets[1], "cases": 12}  # phantom_b is the larger
-
-    def config(out: Path, workers: int) -> RunConfig:
-        return RunConfig.from_dict(tiny_run(out, models=["center_prior", "random_prior"], datasets=[small, large],
-                                            num_workers=0, eval_workers=workers))
+    config = functools.partial(_two_dataset_config, two_datasets)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XBenchWarning)
@@ -550,6 +581,28 @@ def test_rank_0_evaluates_the_largest_dataset_first_and_each_as_soon_as_its_stor
     events = json.loads((tmp_path / "run" / "evaluation_timing.json").read_text())["events"]
     first, second = events["phantom_b"], events["phantom"]
     assert first["ground_truth_done"] <= first["pairs_submitted"] <= second["ground_truth_started"]
+    tables = {p.name: p.read_bytes() for p in sorted((tmp_path / "run" / "tables").glob("*")) if p.is_file()}
+    want = {p.name: p.read_bytes() for p in sorted((serial / "tables").glob("*")) if p.is_file()}
+    assert tables.keys() == want.keys() and [n for n in want if tables[n] != want[n]] == []
+
+
+def test_evaluate_run_with_a_pool_starts_the_largest_dataset_first(tmp_path, two_datasets):
+    """``xbench evaluate`` (no thread ahead of it) with workers rasterises ground truth and submits pairs largest
+    dataset first, so that the longest pairs start first; its tables are gathered in run order, the serial bytes.
+    Serially the run order is kept (each dataset's tables are gathered as soon as its pairs are done)."""
+    from xbench.workflows.run import run
+
+    config = functools.partial(_two_dataset_config, two_datasets)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        run(config(tmp_path / "run", 0), evaluate=False, progress=False)
+        serial = copy_run(tmp_path / "run", tmp_path / "serial")
+        evaluate_run(config(serial, 0), progress=False)
+        evaluate_run(config(tmp_path / "run", 2), progress=False)
+    for out, first, second in ((tmp_path / "run", "phantom_b", "phantom"), (serial, "phantom", "phantom_b")):
+        events = json.loads((out / "evaluation_timing.json").read_text())["events"]
+        assert events[first]["pairs_submitted"] <= events[second]["ground_truth_started"], out.name
     tables = {p.name: p.read_bytes() for p in sorted((tmp_path / "run" / "tables").glob("*")) if p.is_file()}
     want = {p.name: p.read_bytes() for p in sorted((serial / "tables").glob("*")) if p.is_file()}
     assert tables.keys() == want.keys() and [n for n in want if tables[n] != want[n]] == []

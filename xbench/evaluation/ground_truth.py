@@ -24,7 +24,7 @@ import logging
 import math
 import pickle
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -240,10 +240,15 @@ class CacheUnusable(Exception):
         self.reason, self.detail = reason, detail
 
 
-def read_cache(path: str | Path, key: Mapping[str, Any]) -> dict[str, GroundTruth]:
+def read_cache(path: str | Path, key: Mapping[str, Any], findings: Iterable[str] | None = None) -> dict[str, GroundTruth]:
     """The ground truth in ``path`` if it was made from ``key`` and is intact; else :class:`CacheUnusable`
-    (``FileNotFoundError`` when there is no file)."""
-    grid = tuple(key["grid"])
+    (``FileNotFoundError`` when there is no file). ``findings``: unpack only these (the whole file is checked)."""
+    return unpack_cache(load_cache(path, key), key, findings)
+
+
+def load_cache(path: str | Path, key: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The arrays of the cache file at ``path``, masks still bit-packed, once its key and payload digest are
+    checked (:func:`read_cache`'s errors); :func:`unpack_cache` makes ground truth of them."""
     try:
         with np.load(path, allow_pickle=False) as z:
             data = {name: z[name] for name in z.files}
@@ -264,9 +269,19 @@ def read_cache(path: str | Path, key: Mapping[str, Any]) -> dict[str, GroundTrut
     digest = str(data.pop("digest"))
     if _payload_digest(stored, data) != digest:
         raise CacheUnusable("damaged", "payload sha256 differs from the one stored")
+    return data
+
+
+def unpack_cache(data: Mapping[str, np.ndarray], key: Mapping[str, Any],
+                 findings: Iterable[str] | None = None) -> dict[str, GroundTruth]:
+    """Ground truth of the findings in ``findings`` (default: all, in the file's order) from :func:`load_cache`."""
+    grid = tuple(key["grid"])
+    wanted = None if findings is None else set(findings)
     out: dict[str, GroundTruth] = {}
     try:
         for i, finding in enumerate(data["findings"].tolist()):
+            if wanted is not None and finding not in wanted:
+                continue
             rows = data[f"rows{i}"]
             masks = np.unpackbits(data[f"masks{i}"], axis=1, count=grid[0] * grid[1]).astype(bool)
             out[finding] = GroundTruth(rows.astype(int), masks.reshape(len(rows), *grid), int(data[f"no_region{i}"]))

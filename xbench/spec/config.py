@@ -14,7 +14,7 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     pointing_ties: first            # first | any
     batch_size: 32
     num_workers: 0                  # decoding processes (forked, a pipe each; 0: in this process)
-    eval_workers: auto              # evaluation processes: auto = min(CPUs, dataset × model pairs) | 0 or 1: serial
+    eval_workers: auto              # evaluation processes: auto = min(CPUs, 8 × dataset × model pairs) | 0 or 1: serial
     precision: fp32                 # fp32 | tf32 | fp16 | bf16 (fp32: TF32 off on CUDA; fp16/bf16: autocast, CUDA only)
     device: cpu                     # cpu | cuda | cuda:1 | auto
     chunk_size: 256                 # cases per store chunk (resume granularity)
@@ -42,8 +42,8 @@ plain ``{name: kad}`` entry if there is one. A model that would run random-init 
 refused unless the run sets ``allow_random_init: true`` or the entry sets ``params: {random_init: true}``.
 
 ``eval_workers`` is the number of processes that rasterise ground truth and evaluate the (dataset, model)
-pairs (spawned, one BLAS / torch thread each; ``auto``: ``min(os.cpu_count(), pairs)``; ``0`` or ``1``: serial, in
-the calling process). The tables are byte-identical for every value (:func:`xbench.evaluation.evaluate.evaluate_run`).
+pairs (spawned, one BLAS / torch thread each; ``auto``: ``min(os.cpu_count(), 8 × pairs)``, room for a large
+pair's steps; ``0`` or ``1``: serial, in the calling process). The tables are byte-identical for every value (:func:`xbench.evaluation.evaluate.evaluate_run`).
 
 Relative ``output_dir`` and dataset ``root`` paths are resolved against the
 current working directory.
