@@ -169,6 +169,24 @@ def test_models_on_different_cases_are_compared_on_the_shared_ones(phantom):
         (DATASET_LEVEL, "pointing"), "value"])
 
 
+@pytest.mark.filterwarnings("ignore::xbench.core.errors.XBenchWarning")
+def test_comparisons_are_shipped_without_the_rows_they_do_not_read(phantom):
+    """A worker computing a dataset's comparisons gets each model's scored table, and ``rescore`` (with its
+    grounding rows) only when the models' cases differ: the same frames as from the whole evaluations."""
+    from xbench.evaluation.comparisons import for_comparison
+
+    a, b = _evaluated(phantom, "ref_patchsim"), _evaluated(phantom, "random_prior")
+    light = for_comparison({"a": a, "b": b})
+    assert [e.rescore for e in light.values()] == [None, None]
+    for got, want in zip(compare_dataset("phantom", light), compare_dataset("phantom", {"a": a, "b": b})):
+        pd.testing.assert_frame_equal(got, want)
+    b = b._replace(scored=b.rescore(cases=a.scored.cases[5:]))
+    light = for_comparison({"a": a, "b": b})
+    assert light["a"].rescore is a.rescore and light["b"].rescore is b.rescore
+    for got, want in zip(compare_dataset("phantom", light), compare_dataset("phantom", {"a": a, "b": b})):
+        pd.testing.assert_frame_equal(got, want)
+
+
 def test_paper_tables_mark_only_significant_orders(phantom):
     from xbench.outputs import tables
 

@@ -98,6 +98,26 @@ def test_pairs_evaluated_in_steps_write_the_serial_bytes(phantom_run, tmp_path, 
     assert groups == []  # as many pairs as workers: each pair is one job
 
 
+def test_a_pair_in_steps_without_replicates_has_no_bootstrap_step(phantom_run, tmp_path, monkeypatch):
+    """``bootstrap.replicates: 0`` in steps: grounding steps, then the head step alone (no replicates step); the
+    tables, CIs empty, are the serial bytes."""
+    import xbench.evaluation.steps as st
+
+    serial = _evaluate(phantom_run, tmp_path / "serial", 0, bootstrap={"replicates": 0, "seed": 0})
+    submitted = []
+    real = st._replicates_job
+
+    def counted(*args):
+        submitted.append(args[-2:])
+        return real(*args)
+
+    monkeypatch.setattr(st, "SPLIT_PAIRS", 1)
+    monkeypatch.setattr(st, "_replicates_job", counted)  # a local function: a replicates step would fail to pickle
+    steps = _evaluate(phantom_run, tmp_path / "steps", 4, bootstrap={"replicates": 0, "seed": 0})
+    assert [n for n in serial if serial[n] != steps[n]] == [] and set(steps) == set(serial)
+    assert submitted == [] and st._batch_ranges(0) == []
+
+
 def test_grounding_rows_round_trip_through_plain_arrays(tmp_path):
     """A grounding step's rows go to disk as plain arrays (no pickle) and come back as the same frame; a column of
     another kind is refused, not written approximately."""

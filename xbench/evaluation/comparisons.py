@@ -15,7 +15,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ from ..core.errors import XBenchError, XBenchWarning
 from ..metrics import DATASET_LEVEL, ScoredTable
 from ..metrics.compare import ALPHA, COMPARISON_COLUMNS, RANK_COLUMNS, compare_models, compared_metrics
 
-__all__ = ["COMPARISONS_FILE", "RANKS_FILE", "compare_dataset", "write_comparisons", "load_comparisons",
+__all__ = ["COMPARISONS_FILE", "RANKS_FILE", "compare_dataset", "for_comparison", "write_comparisons", "load_comparisons",
            "drop_metrics", "pairwise_matrix", "plot_pairwise", "comparisons_blocks"]
 
 COMPARISONS_FILE = "comparisons.csv"
@@ -65,6 +65,21 @@ def compare_dataset(dataset: str, evaluated: Mapping[str, Any], *, threshold: fl
             warnings.simplefilter("ignore", XBenchWarning)
             scored = {n: evaluated[n].rescore(cases=shared) for n in names}
     return compare_models(scored, dataset=dataset, metrics=metrics or compared_metrics(threshold))
+
+
+def for_comparison(evaluated: Mapping[str, Any]) -> dict[str, Any]:
+    """What :func:`compare_dataset` reads of each evaluation, to ship to a worker: its ``scored`` table, and its
+    ``rescore`` only when the models' cases differ (the only case where it is called). The rest (per-pair rows,
+    curves, and ``rescore``'s grounding rows: tens of megabytes for a large dataset) is left out."""
+    names = list(evaluated)
+    first = evaluated[names[0]].scored.cases
+    same = all(evaluated[n].scored.cases.equals(first) for n in names[1:])
+    return {n: _ForComparison(evaluated[n].scored, None if same else evaluated[n].rescore) for n in names}
+
+
+class _ForComparison(NamedTuple):
+    scored: ScoredTable
+    rescore: Any
 
 
 def write_comparisons(parts: Sequence[tuple[pd.DataFrame, pd.DataFrame]], folder: str | Path) -> list[Path]:

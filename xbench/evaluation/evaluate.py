@@ -206,11 +206,11 @@ class RunEvaluation:
         """Each dataset whose pairs are done gets its model comparisons (paired bootstrap, ranks) computed by a
         worker, so that :meth:`finish` only gathers them. A dataset with a failed pair is left to :meth:`finish`,
         which raises that pair's error as before."""
-        from .comparisons import compare_dataset
+        from .comparisons import compare_dataset, for_comparison
 
         for i in self._comparable():
             name, items = self.items[i]
-            evaluated = {label: x.result()[0][0] for label, x in zip(self.labels, items)}
+            evaluated = for_comparison({label: x.result()[0][0] for label, x in zip(self.labels, items)})
             self.compared[i] = self.pool.submit(capture_warnings, compare_dataset, name, evaluated,
                                                 threshold=self.cfg.fixed_threshold)
             self.mark("comparisons_submitted", name)
