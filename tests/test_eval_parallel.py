@@ -136,8 +136,9 @@ def test_grounding_rows_round_trip_through_plain_arrays(tmp_path):
         for a, b in zip(frame[name], back[name]):
             same = a == b if isinstance(a, str) else np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
             assert type(a) is type(b) and same, name
-    with pytest.raises(TypeError, match="'note' holds values other than numbers, text or arrays"):
-        write_rows(tmp_path / "bad.npz", frame.assign(note=[None, "x", 1]))
+    for bad in ([None, "x", 1], ["a", "b\0", "c"], [np.zeros(2), np.zeros(3), np.zeros(2)]):
+        with pytest.raises(TypeError, match="'note' holds values other than numbers, text or arrays of one shape"):
+            write_rows(tmp_path / "bad.npz", frame.assign(note=bad))
 
 
 def test_an_error_in_a_step_is_the_error_of_the_one_job_pair(phantom_run, tmp_path, monkeypatch):
@@ -626,3 +627,36 @@ def test_evaluate_run_with_a_pool_starts_the_largest_dataset_first(tmp_path, two
     tables = {p.name: p.read_bytes() for p in sorted((tmp_path / "run" / "tables").glob("*")) if p.is_file()}
     want = {p.name: p.read_bytes() for p in sorted((serial / "tables").glob("*")) if p.is_file()}
     assert tables.keys() == want.keys() and [n for n in want if tables[n] != want[n]] == []
+
+
+def test_any_frame_of_numbers_text_and_arrays_round_trips_exactly(tmp_path_factory):
+    """Fuzzed: grounding-row frames of numbers (with NaN and infinities), text (any characters but a trailing NUL)
+    and per-row arrays of one shape come back from disk column for column, values, types and dtypes."""
+    import pandas as pd
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as hs
+    from hypothesis.extra import numpy as hnp
+
+    from xbench.evaluation.steps import read_rows, write_rows
+
+    folder = tmp_path_factory.mktemp("rows")
+    text = hs.text(max_size=12).filter(lambda v: not v.endswith("\0"))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(n=hs.integers(1, 6), data=hs.data())
+    def check(n, data):
+        floats = data.draw(hnp.arrays(np.float64, n, elements=hs.floats(allow_nan=True, allow_infinity=True)))
+        ints = data.draw(hnp.arrays(np.int64, n, elements=hs.integers(-2**40, 2**40)))
+        width = data.draw(hs.integers(0, 5))
+        curves = data.draw(hnp.arrays(np.float64, (n, width), elements=hs.floats(allow_nan=True)))
+        frame = pd.DataFrame({"case_id": data.draw(hs.lists(text, min_size=n, max_size=n)), "value": floats,
+                              "area": ints, "flag": floats > 0, "curve": list(curves)})
+        write_rows(folder / "rows.npz", frame)
+        back = read_rows(folder / "rows.npz")
+        assert list(back.columns) == list(frame.columns) and list(back.dtypes) == list(frame.dtypes)
+        for name in frame.columns:
+            for a, b in zip(frame[name], back[name]):
+                same = a == b if isinstance(a, str) else np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
+                assert type(a) is type(b) and same, (name, a, b)
+
+    check()

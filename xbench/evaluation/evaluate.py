@@ -278,7 +278,8 @@ class RunEvaluation:
 
     def _start_steps(self, shipped: tuple[State, BaseDataset], model: str, gt_file: Path, gt_key: dict[str, Any],
                      groups: list[list[int]]) -> Future:
-        """Evaluate one pair in steps over the pool (:func:`~xbench.evaluation.steps.pair_steps`); returns the future of its result."""
+        """Evaluate one pair in steps over the pool (:func:`~xbench.evaluation.steps.pair_steps`), in a private
+        folder under this evaluation's temporary folder; returns the future of its result."""
         import tempfile
 
         with self._cond:

@@ -190,7 +190,8 @@ def _replicates_job(state: State, view: DatasetView, cfg: RunConfig, model: str,
 # -- the rows of a grounding step on disk: plain arrays, no pickles --------------------------------------------------
 
 def write_rows(path: Path, frame: pd.DataFrame) -> None:
-    """Write grounding rows as an ``.npz`` of plain arrays, column by column: numbers as they are, text as unicode,
+    """Write grounding rows as an ``.npz`` of plain arrays (the folder must exist: a pair whose step folder was
+    removed, after an error, writes nothing), column by column: numbers as they are, text as unicode,
     per-row arrays (the τ curves) stacked into one 2-D array; :func:`read_rows` rebuilds the same frame. A column
     of any other kind is refused (``TypeError``), never written approximately."""
     arrays: dict[str, np.ndarray] = {}
@@ -199,16 +200,16 @@ def write_rows(path: Path, frame: pd.DataFrame) -> None:
         values = frame[name].to_numpy()
         if values.dtype != object:
             kind = "plain"
-        elif len(values) and all(isinstance(v, np.ndarray) for v in values):
+        elif len(values) and all(isinstance(v, np.ndarray) and v.shape == values[0].shape for v in values):
             values, kind = np.stack(values), "stacked"
-        elif all(isinstance(v, str) for v in values):
+        elif all(isinstance(v, str) and not v.endswith("\0") for v in values):  # numpy text drops trailing NULs
             values, kind = values.astype(str), "text"
         else:
-            raise TypeError(f"grounding rows: column {name!r} holds values other than numbers, text or arrays")
+            raise TypeError(f"grounding rows: column {name!r} holds values other than numbers, text or arrays of one "
+                            "shape")
         arrays[f"c{k}"] = values
         columns.append([name, kind])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, columns=np.array(json.dumps(columns)), **arrays)
+    np.savez(path, columns=np.array(json.dumps(columns)), **arrays)  # into an existing folder: never made here
 
 
 def read_rows(path: Path) -> pd.DataFrame:
