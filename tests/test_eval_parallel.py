@@ -118,6 +118,15 @@ def test_a_pair_in_steps_without_replicates_has_no_bootstrap_step(phantom_run, t
     assert submitted == [] and st._batch_ranges(0) == []
 
 
+def _same_rows(frame, back) -> None:
+    """``back`` holds ``frame``'s columns, dtypes, and each value with its type (NaN equal to NaN)."""
+    assert list(back.columns) == list(frame.columns) and list(back.dtypes) == list(frame.dtypes)
+    for name in frame.columns:
+        for a, b in zip(frame[name], back[name]):
+            same = a == b if isinstance(a, str) else np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
+            assert type(a) is type(b) and same, (name, a, b)
+
+
 def test_grounding_rows_round_trip_through_plain_arrays(tmp_path):
     """A grounding step's rows go to disk as plain arrays (no pickle) and come back as the same frame; a column of
     another kind is refused, not written approximately."""
@@ -130,12 +139,7 @@ def test_grounding_rows_round_trip_through_plain_arrays(tmp_path):
                           "gt_area": np.array([3, 0, 7]), "dice_curve": list(rng.random((3, 101))),
                           "hit": [True, False, True]})
     write_rows(tmp_path / "rows.npz", frame)
-    back = read_rows(tmp_path / "rows.npz")
-    assert list(back.columns) == list(frame.columns) and list(back.dtypes) == list(frame.dtypes)
-    for name in frame.columns:
-        for a, b in zip(frame[name], back[name]):
-            same = a == b if isinstance(a, str) else np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
-            assert type(a) is type(b) and same, name
+    _same_rows(frame, read_rows(tmp_path / "rows.npz"))
     for bad in ([None, "x", 1], ["a", "b\0", "c"], [np.zeros(2), np.zeros(3), np.zeros(2)]):
         with pytest.raises(TypeError, match="'note' holds values other than numbers, text or arrays of one shape"):
             write_rows(tmp_path / "bad.npz", frame.assign(note=bad))
@@ -652,11 +656,6 @@ def test_any_frame_of_numbers_text_and_arrays_round_trips_exactly(tmp_path_facto
         frame = pd.DataFrame({"case_id": data.draw(hs.lists(text, min_size=n, max_size=n)), "value": floats,
                               "area": ints, "flag": floats > 0, "curve": list(curves)})
         write_rows(folder / "rows.npz", frame)
-        back = read_rows(folder / "rows.npz")
-        assert list(back.columns) == list(frame.columns) and list(back.dtypes) == list(frame.dtypes)
-        for name in frame.columns:
-            for a, b in zip(frame[name], back[name]):
-                same = a == b if isinstance(a, str) else np.array_equal(a, b, equal_nan=np.asarray(a).dtype.kind == "f")
-                assert type(a) is type(b) and same, (name, a, b)
+        _same_rows(frame, read_rows(folder / "rows.npz"))
 
     check()
