@@ -34,6 +34,7 @@ import pandas as pd
 from ..core.errors import XBenchWarning
 from ..datasets import BaseDataset
 from ..metrics import PreparedScore
+from ..metrics.stats import bootstrap_batches
 from ..spec.config import RunConfig
 from ..store.results import ResultStore
 from .ground_truth import GroundTruth
@@ -116,7 +117,7 @@ def pair_steps(cfg: RunConfig, shipped: tuple[State, BaseDataset], view: Dataset
     caught = [w for _, got in grounded for w in got]
     counts = {f: n for (found, _), _ in grounded for f, n in found.items()}
     written = [part for ((_, wrote), _), part in zip(grounded, parts) if wrote]
-    ranges = _batch_ranges(math.ceil(cfg.bootstrap_replicates / 100))
+    ranges = _batch_ranges(len(bootstrap_batches(cfg.bootstrap_replicates)))  # PreparedScore's batches
     done = yield ([(_head_job, state, dataset, cfg, model, written, counts)] +
                   [(_replicates_job, *common, written, first, n) for first, n in ranges])
     (head, prepared, info), got = done[0]

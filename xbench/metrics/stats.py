@@ -185,10 +185,7 @@ def bootstrap_ci(
     """
     if n_cases < 1:
         raise ValueError(f"n_cases must be ≥ 1; got {n_cases}")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1); got {level}")
-    if n_boot < 0:
-        raise ValueError(f"n_boot must be ≥ 0; got {n_boot}")
+    _check_bootstrap(n_boot, level)
     value = (
         np.atleast_1d(np.asarray(statistic(np.ones((1, n_cases))), dtype=np.float64)[0])
         if point is None
@@ -203,6 +200,13 @@ def bootstrap_ci(
     for s, b in bootstrap_batches(n_boot, batch_size):
         reps[s : s + b] = _batch_replicates(statistic, _draw_weights(rng, b, n_cases), k)
     return _summarise(value, reps, level)
+
+
+def _check_bootstrap(n_boot: int, level: float) -> None:
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1); got {level}")
+    if n_boot < 0:
+        raise ValueError(f"n_boot must be ≥ 0; got {n_boot}")
 
 
 def bootstrap_batches(n_boot: int, batch_size: int = 100) -> list[tuple[int, int]]:
@@ -718,10 +722,7 @@ def prepare_score(
     True
     """
     t = as_thresholds(thresholds)
-    if n_boot < 0:
-        raise ValueError(f"n_boot must be ≥ 0; got {n_boot}")
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1); got {level}")
+    _check_bootstrap(n_boot, level)
     if pairs is not None:
         needed = [*PAIR_COLUMNS, *(c for c in map(pair_column, per_pair_metrics()) if c not in PAIR_COLUMNS)]
         missing = [c for c in needed if c not in pairs.columns]
