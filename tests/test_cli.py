@@ -155,3 +155,34 @@ def test_manifest_check_and_build_through_the_cli(tmp_path, capsys):
     assert "MISSING" in out and "cases: 542 (expected 542)" in out
     assert main(["manifest", "build", "chestx_det10", "--root", str(tmp_path), "--out", str(tmp_path / "cases.csv")]) == 0
     assert len(pd.read_csv(tmp_path / "cases.csv")) == 542
+
+
+def test_the_command_freezes_live_objects_before_exiting_with_mains_code(monkeypatch, capsys):
+    """`xbench` (console) exits with main's code, the live objects frozen so the interpreter's last collection
+    skips them; main alone, called in-process as here, leaves the collector as it was."""
+    import gc
+
+    import xbench.cli as cli
+
+    frozen = gc.get_freeze_count()
+    assert main(["list", "models", "--names"]) == 0
+    assert gc.get_freeze_count() == frozen
+    seen: list[int] = []
+    monkeypatch.setattr(cli, "main", lambda: seen.append(gc.get_freeze_count()) or 3)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.console()
+        assert exit_.value.code == 3
+        assert seen == [frozen]  # main ran before the freeze
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_the_installed_command_and_the_module_run_the_console_entry():
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["xbench"] == "xbench.cli:console"
+    source = (Path(__file__).parents[1] / "xbench" / "cli.py").read_text()
+    assert source.rstrip().endswith('if __name__ == "__main__":\n    console()')
