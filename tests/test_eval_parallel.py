@@ -15,6 +15,7 @@ import os
 import time
 import pickle
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -185,6 +186,44 @@ def test_ground_truth_in_a_pool_equals_the_serial_loop_bit_for_bit(phantom, monk
     with process_pool(2, preload=(gtm.__name__,)) as pool:
         pooled = gtm.ground_truth(phantom, GRID, progress=False, pool=pool, workers=2)
     _same(pooled, serial)
+
+
+def _arrays_of(path: Path) -> dict:
+    with np.load(path, allow_pickle=False) as z:
+        return {name: z[name] for name in z.files}
+
+
+def test_the_ground_truth_file_is_made_from_packed_chunks_with_the_serial_arrays(phantom, tmp_path, monkeypatch):
+    """With a pool, ground_truth_file joins the workers' bit-packed chunks into the file that the serial loop
+    writes (every array, key and digest equal) and never unpacks a mask in the calling process, made or found."""
+    serial, serial_path, key, _ = gtm.cached_ground_truth(phantom, GRID, tmp_path / "serial", progress=False)
+    monkeypatch.setattr(gtm, "MIN_CHUNK", 3)  # several chunks of the 22 cases
+    monkeypatch.setattr(gtm, "_unpack_masks", lambda *a: pytest.fail("the calling process unpacked masks"))
+    with process_pool(2, preload=(gtm.__name__,)) as pool:
+        pairs, path, key2, status = gtm.ground_truth_file(phantom, GRID, tmp_path / "pool", pool=pool, workers=2,
+                                                          progress=False)
+    assert status == "miss" and key2 == key and path.name == serial_path.name
+    assert pairs == {f: len(g.rows) for f, g in serial.items()} and sum(pairs.values()) > 10
+    made, expected = _arrays_of(path), _arrays_of(serial_path)
+    assert list(made) == list(expected)
+    for name in expected:
+        assert made[name].dtype == expected[name].dtype and np.array_equal(made[name], expected[name]), name
+    assert gtm.ground_truth_file(phantom, GRID, tmp_path / "pool", progress=False)[::3] == (pairs, "hit")
+
+
+def test_a_cache_file_whose_arrays_do_not_fit_the_grid_is_recomputed(phantom, tmp_path):
+    """A file with a valid digest whose masks are not one packed row per grounding pair of the grid (what a bug
+    writing it would leave) is damaged: recomputed, not served, with or without unpacking."""
+    fresh, path, key, _ = gtm.cached_ground_truth(phantom, GRID, tmp_path, progress=False)
+    arrays = gtm._arrays(fresh, packed=False)
+    first = next(n for n in arrays if n.startswith("masks") and len(arrays[n]))
+    gtm._write_arrays(path, key, {**arrays, first: arrays[first][:, :-1]})
+    pairs, _, _, status = gtm.ground_truth_file(phantom, GRID, tmp_path, progress=False)
+    assert status == "damaged" and pairs == {f: len(g.rows) for f, g in fresh.items()}
+    gtm._write_arrays(path, key, {**arrays, first: arrays[first][1:]})
+    served, _, _, status = gtm.cached_ground_truth(phantom, GRID, tmp_path, progress=False)
+    assert status == "damaged"
+    _same(served, fresh)
 
 
 def test_cache_miss_then_hit_without_rasterising(phantom, tmp_path, monkeypatch):

@@ -49,7 +49,7 @@ timed("ground truth, all findings", P.worker_ground_truth, gt_file, gt_key)
 P._GT_MEMO.clear()
 timed("ground truth, one finding", P.worker_ground_truth, gt_file, gt_key, view.findings[:1])
 folder = Path(tempfile.mkdtemp())
-groups = S.finding_groups(ds, gt)
+groups = S.finding_groups(ds, {f: len(g.rows) for f, g in gt.items()})  # pairs per finding (round 14 signature)
 for k, g in enumerate(groups):
     timed(f"grounding step {g}", S._ground_job, state, view, cfg, model, gt_file, gt_key, g, folder / f"g{k}.npz")
 parts = [folder / f"g{k}.npz" for k in range(len(groups))]

@@ -49,7 +49,7 @@ from ..core.errors import XBenchError
 from ..core.logs import progress_bar
 from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers
 from ..store.results import ResultStore, write_table
-from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, shippable
+from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, ground_truth_file, shippable
 from .pair import DatasetView, PairError, PairEvaluation, _evaluate_pair_job, check_annotations, evaluate_pair
 from .steps import MOST_STEPS, Steps, finding_groups, pair_steps
 from .worker_state import State
@@ -237,20 +237,22 @@ class RunEvaluation:
                 self.items[i] = (got[0].name, self._pairs(*got))
 
     def _prepare(self, dspec: Any, *, in_pool: bool, dataset: BaseDataset | None = None) -> tuple[Any, ...] | None:
-        """``(dataset, shipped, gt, gt_file, gt_key)``; None when ``in_pool`` and the dataset cannot be shipped."""
+        """``(dataset, shipped, gt, gt_file, gt_key)``; None when ``in_pool`` and the dataset cannot be shipped.
+        ``gt``: the ground truth when the pairs are evaluated here (``shipped`` None), else grounding pairs per
+        finding (the workers read the masks from ``gt_file``; this process never unpacks them)."""
         dataset = open_dataset(dspec) if dataset is None else dataset
         shipped = shippable(dataset) if self.pool is not None else None
         if in_pool and shipped is None:
             return None  # evaluated in this process by finish()
         self.mark("ground_truth_started", dspec.name)
-        gt, gt_file, gt_key, _ = cached_ground_truth(dataset, self.cfg.grid, self.cache, options=dspec.options,
-                                                     pool=None if shipped is None else self.pool, workers=self.workers,
-                                                     progress=self.progress, warning_registry=self.registry,
-                                                     shipped=shipped)
+        made = cached_ground_truth if shipped is None else ground_truth_file
+        gt, gt_file, gt_key, _ = made(dataset, self.cfg.grid, self.cache, options=dspec.options,
+                                      pool=None if shipped is None else self.pool, workers=self.workers,
+                                      progress=self.progress, warning_registry=self.registry, shipped=shipped)
         self.mark("ground_truth_done", dspec.name)
         return dataset, shipped, gt, gt_file, gt_key
 
-    def _pairs(self, dataset: BaseDataset, shipped: Any, gt: dict[str, GroundTruth], gt_file: Path,
+    def _pairs(self, dataset: BaseDataset, shipped: Any, gt: dict[str, GroundTruth] | dict[str, int], gt_file: Path,
                gt_key: dict[str, Any]) -> list[Any]:
         """Every model's evaluation of one dataset: futures in the pool, or results computed here."""
         items: list[Any] = []

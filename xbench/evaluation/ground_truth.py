@@ -41,7 +41,7 @@ from ..datasets import BaseDataset
 from ..datasets.regions import Region, rasterize
 from .worker_state import State, apply_state, process_state
 
-__all__ = ["GroundTruth", "ground_truth", "rasterize_stack", "shippable", "ground_truth_key", "cache_file", "cached_ground_truth", "read_cache",
+__all__ = ["GroundTruth", "ground_truth", "rasterize_stack", "shippable", "ground_truth_key", "cache_file", "cached_ground_truth", "ground_truth_file", "read_cache",
            "write_cache", "CACHE_FORMAT", "MIN_CHUNK"]
 
 log = logging.getLogger("xbench.evaluation")
@@ -88,16 +88,29 @@ def _rasterise_rows(dataset: BaseDataset, rows: np.ndarray, grid: tuple[int, int
 
 def _rasterise_job(state: State, dataset: BaseDataset, name: str, rows: np.ndarray, grid: tuple[int, int],
                    findings: list[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """:func:`_rasterise_rows` in a worker, after the parent's state is installed. An error comes back as itself (XBench errors name their file and line), or, when it cannot cross
-    the process boundary intact, as an :class:`~xbench.core.errors.XBenchError` naming the dataset and rows."""
+    """:func:`_rasterise_rows` in a worker, after the parent's state is installed, its masks bit-packed
+    (:func:`_pack_masks`: an eighth of the bytes to send back and for the parent to join). An error comes back as
+    itself (XBench errors name their file and line), or, when it cannot cross the process boundary intact, as an
+    :class:`~xbench.core.errors.XBenchError` naming the dataset and rows."""
     try:
         apply_state(state)
-        return _rasterise_rows(dataset, rows, grid, findings)
+        return {f: (idx, _pack_masks(masks)) for f, (idx, masks) in _rasterise_rows(dataset, rows, grid, findings).items()}
     except Exception as exc:
         if round_trips(exc):
             raise
         raise XBenchError(f"{name}: ground truth of dataset rows {rows[0]}–{rows[-1]}: {type(exc).__name__}: "
                           f"{exc}") from exc
+
+
+def _pack_masks(masks: np.ndarray) -> np.ndarray:
+    """Bool masks ``(n, H, W)`` → ``(n, ceil(H·W / 8))`` uint8, each mask's bits in row-major order (``np.packbits``)."""
+    masks = np.asarray(masks, bool)
+    return np.packbits(masks.reshape(len(masks), int(np.prod(masks.shape[1:]))), axis=1)
+
+
+def _unpack_masks(bits: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """:func:`_pack_masks` undone: ``(n, *grid)`` bool."""
+    return np.unpackbits(bits, axis=1, count=grid[0] * grid[1]).astype(bool).reshape(len(bits), *grid)
 
 
 def shippable(dataset: BaseDataset) -> tuple[State, BaseDataset] | None:
@@ -128,39 +141,65 @@ def ground_truth(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool 
     :func:`~xbench.core.workers.replay_warnings`). ``shipped``: :func:`shippable` of the dataset, if the
     caller made it already.
     """
+    arrays = _pool_arrays(dataset, grid, progress=progress, pool=pool, workers=workers,
+                          warning_registry=warning_registry, shipped=shipped)
+    if arrays is not None:
+        return unpack_cache(arrays, {"grid": list(grid)})
+    findings = _localized(dataset)
+    labels = dataset.labels()
+    rows = np.flatnonzero((labels == 1).any(axis=1))
+    found = _rasterise_rows(dataset, progress_iter(rows, desc=f"ground truth {dataset.name}", unit="case",
+                                                   disable=not progress), grid, findings)
+    return {f: GroundTruth(idx.astype(int), masks, int((labels[:, dataset.findings.index(f)] == 1).sum()) - len(idx))
+            for f, (idx, masks) in found.items()}
+
+
+def _pool_arrays(dataset: BaseDataset, grid: tuple[int, int], *, progress: bool, pool: Executor | None, workers: int,
+                 warning_registry: dict | None, shipped: tuple[State, BaseDataset] | None) -> dict[str, np.ndarray] | None:
+    """The cache file's arrays (:func:`_arrays`: masks bit-packed) rasterised by the pool's workers, joined in row
+    order without unpacking; None when :func:`ground_truth` runs serially (no pool, a single chunk, or a dataset
+    that cannot be shipped)."""
     labels = dataset.labels()
     findings = _localized(dataset)
     rows = np.flatnonzero((labels == 1).any(axis=1))
     size = max(MIN_CHUNK, math.ceil(len(rows) / max(1, 4 * workers)))
     chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
-    if pool is not None and len(chunks) > 1 and shipped is None:
-        shipped = shippable(dataset)
-    if pool is None or len(chunks) <= 1 or shipped is None:
-        parts = [_rasterise_rows(dataset, progress_iter(rows, desc=f"ground truth {dataset.name}", unit="case",
-                                                        disable=not progress), grid, findings)]
-    else:
-        futures = [pool.submit(capture_warnings, _rasterise_job, *shipped, dataset.name, chunk, grid, findings)
-                   for chunk in chunks]
-        bar = progress_bar(total=len(rows), desc=f"ground truth {dataset.name}", unit="case", disable=not progress)
-        parts = []
-        try:
-            for chunk, future in zip(chunks, futures):  # submission (= row) order
-                part, caught = future.result()
-                replay_warnings(caught, warning_registry)
-                parts.append(part)
-                bar.update(len(chunk))
-        finally:
-            bar.close()
-            for future in futures:
-                future.cancel()
-    out: dict[str, GroundTruth] = {}
+    if pool is None or len(chunks) <= 1:
+        return None
+    shipped = shippable(dataset) if shipped is None else shipped
+    if shipped is None:
+        return None
+    futures = [pool.submit(capture_warnings, _rasterise_job, *shipped, dataset.name, chunk, grid, findings)
+               for chunk in chunks]
+    bar = progress_bar(total=len(rows), desc=f"ground truth {dataset.name}", unit="case", disable=not progress)
+    parts = []
+    try:
+        for chunk, future in zip(chunks, futures):  # submission (= row) order
+            part, caught = future.result()
+            replay_warnings(caught, warning_registry)
+            parts.append(part)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        for future in futures:
+            future.cancel()
+    joined = {}
     for f in findings:
-        idx = np.concatenate([p[f][0] for p in parts]) if parts else np.zeros(0, int)
-        masks = [p[f][1] for p in parts if len(p[f][1])]
+        idx = np.concatenate([p[f][0] for p in parts]).astype(int)
         positives = int((labels[:, dataset.findings.index(f)] == 1).sum())
-        out[f] = GroundTruth(idx.astype(int), np.concatenate(masks) if masks else np.zeros((0, *grid), bool),
-                             positives - len(idx))
-    return out
+        joined[f] = (idx, np.concatenate([p[f][1] for p in parts]), positives - len(idx))
+    return _arrays(joined)
+
+
+def _arrays(gt: Mapping[str, tuple[np.ndarray, np.ndarray, int]], packed: bool = True) -> dict[str, np.ndarray]:
+    """The cache file's arrays of ground truth: ``findings``, then per finding ``rows{i}`` (int64), ``masks{i}``
+    (bit-packed, :func:`_pack_masks`; ``packed=False``: bool masks to pack here) and ``no_region{i}``."""
+    arrays: dict[str, np.ndarray] = {"findings": np.array(list(gt), dtype=str)}
+    for i, (rows, masks, no_region) in enumerate(gt.values()):
+        arrays[f"rows{i}"] = np.asarray(rows, np.int64)
+        arrays[f"masks{i}"] = masks if packed else _pack_masks(masks)
+        arrays[f"no_region{i}"] = np.asarray(no_region, np.int64)
+    return arrays
 
 
 # -- the cache ---------------------------------------------------------------------------------------
@@ -219,12 +258,11 @@ def _payload_digest(key_text: str, arrays: Mapping[str, np.ndarray]) -> str:
 
 def write_cache(path: str | Path, key: Mapping[str, Any], gt: Mapping[str, GroundTruth]) -> Path:
     """Write ``gt`` with its ``key`` to ``path`` atomically (masks bit-packed, payload sha256 stored)."""
-    arrays: dict[str, np.ndarray] = {"findings": np.array(list(gt), dtype=str)}
-    for i, g in enumerate(gt.values()):
-        arrays[f"rows{i}"] = np.asarray(g.rows, np.int64)
-        masks = np.asarray(g.masks, bool)
-        arrays[f"masks{i}"] = np.packbits(masks.reshape(len(masks), int(np.prod(masks.shape[1:]))), axis=1)
-        arrays[f"no_region{i}"] = np.asarray(g.no_region, np.int64)
+    return _write_arrays(path, key, _arrays(gt, packed=False))
+
+
+def _write_arrays(path: str | Path, key: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Path:
+    """The cache file of :func:`_arrays` with its ``key`` and payload sha256, written atomically."""
     text = _key_text(key)
     payload = {**arrays, "key": np.array(text), "digest": np.array(_payload_digest(text, arrays))}
     path = Path(path)
@@ -283,8 +321,10 @@ def unpack_cache(data: Mapping[str, np.ndarray], key: Mapping[str, Any],
             if wanted is not None and finding not in wanted:
                 continue
             rows = data[f"rows{i}"]
-            masks = np.unpackbits(data[f"masks{i}"], axis=1, count=grid[0] * grid[1]).astype(bool)
-            out[finding] = GroundTruth(rows.astype(int), masks.reshape(len(rows), *grid), int(data[f"no_region{i}"]))
+            masks = _unpack_masks(data[f"masks{i}"], grid)
+            if len(masks) != len(rows):
+                raise ValueError(f"{len(rows)} rows but {len(masks)} masks for {finding}")
+            out[finding] = GroundTruth(rows.astype(int), masks, int(data[f"no_region{i}"]))
     except (KeyError, ValueError) as exc:
         raise CacheUnusable("damaged", f"inconsistent arrays ({exc})") from exc
     return out
@@ -296,16 +336,68 @@ def cached_ground_truth(dataset: BaseDataset, grid: tuple[int, int], folder: str
                         shipped: tuple[State, BaseDataset] | None = None) -> tuple[dict[str, GroundTruth], Path, dict[str, Any], str]:
     """:func:`ground_truth` through the cache in ``folder``: ``(gt, file, key, status)``, status one of
     ``"hit"``, ``"miss"``, ``"stale"``, ``"damaged"`` (the last three recompute and rewrite the file)."""
+    key, path, status, arrays = _look_up(dataset, grid, folder, options)
+    if arrays is not None:
+        return unpack_cache(arrays, key), path, key, status
+    arrays = _pool_arrays(dataset, grid, progress=progress, pool=pool, workers=workers,
+                          warning_registry=warning_registry, shipped=shipped)
+    if arrays is not None:
+        _write_arrays(path, key, arrays)
+        return unpack_cache(arrays, key), path, key, status
+    gt = ground_truth(dataset, grid, progress=progress, warning_registry=warning_registry)
+    write_cache(path, key, gt)
+    return gt, path, key, status
+
+
+def ground_truth_file(dataset: BaseDataset, grid: tuple[int, int], folder: str | Path, *,
+                      options: Mapping[str, Any] | None = None, pool: Executor | None = None, workers: int = 1,
+                      progress: bool = True, warning_registry: dict | None = None,
+                      shipped: tuple[State, BaseDataset] | None = None) -> tuple[dict[str, int], Path, dict[str, Any], str]:
+    """The cache file of :func:`cached_ground_truth`, checked or made, for a caller whose workers read it
+    (:func:`read_cache`): ``(grounding pairs per finding, file, key, status)``, the same file and status.
+
+    The masks are never unpacked here: a file found is checked (key, payload sha256, array shapes) as it is, and
+    with a pool the workers' bit-packed chunks are joined and written as they come. For a 3,000-case stand-in of
+    VinDr-CXR at 224² (18,877 masks, 947 MB as bools) that is the calling process's share of the work
+    (docs/performance.md, round 14).
+    """
+    key, path, status, arrays = _look_up(dataset, grid, folder, options)
+    if arrays is None:
+        arrays = _pool_arrays(dataset, grid, progress=progress, pool=pool, workers=workers,
+                              warning_registry=warning_registry, shipped=shipped)
+        if arrays is None:
+            arrays = _arrays(ground_truth(dataset, grid, progress=progress, warning_registry=warning_registry), packed=False)
+        _write_arrays(path, key, arrays)
+    return {f: len(arrays[f"rows{i}"]) for i, f in enumerate(arrays["findings"].tolist())}, path, key, status
+
+
+def _look_up(dataset: BaseDataset, grid: tuple[int, int], folder: str | Path,
+             options: Mapping[str, Any] | None) -> tuple[dict[str, Any], Path, str, dict[str, np.ndarray] | None]:
+    """``(key, file, status, arrays)``: the arrays of a usable cache file (status ``"hit"``), else None with the
+    reason (``"miss"``, ``"stale"``, ``"damaged"``)."""
     key = ground_truth_key(dataset, grid, options)
     path = cache_file(folder, dataset, grid, options)
     try:
-        return read_cache(path, key), path, key, "hit"
+        arrays = load_cache(path, key)
+        _check_arrays(arrays, tuple(key["grid"]))
+        return key, path, "hit", arrays
     except FileNotFoundError:
-        status = "miss"
+        return key, path, "miss", None
     except CacheUnusable as exc:
-        status = exc.reason
         log.info("ground-truth cache %s is %s; recomputing it", path, exc)
-    gt = ground_truth(dataset, grid, progress=progress, pool=pool, workers=workers, warning_registry=warning_registry,
-                      shipped=shipped)
-    write_cache(path, key, gt)
-    return gt, path, key, status
+        return key, path, exc.reason, None
+
+
+def _check_arrays(arrays: Mapping[str, np.ndarray], grid: tuple[int, int]) -> None:
+    """:class:`CacheUnusable` ("damaged") unless every finding has rows, bit-packed masks of the grid, one per row,
+    and a count, without unpacking them."""
+    width = math.ceil(grid[0] * grid[1] / 8)
+    try:
+        for i, finding in enumerate(arrays["findings"].tolist()):
+            rows, masks, no_region = arrays[f"rows{i}"], arrays[f"masks{i}"], arrays[f"no_region{i}"]
+            if (rows.ndim != 1 or masks.dtype != np.uint8 or masks.shape != (len(rows), width)
+                    or no_region.shape != ()):
+                raise ValueError(f"{finding}: rows {rows.shape}, masks {masks.dtype} {masks.shape}, "
+                                 f"no_region {no_region.shape} (grid {grid})")
+    except (KeyError, ValueError) as exc:
+        raise CacheUnusable("damaged", f"inconsistent arrays ({exc})") from exc

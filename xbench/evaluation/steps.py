@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,6 @@ from ..metrics import PreparedScore
 from ..metrics.stats import bootstrap_batches
 from ..spec.config import RunConfig
 from ..store.results import ResultStore
-from .ground_truth import GroundTruth
 from .pair import (
     _DROPPED_AT,
     DatasetView,
@@ -68,10 +67,11 @@ BATCHES_PER_STEP = 3
 MOST_STEPS = 8
 
 
-def finding_groups(dataset: BaseDataset, gt: dict[str, GroundTruth]) -> list[list[int]] | None:
-    """Consecutive groups of finding indices with about :data:`PAIRS_PER_STEP` grounding pairs each, when the pair
-    is large enough to be split (:data:`SPLIT_PAIRS`); None when it is evaluated as one job."""
-    sizes = [len(gt[f].rows) if f in gt else 0 for f in dataset.findings]
+def finding_groups(dataset: BaseDataset, pairs: Mapping[str, int]) -> list[list[int]] | None:
+    """Consecutive groups of finding indices with about :data:`PAIRS_PER_STEP` grounding pairs each (``pairs``:
+    grounding pairs per finding, :func:`~xbench.evaluation.ground_truth.ground_truth_file`), when the pair is large
+    enough to be split (:data:`SPLIT_PAIRS`); None when it is evaluated as one job."""
+    sizes = [int(pairs.get(f, 0)) for f in dataset.findings]
     total = sum(sizes)
     if total < SPLIT_PAIRS and len(dataset) * len(dataset.findings) < 10 * SPLIT_PAIRS:
         return None
