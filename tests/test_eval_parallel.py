@@ -355,6 +355,31 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is Python 3.11+")
+def test_workers_import_the_callers_code_not_a_checkout_in_the_working_folder(tmp_path):
+    """A run started in a folder holding another `xbench` package: the fork server preloads the caller's XBench
+    (it gets the caller's module path), not the folder's, so the workers run the caller's code. On the old code
+    the server imported the folder's package first, and its workers kept it."""
+    import subprocess
+
+    here = tmp_path / "elsewhere"
+    (here / "xbench").mkdir(parents=True)
+    (here / "xbench" / "__init__.py").write_text("WRONG = True\n")
+    script = tmp_path / "script" / "pool.py"
+    script.parent.mkdir()
+    script.write_text("import xbench\n"
+                      "from xbench.core.workers import process_pool\n"
+                      "if __name__ == '__main__':\n"
+                      "    with process_pool(2, preload=('xbench.core.workers',)) as pool:\n"
+                      "        print(xbench.__file__, pool.submit(eval, \"__import__('xbench').__file__\").result())\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("PYTHONSAFEPATH", None)
+    done = subprocess.run([sys.executable, str(script)], cwd=here, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    parent, worker = done.stdout.split()
+    assert parent == worker == str(Path(__file__).resolve().parents[1] / "xbench" / "__init__.py")
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_workers_end_when_the_pools_owner_dies_without_shutting_it_down(tmp_path):
     """A process that dies with its pool open (killed, ``os._exit``, out of memory: a crashed rank) leaves no

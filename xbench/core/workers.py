@@ -9,7 +9,9 @@ Conventions
   child forked from it would inherit their locks. The fork server is a fresh single-threaded process that
   imports the ``preload`` modules once (torch, pandas, ... ≈ 3 s), so each worker starts in milliseconds, and
   it lives as long as the parent, serving later pools too. Workers get the environment of the moment the server
-  started; jobs take everything they need as arguments. Workers do not import the caller's ``__main__`` (a
+  started; jobs take everything they need as arguments. The server is started with the caller's module search
+  path (:func:`_start_server`): a ``python -c`` server would otherwise look in its working folder first, and a
+  run started beside another XBench checkout would have its workers import that checkout's code. Workers do not import the caller's ``__main__`` (a
   script without an ``if __name__ == "__main__":`` guard would otherwise run again in every worker): a job
   must be a function of an importable module, unless the pool is made with ``main=True``.
 * A worker ends when the process that made its pool ends, even one that never shut the pool down (killed,
@@ -130,10 +132,39 @@ def process_pool(workers: int, preload: tuple[str, ...] = (), *, main: bool = Fa
         context = multiprocessing.get_context("forkserver")
         if preload:
             context.set_forkserver_preload(list(preload))
+        _start_server()
     else:  # pragma: no cover - Windows
         context = multiprocessing.get_context("spawn")
     init = functools.partial(_start_worker, os.getpid(), int(nice))
     return _Pool(max_workers=workers, mp_context=context, initializer=init, hide_main=not main)
+
+
+_SERVER_START = threading.Lock()
+
+
+def _start_server() -> None:
+    """Start the fork server, unless it runs, with this process's ``sys.path`` as its module search path.
+
+    The server is a ``python -c`` process: Python puts its working folder first on its path, before
+    ``$PYTHONPATH``, and ignores the path multiprocessing sends it. So ``$PYTHONPATH`` is set to this process's
+    path (a relative entry made absolute) and ``$PYTHONSAFEPATH`` keeps the working folder off (Python ≥ 3.11;
+    3.10 still puts it first), for the server's start only: the workers import what this process imports.
+    """
+    from multiprocessing import forkserver
+
+    with _SERVER_START:
+        changes = {"PYTHONPATH": os.pathsep.join(os.path.abspath(p or os.curdir) for p in sys.path if isinstance(p, str)),
+                   "PYTHONSAFEPATH": "1"}
+        saved = {name: os.environ.get(name) for name in changes}
+        os.environ.update(changes)
+        try:
+            forkserver.ensure_running()
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def _start_worker(owner: int, nice: int) -> None:
