@@ -113,7 +113,6 @@ def _write_case(task: tuple[str, int, str, int, int, Path, int]) -> dict[str, An
     from PIL import Image
 
     seed = zlib.crc32(f"{name}/{i}".encode())
-    rng = np.random.default_rng(seed + 1)
     if fmt == "png":
         path = folder / f"{i:05d}.png"
         Image.fromarray(_image(seed, h, w, 256)).save(path)
@@ -136,14 +135,22 @@ def _write_case(task: tuple[str, int, str, int, int, Path, int]) -> dict[str, An
             _dicom(path, px, "JPEG2000Lossless", bits_stored=12, photometric=photometric, encoded=buf.getvalue())
         else:
             _dicom(path, px, "ExplicitVRLittleEndian", bits_stored=12, photometric=photometric)
+    labels, boxes = labels_and_boxes(name, i, h, w, n_classes)
+    return {"i": i, "image": str(path.relative_to(folder.parent)), "height": h, "width": w,
+            "labels": labels, "boxes": boxes, "bytes": path.stat().st_size}
+
+
+def labels_and_boxes(name: str, i: int, h: int, w: int, n_classes: int) -> tuple[list[int], dict[int, list[list[float]]]]:
+    """Case ``i`` of stand-in ``name``: its labels (each class positive with probability 0.3) and one box per
+    positive class, in pixels of an ``h`` × ``w`` image; drawn from the case's own seed, whatever its image."""
+    rng = np.random.default_rng(zlib.crc32(f"{name}/{i}".encode()) + 1)
     labels = (rng.random(n_classes) < 0.3).astype(int)
     boxes = {}
     for c in np.flatnonzero(labels):
         bw, bh = rng.uniform(0.05, 0.3) * w, rng.uniform(0.05, 0.3) * h
         x0, y0 = rng.uniform(0, w - bw), rng.uniform(0, h - bh)
         boxes[int(c)] = [[round(x0, 1), round(y0, 1), round(x0 + bw, 1), round(y0 + bh, 1)]]
-    return {"i": i, "image": str(path.relative_to(folder.parent)), "height": h, "width": w,
-            "labels": labels.tolist(), "boxes": boxes, "bytes": path.stat().st_size}
+    return labels.tolist(), boxes
 
 
 def generate(root: Path, *, scale: float = 1.0, size_div: int = 1, workers: int = 8,
