@@ -18,7 +18,8 @@ Phases (``--phases``, in this order; results go to ``<out>/bench_gpu.json`` afte
   Max deviation of scores / maps from ``paper`` on the shared cases.
 * ``multi``   — ``torchrun --nproc_per_node G`` for each G of ``--gpus`` (NCCL; NVLink multicast off) of
   the default config with its own cold cache and ``--workers`` decode processes per rank, run as ``xbench run`` under
-  torchrun (rank 0 evaluates after the barrier); each rank's timings (start-up from the launch included), and
+  torchrun (rank 0 evaluates after the barrier; the ranks import the XBench this process imported, not one in the
+  working folder: ``xbench.core.workers.same_imports_env``); each rank's timings (start-up from the launch included), and
   identity of every stored array and of the metric tables with ``default``. The speed-up is against ``multi_1`` when
   ``--gpus`` includes 1 (one GPU launched the same way: equal start-up), else against ``default``'s whole run, which
   runs inside the bench process and so does not pay the imports.
@@ -419,10 +420,13 @@ def profile_decode(root: Path, models: list[str], per_dataset: int = 3) -> dict[
 def environment() -> dict[str, Any]:
     import torch
 
+    import xbench
+
     env = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__,
            "cpus": os.cpu_count(), "cuda": torch.cuda.is_available(),
            # whether imported sources are compiled again by every process (PYTHONDONTWRITEBYTECODE, no __pycache__)
-           "bytecode": {"dont_write": bool(sys.flags.dont_write_bytecode), "pycache_prefix": sys.pycache_prefix}}
+           "bytecode": {"dont_write": bool(sys.flags.dont_write_bytecode), "pycache_prefix": sys.pycache_prefix},
+           "xbench": str(Path(xbench.__file__).resolve().parent)}  # which tree the phases ran
     try:
         import pydicom
         import PIL
@@ -568,6 +572,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         import torch
         import yaml
 
+        from xbench.core.workers import same_imports_env
+
         counts = sorted({int(g) for g in str(args.gpus).split(",") if int(g) <= torch.cuda.device_count()})
         for gpus in counts:  # 1 first when asked: the baseline launched the same way (its own imports counted too)
             if time.perf_counter() - t0 > args.budget:
@@ -582,7 +588,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 config = args.out / f"{tag}.yaml"
                 config.write_text(yaml.safe_dump(raw))
                 env = {**os.environ, **MULTICAST_OFF, "XBENCH_MANIFESTS": str(args.root / "manifests"),
-                       "PYTHONWARNINGS": "ignore"}
+                       "PYTHONWARNINGS": "ignore", **same_imports_env()}  # the ranks import this process's XBench
                 started, launched = time.perf_counter(), time.time()  # the user's command: ranks infer, rank 0 evaluates
                 proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                        f"--nproc_per_node={gpus}", "-m", "xbench.cli", "run", "--config", str(config),

@@ -723,3 +723,23 @@ def test_any_frame_of_numbers_text_and_arrays_round_trips_exactly(tmp_path_facto
         _same_rows(frame, read_rows(folder / "rows.npz"))
 
     check()
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH is Python 3.11+")
+def test_a_process_started_with_same_imports_env_imports_this_xbench_not_the_working_folders(tmp_path):
+    """What bench_gpu's torchrun ranks get: `python -m` / `-c` put the working folder first on the path; under
+    same_imports_env a process started in a folder holding another `xbench` imports this one."""
+    import subprocess
+
+    import xbench
+    from xbench.core.workers import same_imports_env
+
+    (tmp_path / "xbench").mkdir()
+    (tmp_path / "xbench" / "__init__.py").write_text("WRONG = True\n")
+    probe = [sys.executable, "-c", "import xbench; print(xbench.__file__)"]
+    plain = subprocess.run(probe, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert plain.stdout.strip() == str(tmp_path / "xbench" / "__init__.py")  # the hazard itself
+    env = {**os.environ, **same_imports_env()}
+    fixed = subprocess.run(probe, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stdout.strip() == xbench.__file__

@@ -10,7 +10,7 @@ Conventions
   imports the ``preload`` modules once (torch, pandas, ... ≈ 3 s), so each worker starts in milliseconds, and
   it lives as long as the parent, serving later pools too. Workers get the environment of the moment the server
   started; jobs take everything they need as arguments. The server is started with the caller's module search
-  path (:func:`_start_server`): a ``python -c`` server would otherwise look in its working folder first, and a
+  path (:func:`same_imports_env`): a ``python -c`` server would otherwise look in its working folder first, and a
   run started beside another XBench checkout would have its workers import that checkout's code. Workers do not import the caller's ``__main__`` (a
   script without an ``if __name__ == "__main__":`` guard would otherwise run again in every worker): a job
   must be a function of an importable module, unless the pool is made with ``main=True``.
@@ -142,19 +142,31 @@ def process_pool(workers: int, preload: tuple[str, ...] = (), *, main: bool = Fa
 _SERVER_START = threading.Lock()
 
 
+def same_imports_env() -> dict[str, str]:
+    """Environment variables under which a new Python process (``python -c``, ``python -m``) imports what this one
+    imports: ``$PYTHONPATH`` is this process's ``sys.path`` (a relative entry made absolute), and
+    ``$PYTHONSAFEPATH=1`` keeps such a process's working folder off the front of its path (Python ≥ 3.11; 3.10
+    still puts it first). Used for the fork server and by ``benchmarks/bench_gpu.py`` for its ``torchrun`` ranks.
+
+    >>> env = same_imports_env()
+    >>> env["PYTHONSAFEPATH"], env["PYTHONPATH"].split(os.pathsep)[-1] == os.path.abspath(sys.path[-1] or os.curdir)
+    ('1', True)
+    """
+    entries = (os.path.abspath(p or os.curdir) for p in sys.path if isinstance(p, str))
+    return {"PYTHONPATH": os.pathsep.join(entries), "PYTHONSAFEPATH": "1"}
+
+
 def _start_server() -> None:
-    """Start the fork server, unless it runs, with this process's ``sys.path`` as its module search path.
+    """Start the fork server, unless it runs, with this process's module search path (:func:`same_imports_env`).
 
     The server is a ``python -c`` process: Python puts its working folder first on its path, before
-    ``$PYTHONPATH``, and ignores the path multiprocessing sends it. So ``$PYTHONPATH`` is set to this process's
-    path (a relative entry made absolute) and ``$PYTHONSAFEPATH`` keeps the working folder off (Python ≥ 3.11;
-    3.10 still puts it first), for the server's start only: the workers import what this process imports.
+    ``$PYTHONPATH``, and the server ignores the path multiprocessing sends it. The variables are set for the
+    server's start only, so the workers import what this process imports.
     """
     from multiprocessing import forkserver
 
     with _SERVER_START:
-        changes = {"PYTHONPATH": os.pathsep.join(os.path.abspath(p or os.curdir) for p in sys.path if isinstance(p, str)),
-                   "PYTHONSAFEPATH": "1"}
+        changes = same_imports_env()
         saved = {name: os.environ.get(name) for name in changes}
         os.environ.update(changes)
         try:
