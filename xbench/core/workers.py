@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -165,18 +165,31 @@ def _start_server() -> None:
     """
     from multiprocessing import forkserver
 
-    with _SERVER_START:
-        changes = same_imports_env()
-        saved = {name: os.environ.get(name) for name in changes}
-        os.environ.update(changes)
-        try:
-            forkserver.ensure_running()
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+    with _SERVER_START, environment_set(same_imports_env()):
+        forkserver.ensure_running()
+
+
+@contextmanager
+def environment_set(changes: Mapping[str, str]) -> Iterator[None]:
+    """While open, ``os.environ`` holds ``changes`` (for processes started now); each variable is restored after,
+    or removed where it was not set.
+
+    >>> with environment_set({"XBENCH_DOCTEST_VAR": "1"}):
+    ...     os.environ["XBENCH_DOCTEST_VAR"]
+    '1'
+    >>> "XBENCH_DOCTEST_VAR" in os.environ
+    False
+    """
+    saved = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _start_worker(owner: int, nice: int) -> None:

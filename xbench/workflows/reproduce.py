@@ -26,12 +26,13 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import XBenchError
+from ..core.workers import environment_set
 from ..spec.registry import PACKAGE_DIR
 from ..spec.run_configs import resolve_run_config
 
@@ -92,18 +93,9 @@ def _verbosity() -> int:
     return 1 if level <= logging.DEBUG else -1 if level >= logging.WARNING else 0
 
 
-@contextmanager
-def _kernel_env(verbosity: int) -> Iterator[None]:
+def _kernel_env(verbosity: int) -> AbstractContextManager[None]:
     """Kernels inherit the environment: ``XBENCH_LOG_LEVEL`` makes ``import xbench`` set up logging there."""
-    old = os.environ.get("XBENCH_LOG_LEVEL")
-    os.environ["XBENCH_LOG_LEVEL"] = str(verbosity)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("XBENCH_LOG_LEVEL", None)
-        else:
-            os.environ["XBENCH_LOG_LEVEL"] = old
+    return environment_set({"XBENCH_LOG_LEVEL": str(verbosity)})
 
 
 def reproduce(config: str | Path, *, output_dir: str | Path, device: str = "cpu", notebooks: str | Path | None = None,
