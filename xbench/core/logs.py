@@ -69,6 +69,14 @@ def setup_logging(verbosity: int = 0) -> None:
         warnings.filterwarnings("default", category=XBenchWarning)
 
 
+def current_verbosity() -> int | None:
+    """The verbosity :func:`setup_logging` was last called with (``-1``, ``0``, ``1``), or None when it was not:
+    what a helper process passes on so its lines look like this process's."""
+    if not any(getattr(h, "_xbench", False) for h in log.handlers):
+        return None
+    return -1 if log.level >= logging.WARNING else 1 if log.level <= logging.DEBUG else 0
+
+
 def setup_logging_from_env() -> None:
     """:func:`setup_logging` at the level ``$XBENCH_LOG_LEVEL`` holds (set by ``xbench reproduce`` for its
     kernels); nothing when it is unset or not an integer."""

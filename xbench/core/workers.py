@@ -43,7 +43,7 @@ from typing import Any
 
 from .errors import XBenchError
 
-__all__ = ["resolve_workers", "process_pool", "single_threaded", "one_blas_thread", "round_trips", "capture_warnings", "replay_warnings", "Caught"]
+__all__ = ["resolve_workers", "process_pool", "start_process", "single_threaded", "one_blas_thread", "round_trips", "capture_warnings", "replay_warnings", "Caught"]
 
 #: a warning recorded in a worker: (message text, category, file name, line number)
 Caught = tuple[str, type[Warning], str, int]
@@ -128,15 +128,37 @@ def process_pool(workers: int, preload: tuple[str, ...] = (), *, main: bool = Fa
     ``preload``: modules the server imports before its first fork (only when it is not running yet); ``main``:
     let the workers import the caller's ``__main__`` (jobs defined in a script); ``nice``: added to the workers' CPU
     niceness (lower priority than this process, e.g. while it feeds a GPU)."""
+    init = functools.partial(_start_worker, os.getpid(), int(nice))
+    return _Pool(max_workers=workers, mp_context=_context(preload), initializer=init, hide_main=not main)
+
+
+def start_process(target: Callable[..., None], args: tuple[Any, ...], *, name: str,
+                  preload: tuple[str, ...] = ()) -> Any:
+    """Start a process running ``target(*args)`` the way pool workers start (the fork server, this process's
+    imports, ``__main__`` hidden; see the module docstring) and return it. It ends when this process ends, whether or
+    not this process joins it (:func:`_end_with`). Not a daemon, so it may make pools of its own; the caller joins it.
+    ``target`` must be a function of an importable module and ``args`` must pickle."""
+    process = _context(preload).Process(target=_run_owned, args=(os.getpid(), target, args), name=name)
+    with _main_hidden():
+        process.start()
+    return process
+
+
+def _run_owned(owner: int, target: Callable[..., None], args: tuple[Any, ...]) -> None:
+    _end_with(owner)
+    target(*args)
+
+
+def _context(preload: tuple[str, ...] = ()) -> Any:
+    """The multiprocessing context of pools and processes: the fork server (started now with this process's imports,
+    ``preload`` imported first when it was not running yet), ``spawn`` where there is none."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         if preload:
             context.set_forkserver_preload(list(preload))
         _start_server()
-    else:  # pragma: no cover - Windows
-        context = multiprocessing.get_context("spawn")
-    init = functools.partial(_start_worker, os.getpid(), int(nice))
-    return _Pool(max_workers=workers, mp_context=context, initializer=init, hide_main=not main)
+        return context
+    return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
 
 
 _SERVER_START = threading.Lock()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -156,10 +157,11 @@ class RunEvaluation:
 
     def write_timing(self) -> None:
         """``<output_dir>/evaluation_timing.json``: when each step of the evaluation happened (seconds since it was
-        created, ``created_unix`` on the wall clock). Timings only: never part of the tables."""
+        created, ``created_unix`` on the wall clock) and the process that coordinated it. Timings only: never part
+        of the tables."""
         with self._timing_lock:
             events = {name: dict(ev) for name, ev in self.timing.items()}
-        doc = {"created_unix": self._created_unix, "workers": self.workers, "events": events}
+        doc = {"created_unix": self._created_unix, "workers": self.workers, "process": os.getpid(), "events": events}
         atomic_write_bytes(Path(self.cfg.output_dir) / "evaluation_timing.json", json.dumps(doc, indent=1).encode())
 
     def _ahead(self) -> None:
@@ -421,6 +423,10 @@ class RunEvaluation:
         self._stop = True
         with self._cond:
             self._cond.notify_all()
+        # shutdown(wait=False) forgets the pool's manager thread, so the second shutdown would not wait for it: it is
+        # joined here, so the workers have their stop signal before this returns (a process that ends right after,
+        # e.g. an EvaluationProcess, would otherwise race that signal and leave its workers waiting)
+        manager = getattr(self.pool, "_executor_manager_thread", None)
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
         for thread in (self._thread, self._stepper):
@@ -429,6 +435,8 @@ class RunEvaluation:
         self._thread = self._stepper = None
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
+            if manager is not None:
+                manager.join()
             self.pool = None
         if self._scratch is not None:
             import shutil

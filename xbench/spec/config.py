@@ -23,6 +23,7 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     cache_dir: null                 # persistent decode cache folder (null: in memory for the run)
     preprocess_device: auto         # auto: the run device if CUDA, else cpu | cpu | device: where models' resizes run
     decode_ahead: auto              # auto: on if the run device is CUDA | true | false: decode while networks build / the previous dataset infers
+    eval_process: auto              # auto: on if the run device is CUDA | true | false: the overlapped evaluation runs in a process of its own
     map_dtype: float16              # float16 | float32 storage of the native-grid maps
     channels_last: false            # NHWC layout for CNN trunks (speed option)
     bootstrap: {replicates: 1000, seed: 0}
@@ -44,6 +45,11 @@ refused unless the run sets ``allow_random_init: true`` or the entry sets ``para
 ``eval_workers`` is the number of processes that rasterise ground truth and evaluate the (dataset, model)
 pairs (spawned, one BLAS / torch thread each; ``auto``: ``min(os.cpu_count(), 8 × pairs)``, room for a large
 pair's steps; ``0`` or ``1``: serial, in the calling process). The tables are byte-identical for every value (:func:`xbench.evaluation.evaluate.evaluate_run`).
+
+``eval_process``: where the evaluation that overlaps inference (:func:`xbench.workflows.run.run`) is coordinated.
+``true``: in a process of its own (:class:`xbench.workflows.evaluation_process.EvaluationProcess`), so its threads do
+not share the interpreter lock of the process that feeds the GPU; ``false``: in threads of the run's process;
+``auto`` (default): a process of its own when the run device is CUDA. The tables are the same bytes either way.
 
 Relative ``output_dir`` and dataset ``root`` paths are resolved against the
 current working directory.
@@ -214,6 +220,7 @@ class RunConfig:
     cache_dir: str | None = field(default=None, metadata={"kind": "path"})
     preprocess_device: str = "auto"
     decode_ahead: bool | str = "auto"
+    eval_process: bool | str = "auto"
     map_dtype: str = "float16"
     channels_last: bool = False
     bootstrap_replicates: int = field(default=1000, metadata={"key": "bootstrap.replicates"})
@@ -247,6 +254,7 @@ class RunConfig:
             (self.map_dtype in ("float16", "float32"), "map_dtype", "must be float16 or float32"),
             (self.preprocess_device in ("auto", "cpu", "device"), "preprocess_device", "must be 'auto', 'cpu' or 'device'"),
             (self.decode_ahead in (True, False, "auto"), "decode_ahead", "must be auto, true or false"),
+            (self.eval_process in (True, False, "auto"), "eval_process", "must be auto, true or false"),
             (self.on_missing_image in ("raise", "skip"), "on_missing_image", "must be 'raise' or 'skip'"),
             (0.0 <= self.fixed_threshold <= 1.0, "fixed_threshold", "must lie in [0, 1]"),
             (len(self.grid) == 2 and min(self.grid) > 0, "grid", "must be [height, width] > 0"),

@@ -13,6 +13,7 @@ from ..spec.config import RunConfig
 from ..evaluation.evaluate import RunEvaluation, evaluate_run
 from ..inference.runner import infer_run, merge_shards
 from ..outputs.tables import write_paper_tables
+from .evaluation_process import EvaluationProcess, apart, finish_here
 
 __all__ = ["run", "merge"]
 
@@ -24,7 +25,8 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     With ``check`` (default) :func:`xbench.inference.preflight.preflight` runs first and any problem stops the run before a
     model is built. Returns the output folder. A re-run with the same config only evaluates (and infers cases
     skipped before). In one process each dataset is evaluated (worker processes at lower CPU priority,
-    :class:`~xbench.evaluation.evaluate.RunEvaluation`) while the next one infers. Under ``torchrun`` every rank infers
+    :class:`~xbench.evaluation.evaluate.RunEvaluation`; coordinated by a process of its own on CUDA runs,
+    ``eval_process``) while the next one infers. Under ``torchrun`` every rank infers
     its share, and rank 0 evaluates each dataset once the ranks have filled its store, the rest after the barrier.
     ``keep_going``: see :func:`xbench.inference.runner.infer_run`. Besides the tidy tables, the paper-form tables
     (CSV/Markdown/LaTeX/HTML) are written.
@@ -41,12 +43,14 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
         return out
     # each dataset is evaluated (worker processes, lower priority) while the next one infers: in one process once its
     # pairs are inferred; on rank 0 of torchrun once every rank's chunks of it are in the store (from the start)
-    evaluation: RunEvaluation | None = None
+    # with eval_process (auto: CUDA runs) the evaluation is coordinated by a process of its own (evaluation_process)
+    evaluation: RunEvaluation | EvaluationProcess | None = None
 
-    def started() -> RunEvaluation:
+    def started() -> RunEvaluation | EvaluationProcess:
         nonlocal evaluation
         if evaluation is None:
-            evaluation = RunEvaluation(cfg, progress=progress, nice=10, watch_store=rank0)
+            kind = EvaluationProcess if apart(cfg) else RunEvaluation
+            evaluation = kind(cfg, progress=progress, nice=10, watch_store=rank0)
             evaluation.start()
         return evaluation
 
@@ -58,10 +62,10 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
         if evaluation is None:  # no dataset was handed over (infer_run raises when a pair failed)
             evaluation = RunEvaluation(cfg, progress=progress)
         evaluation.mark("inference_done")
-        evaluation.finish()
-        write_paper_tables(cfg.output_dir, pool=evaluation.pool)  # a table per worker
-        evaluation.mark("paper_tables_written")
-        evaluation.write_timing()
+        if isinstance(evaluation, EvaluationProcess):
+            evaluation.complete()
+        else:
+            finish_here(evaluation)
     finally:
         if evaluation is not None:
             evaluation.close()
