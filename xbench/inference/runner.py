@@ -422,20 +422,27 @@ def _rows_to_infer(store: ResultStore, dataset_name: str, model: str, dataset: B
     return todo
 
 
-def chunk_costs(dataset: BaseDataset, chunk_size: int) -> list[float]:
-    """Decode cost of each store chunk of ``dataset``: its images' pixels (``height × width`` of the case table),
-    or its case count when the table has no sizes."""
+def chunk_costs(dataset: BaseDataset, chunk_size: int) -> list[tuple[float, float]]:
+    """What each store chunk of ``dataset`` costs a rank: ``(pixels, cases)``. Decoding grows with the images' pixels
+    (``height × width`` of the case table; the case count when the table has no sizes), the models' passes with the
+    cases."""
     cases = dataset.cases
     if {"height", "width"} <= set(cases.columns):
         pixels = (cases["height"].astype(np.float64) * cases["width"].astype(np.float64)).fillna(0.0).to_numpy()
     else:
         pixels = np.ones(len(dataset))
-    return [float(pixels[k: k + chunk_size].sum()) for k in range(0, len(dataset), chunk_size)]
+    return [(float(pixels[k: k + chunk_size].sum()), float(min(chunk_size, len(dataset) - k)))
+            for k in range(0, len(dataset), chunk_size)]
 
 
-def assign_chunks(costs: Sequence[Sequence[float]], ranks: int) -> dict[tuple[int, int], int]:
-    """Rank of every ``(dataset index, chunk)``: longest processing time first — chunks by decreasing cost (ties in
-    dataset, then chunk order), each to the rank with the least cost so far (ties: the lowest rank).
+def assign_chunks(costs: Sequence[Sequence[float | Sequence[float]]], ranks: int) -> dict[tuple[int, int], int]:
+    """Rank of every ``(dataset index, chunk)``, balancing every resource a chunk costs at once.
+
+    A chunk's cost is a number or a tuple of numbers (:func:`chunk_costs`: pixels to decode, cases to infer). Each
+    resource is taken as a share of its total over all chunks. Chunks go by decreasing largest share (ties in dataset,
+    then chunk order), each to the rank whose largest share would be smallest with it (then the smallest sum of
+    shares, then the lowest rank). With one resource this is longest processing time first. Balancing pixels alone
+    gave one of four ranks 1.8 times the cases of another (docs/performance.md, issue 22 round 15).
 
     Deterministic from the costs alone, so independent shards (``--shard i/n``) agree without talking. A chunk is
     written whole by one rank, so stores do not depend on the number of ranks.
@@ -443,16 +450,26 @@ def assign_chunks(costs: Sequence[Sequence[float]], ranks: int) -> dict[tuple[in
     >>> owner = assign_chunks([[9.0, 1.0, 1.0], [5.0, 4.0]], 2)
     >>> [owner[(0, 0)], owner[(1, 0)], owner[(1, 1)], owner[(0, 1)], owner[(0, 2)]]
     [0, 1, 1, 0, 1]
+    >>> owner = assign_chunks([[(8.0, 1.0), (8.0, 1.0)], [(1.0, 4.0), (1.0, 4.0)]], 2)  # (pixels, cases)
+    >>> sorted(owner.items())
+    [((0, 0), 0), ((0, 1), 1), ((1, 0), 0), ((1, 1), 1)]
     """
     if ranks < 1:
         raise ValueError(f"ranks must be >= 1, got {ranks}")
-    order = sorted(((c, d, k) for d, row in enumerate(costs) for k, c in enumerate(row)), key=lambda t: (-t[0], t[1], t[2]))
-    load = [0.0] * ranks
+    vectors = {(d, k): (tuple(float(x) for x in c) if isinstance(c, Sequence) else (float(c),))
+               for d, row in enumerate(costs) for k, c in enumerate(row)}
+    dims = max((len(v) for v in vectors.values()), default=1)
+    if any(len(v) != dims for v in vectors.values()):
+        raise ValueError("every chunk's cost must name the same resources")
+    totals = [sum(v[i] for v in vectors.values()) or 1.0 for i in range(dims)]
+    share = {key: tuple(v[i] / totals[i] for i in range(dims)) for key, v in vectors.items()}
+    load = [[0.0] * dims for _ in range(ranks)]
     owner: dict[tuple[int, int], int] = {}
-    for cost, d, k in order:
-        rank = min(range(ranks), key=lambda r: (load[r], r))
-        owner[(d, k)] = rank
-        load[rank] += cost
+    for key in sorted(share, key=lambda key: (-max(share[key]), key)):
+        after = [[load[r][i] + share[key][i] for i in range(dims)] for r in range(ranks)]
+        rank = min(range(ranks), key=lambda r: (max(after[r]), sum(after[r]), r))
+        owner[key] = rank
+        load[rank] = after[rank]
     return owner
 
 
