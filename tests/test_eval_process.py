@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import warnings
 from pathlib import Path
 
 import pytest
