@@ -578,19 +578,13 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
                 if copy is not None:
                     twins[id(m)] = copy
             by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}
-            if twins:  # the networks are built while the feed calibrates its inputs (from the twins) and decodes
-                building = _build_behind({j: (_weight_bytes(m), partial(build, m, dspec), twins[id(m)])
-                                          for j, m in enumerate(models) if id(m) in twins})
-            try:
-                feed = (feeds.new_feed(cfg, dataset, device, [twins[id(m)] if id(m) in twins else by_spec[id(m)]
-                                                              for m in models]) if cfg.decode_once else None)
-            except BaseException:
-                for future, _ in building.values():  # the builds not begun are dropped
-                    future.cancel()
-                raise
+            feed = (feeds.new_feed(cfg, dataset, device, [twins[id(m)] if id(m) in twins else by_spec[id(m)] for m in models])
+                    if cfg.decode_once else None)
             adapters = [by_spec.get(id(m)) for m in models]
             if twins:
                 feed.start(rows)
+                building = _build_behind({j: (_weight_bytes(m), partial(build, m, dspec), twins[id(m)])
+                                          for j, m in enumerate(models) if id(m) in twins})
         nxt = order[pos + 1] if pos + 1 < len(order) else None
 
         def chain(adapters: list[Adapter], feed: Any = feed, nxt: int | None = nxt) -> None:
