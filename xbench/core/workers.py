@@ -43,7 +43,7 @@ from typing import Any
 
 from .errors import XBenchError
 
-__all__ = ["resolve_workers", "process_pool", "start_process", "single_threaded", "one_blas_thread", "round_trips", "capture_warnings", "replay_warnings", "Caught"]
+__all__ = ["resolve_workers", "process_pool", "start_process", "single_threaded", "one_blas_thread", "round_trips", "capture_warnings", "as_caught", "replay_warnings", "Caught"]
 
 #: a warning recorded in a worker: (message text, category, file name, line number)
 Caught = tuple[str, type[Warning], str, int]
@@ -289,7 +289,12 @@ def capture_warnings(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fn(*args, **kwargs)
-    return result, [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+    return result, as_caught(caught)
+
+
+def as_caught(records: list[warnings.WarningMessage]) -> list[Caught]:
+    """Warnings recorded by ``warnings.catch_warnings(record=True)`` as :func:`replay_warnings` takes them."""
+    return [(str(w.message), w.category, w.filename, w.lineno) for w in records]
 
 
 def replay_warnings(caught: list[Caught], registry: dict | None = None) -> None:

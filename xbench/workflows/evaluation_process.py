@@ -22,7 +22,7 @@ from typing import Any
 
 from ..core.errors import XBenchError
 from ..core.logs import current_verbosity, setup_logging
-from ..core.workers import Caught, replay_warnings, round_trips, start_process
+from ..core.workers import Caught, as_caught, replay_warnings, round_trips, start_process
 from ..evaluation.evaluate import RunEvaluation
 from ..outputs.tables import write_paper_tables
 from ..spec.config import RunConfig
@@ -142,8 +142,8 @@ def _serve(conn: Any, cfg: RunConfig, progress: bool, nice: int, watch_store: bo
 
 
 def _recorded(caught: list[warnings.WarningMessage]) -> list[Caught]:
-    """The warnings recorded so far, as :func:`~xbench.core.workers.replay_warnings` takes them (and forgotten)."""
-    out = [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+    """The warnings recorded so far (:func:`~xbench.core.workers.as_caught`), forgotten here once sent."""
+    out = as_caught(caught)
     caught.clear()
     return out
 
