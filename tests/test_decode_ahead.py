@@ -17,6 +17,7 @@ import torch
 
 from conftest import tiny_run
 from xbench.core.errors import CheckpointError, FormatError, XBenchWarning
+from xbench.datasets import open_dataset
 from xbench.inference import feeds, runner
 from xbench.inference.cache import InputFeed, inherit_input, model_input
 from xbench.models.base import input_twin
@@ -192,18 +193,25 @@ def test_with_decode_workers_the_next_dataset_is_chained_and_the_store_is_unchan
     assert len(got) == 2 * 3 * 2 and got == want
 
 
-def test_the_largest_dataset_is_inferred_first_and_the_tables_keep_the_config_order(tmp_path, two_datasets):
-    """``largest_first`` (:mod:`xbench.datasets.base`): phantom_b (12 cases) before phantom (10 cases, first in the config), so the
-    evaluation left after the last inference is the smaller one's; the tidy table still lists phantom first."""
-    small, large = {**two_datasets[0], "cases": 10}, {**two_datasets[1], "cases": 12}
+def test_a_lead_of_small_images_is_inferred_first_and_the_tables_keep_the_config_order(tmp_path, two_datasets):
+    """``inference_order`` (:mod:`xbench.datasets.base`): phantom_b (10 cases of 128² px) leads, before phantom (12
+    cases of 512², first in the config, the most evaluation work, which largest first alone puts first); its ground
+    truth is prepared in the same order. The tidy table still lists phantom first."""
+    from xbench.datasets.base import inference_order, largest_first
+
+    large, small = {**two_datasets[0], "cases": 12, "size": 512}, {**two_datasets[1], "cases": 10, "size": 128}
     cfg = RunConfig.from_dict(tiny_run(tmp_path / "run", models=["center_prior", "random_prior"], grid=[32, 32],
-                                       num_workers=0, datasets=[small, large], decode_ahead=True))
+                                       num_workers=0, eval_workers=2, datasets=[large, small], decode_ahead=True))
+    opened = [open_dataset(d) for d in cfg.datasets]
+    assert largest_first(opened) == [0, 1] and inference_order(opened) == [1, 0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", XBenchWarning)
         out = run(cfg, progress=False)
     log = json.loads((tmp_path / "run" / "run_log.json").read_text())
     assert [e["dataset"] for e in log] == ["phantom_b"] * 2 + ["phantom"] * 2
     assert log[0]["since_start_seconds"] <= log[-1]["since_start_seconds"]
+    events = json.loads((tmp_path / "run" / "evaluation_timing.json").read_text())["events"]
+    assert events["phantom_b"]["ground_truth_started"] <= events["phantom"]["ground_truth_started"]
     tidy = pd.read_csv(out / "tables" / "metrics.csv")
     assert list(dict.fromkeys(tidy["dataset"])) == ["phantom", "phantom_b"]
 

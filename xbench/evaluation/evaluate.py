@@ -45,7 +45,7 @@ import pandas as pd
 from ..core.atomic import atomic_write_bytes, write_frame
 from ..spec.config import RunConfig
 from ..datasets import BaseDataset, open_dataset
-from ..datasets.base import largest_first
+from ..datasets.base import inference_order, largest_first
 from ..core.errors import XBenchError
 from ..core.logs import progress_bar
 from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers
@@ -88,8 +88,8 @@ class RunEvaluation:
 
     :func:`xbench.workflows.run.run` overlaps evaluation with inference through it:
 
-    * :meth:`start` prepares each dataset's ground truth in a background thread, through the worker pool, largest
-      dataset first (:func:`~xbench.datasets.base.largest_first`, the order a run infers them in);
+    * :meth:`start` prepares each dataset's ground truth in a background thread, through the worker pool, in the
+      order a run infers them in (:func:`~xbench.datasets.base.inference_order`);
     * :meth:`ready` is called with a dataset's index once every one of its pairs is in the store, and the thread
       submits that dataset's pairs to the pool; with ``watch_store`` (rank 0 of a distributed run, whose store the
       other ranks write too) the thread also looks for datasets whose every chunk index is present;
@@ -165,12 +165,12 @@ class RunEvaluation:
         atomic_write_bytes(Path(self.cfg.output_dir) / "evaluation_timing.json", json.dumps(doc, indent=1).encode())
 
     def _ahead(self) -> None:
-        """Ground truth dataset by dataset, largest first (the order a run infers them in), each dataset's pairs
+        """Ground truth dataset by dataset, in the order a run infers them (:func:`inference_order`), each dataset's pairs
         submitted as soon as its ground truth is prepared and it is ready; then wait for the rest."""
         try:
             prepared: dict[int, Any] = {}
             opened = [open_dataset(dspec) for dspec in self.cfg.datasets]
-            for i in largest_first(opened):
+            for i in inference_order(opened):
                 if self._stop:
                     return
                 prepared[i] = self._prepare(self.cfg.datasets[i], in_pool=True, dataset=opened[i])

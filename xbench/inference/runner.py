@@ -39,7 +39,7 @@ from ..core.version import __version__
 from ..core.atomic import atomic_write_bytes, check_writable
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
 from ..datasets import BaseDataset, open_dataset
-from ..datasets.base import largest_first
+from ..datasets.base import case_pixels, inference_order
 from ..core.errors import FormatError, MissingFileError, XBenchError, XBenchWarning
 from ..store.fingerprint import fit_key, fitted_is_current, hash_ahead, refit, run_fingerprint, weight_files
 from ..models import Adapter, create_model
@@ -426,11 +426,7 @@ def chunk_costs(dataset: BaseDataset, chunk_size: int) -> list[tuple[float, floa
     """What each store chunk of ``dataset`` costs a rank: ``(pixels, cases)``. Decoding grows with the images' pixels
     (``height × width`` of the case table; the case count when the table has no sizes), the models' passes with the
     cases."""
-    cases = dataset.cases
-    if {"height", "width"} <= set(cases.columns):
-        pixels = (cases["height"].astype(np.float64) * cases["width"].astype(np.float64)).fillna(0.0).to_numpy()
-    else:
-        pixels = np.ones(len(dataset))
+    pixels = case_pixels(dataset)
     return [(float(pixels[k: k + chunk_size].sum()), float(min(chunk_size, len(dataset) - k)))
             for k in range(0, len(dataset), chunk_size)]
 
@@ -560,7 +556,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
 
     ahead_on = feeds.decodes_ahead(cfg, device)
     behind: dict[int, Any] = {}  # dataset index -> its feed, whose decoding follows the previous dataset's
-    order = largest_first(opened)  # tables keep the config's order; the run log lists datasets as inferred
+    order = inference_order(opened)  # tables keep the config's order; the run log lists datasets as inferred
     for pos, i in enumerate(order):
         dspec, dataset = cfg.datasets[i], opened[i]
         mine = chunks_of(i)
