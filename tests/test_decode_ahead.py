@@ -175,6 +175,61 @@ def test_the_next_dataset_decodes_while_this_one_infers(tmp_path, monkeypatch, t
     assert len(got) == 2 * 3 * 2 and got == want  # 2 datasets x 3 models x 2 chunks, the same bytes
 
 
+def test_the_next_dataset_decodes_before_every_network_is_built(tmp_path, monkeypatch, two_datasets):
+    """Decoding goes on into the next dataset once this one's rows are decoded, while networks are still built: the
+    feed decodes for their input twins. Here the network's build waits until phantom_b decodes. Same bytes."""
+    models = ["ref_xattn", "random_prior", "center_prior"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(feeds, "fresh_rows", lambda *a, **k: [])  # nothing decoded ahead: the reference store
+        infer(tmp_path / "plain", models, datasets=two_datasets)
+
+    second_started = threading.Event()
+    real_produce, real_open = InputFeed._produce, runner.open_model
+    waited: list[bool] = []
+
+    def produce(self, todo):
+        if len(self.dataset) == 10:  # phantom_b
+            second_started.set()
+        return real_produce(self, todo)
+
+    def open_model(spec, *args, **kwargs):
+        if spec.name == "ref_xattn":
+            waited.append(second_started.wait(timeout=30))
+        return real_open(spec, *args, **kwargs)
+
+    monkeypatch.setattr(InputFeed, "_produce", produce)
+    monkeypatch.setattr(runner, "open_model", open_model)
+    infer(tmp_path / "ahead", models, datasets=two_datasets)
+    assert waited == [True]  # phantom_b decoded while ref_xattn was not built yet
+    assert chunk_bytes(tmp_path / "ahead") == chunk_bytes(tmp_path / "plain")
+
+
+def test_a_twin_that_does_not_fit_drops_what_the_next_dataset_decoded_for_it(tmp_path, monkeypatch, caplog, two_datasets):
+    """What the next dataset decoded for a twin whose preprocessing differs from its built network is dropped and
+    decoded again for the network (checked when that dataset starts): the store is the bytes of a run without
+    decoding ahead."""
+    models = ["ref_xattn", "random_prior", "center_prior"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(feeds, "fresh_rows", lambda *a, **k: [])
+        infer(tmp_path / "plain", models, datasets=two_datasets)
+
+    def wrong_twin(name, *args, **kwargs):
+        twin = input_twin(name, *args, **kwargs)
+        if twin is not None:
+            twin.input_size = 48
+        return twin
+
+    released: list[int] = []
+    real_release = InputFeed.release
+    monkeypatch.setattr(InputFeed, "release", lambda self: released.append(len(self.dataset)) or real_release(self))
+    monkeypatch.setattr(runner, "input_twin", wrong_twin)
+    with caplog.at_level(logging.WARNING, logger="xbench.inference.feeds"):
+        infer(tmp_path / "run", models, datasets=two_datasets)
+    assert caplog.text.count("do not match the built model's preprocessing") == 2  # phantom, then phantom_b
+    assert 10 in released  # phantom_b's feed, decoded for the twin
+    assert chunk_bytes(tmp_path / "run") == chunk_bytes(tmp_path / "plain")
+
+
 def test_with_decode_workers_the_next_dataset_is_chained_and_the_store_is_unchanged(tmp_path, monkeypatch,
                                                                                  two_datasets):
     """Through 2 decode workers: the runner chains the second dataset's feed to the first one's decoding, and the
@@ -221,18 +276,23 @@ def test_a_built_model_runs_while_the_next_network_is_built(tmp_path, monkeypatc
     model's pair starts as soon as its network is: the second network's build waits here until the first model has
     predicted a batch. The store is the same bytes as without twins."""
     first_predicted = threading.Event()
+    entered: list[str] = []
     built: list[str] = []
     waited: list[bool] = []
+    lock = threading.Lock()
     real_open = runner.open_model
 
     def open_model(spec, *args, **kwargs):
         if spec.name in TWINNED:
             assert threading.current_thread().name.startswith("xbench-build")
-            if built:  # the second network: built while the first model runs
+            with lock:  # builds from weight files run in several threads: the second to begin waits
+                second = bool(entered)
+                entered.append(spec.name)
+            if second:  # built while the first model runs
                 waited.append(first_predicted.wait(timeout=60))
             adapter = real_open(spec, *args, **kwargs)
             built.append(spec.name)
-            if len(built) == 1:
+            if not second:
                 real_predict = adapter.predict_cases
                 adapter.predict_cases = lambda *a, **k: (first_predicted.set(), real_predict(*a, **k))[1]
             return adapter
@@ -265,15 +325,58 @@ def test_background_builds_run_smallest_weights_first_one_at_a_time():
     assert order == [5, 1, 3, 0] and len(threads) == 1
 
 
+def test_background_builds_from_weight_files_run_in_several_threads_smallest_first():
+    """:func:`runner._build_behind` with ``threads=3``: the three smallest jobs run at once (each waits for the other
+    two here), the largest once a thread is free."""
+    order: list[int] = []
+    threads: set[str] = set()
+    together = threading.Barrier(3, timeout=30)
+
+    def job(j):
+        def make():
+            threads.add(threading.current_thread().name)
+            order.append(j)
+            if j != 0:
+                together.wait()  # broken (an error) unless the three smallest builds run at the same time
+            return f"adapter {j}"
+        return make
+
+    started = runner._build_behind({0: (30, job(0), "twin 0"), 1: (10, job(1), "twin 1"), 3: (10, job(3), "twin 3"),
+                                    5: (0, job(5), "twin 5")}, threads=3)
+    assert {j: (f.result(timeout=30), twin) for j, (f, twin) in started.items()} == {
+        j: (f"adapter {j}", f"twin {j}") for j in (0, 1, 3, 5)}
+    assert sorted(order[:3]) == [1, 3, 5] and order[3] == 0 and len(threads) == 3
+
+
+def test_builds_overlap_only_when_none_draws_from_torchs_rng(tmp_path, monkeypatch):
+    """The runner builds networks from weight files in ``BUILD_THREADS`` threads, and in one thread when any build is
+    random-init (:func:`runner._seeds_rng`: no weight files, or ``random_init: true``), whose seeded draws must not
+    interleave."""
+    cfg = RunConfig.from_dict(tiny_run(tmp_path, models=["ref_xattn", {"name": "ref_xattn", "params": {"random_init": True}},
+                                                         "center_prior"]))
+    assert [runner._seeds_rng(m) for m in cfg.models] == [False, True, True]
+    asked: list[int] = []
+    real_behind = runner._build_behind
+    monkeypatch.setattr(runner, "_build_behind", lambda jobs, threads=1: asked.append(threads) or real_behind(jobs, threads))
+    infer(tmp_path / "files")
+    infer(tmp_path / "seeded", models=[{"name": "ref_xattn", "params": {"random_init": True}}, "ref_patchsim"])
+    assert asked == [runner.BUILD_THREADS, 1] and runner.BUILD_THREADS > 1
+
+
 def test_a_network_failing_in_the_background_stops_the_run_and_keeps_the_chunks_written(tmp_path, monkeypatch):
     """A background build's error is raised by the run once the models already running have had their turn; their
     chunks stay in the store, and no decoding or building thread is left behind."""
     first_done = threading.Event()
+    entered: list[str] = []
     built: list[str] = []
+    lock = threading.Lock()
     real_open, real_finish = runner.open_model, runner.PairRun.finish
 
     def open_model(spec, *args, **kwargs):
-        if spec.name in TWINNED and built:
+        with lock:  # the second build to begin fails (builds from weight files run in several threads)
+            second = spec.name in TWINNED and bool(entered)
+            entered.extend([spec.name] if spec.name in TWINNED else [])
+        if second:
             first_done.wait(timeout=60)
             raise CheckpointError(f"{spec.name}: the checkpoint is damaged (test)")
         adapter = real_open(spec, *args, **kwargs)
