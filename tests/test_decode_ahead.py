@@ -276,23 +276,18 @@ def test_a_built_model_runs_while_the_next_network_is_built(tmp_path, monkeypatc
     model's pair starts as soon as its network is: the second network's build waits here until the first model has
     predicted a batch. The store is the same bytes as without twins."""
     first_predicted = threading.Event()
-    entered: list[str] = []
     built: list[str] = []
     waited: list[bool] = []
-    lock = threading.Lock()
     real_open = runner.open_model
 
     def open_model(spec, *args, **kwargs):
         if spec.name in TWINNED:
             assert threading.current_thread().name.startswith("xbench-build")
-            with lock:  # builds from weight files run in several threads: the second to begin waits
-                second = bool(entered)
-                entered.append(spec.name)
-            if second:  # built while the first model runs
+            if built:  # the second network: built while the first model runs
                 waited.append(first_predicted.wait(timeout=60))
             adapter = real_open(spec, *args, **kwargs)
             built.append(spec.name)
-            if not second:
+            if len(built) == 1:
                 real_predict = adapter.predict_cases
                 adapter.predict_cases = lambda *a, **k: (first_predicted.set(), real_predict(*a, **k))[1]
             return adapter
@@ -325,58 +320,15 @@ def test_background_builds_run_smallest_weights_first_one_at_a_time():
     assert order == [5, 1, 3, 0] and len(threads) == 1
 
 
-def test_background_builds_from_weight_files_run_in_several_threads_smallest_first():
-    """:func:`runner._build_behind` with ``threads=3``: the three smallest jobs run at once (each waits for the other
-    two here), the largest once a thread is free."""
-    order: list[int] = []
-    threads: set[str] = set()
-    together = threading.Barrier(3, timeout=30)
-
-    def job(j):
-        def make():
-            threads.add(threading.current_thread().name)
-            order.append(j)
-            if j != 0:
-                together.wait()  # broken (an error) unless the three smallest builds run at the same time
-            return f"adapter {j}"
-        return make
-
-    started = runner._build_behind({0: (30, job(0), "twin 0"), 1: (10, job(1), "twin 1"), 3: (10, job(3), "twin 3"),
-                                    5: (0, job(5), "twin 5")}, threads=3)
-    assert {j: (f.result(timeout=30), twin) for j, (f, twin) in started.items()} == {
-        j: (f"adapter {j}", f"twin {j}") for j in (0, 1, 3, 5)}
-    assert sorted(order[:3]) == [1, 3, 5] and order[3] == 0 and len(threads) == 3
-
-
-def test_builds_overlap_only_when_none_draws_from_torchs_rng(tmp_path, monkeypatch):
-    """The runner builds networks from weight files in ``BUILD_THREADS`` threads, and in one thread when any build is
-    random-init (:func:`runner._seeds_rng`: no weight files, or ``random_init: true``), whose seeded draws must not
-    interleave."""
-    cfg = RunConfig.from_dict(tiny_run(tmp_path, models=["ref_xattn", {"name": "ref_xattn", "params": {"random_init": True}},
-                                                         "center_prior"]))
-    assert [runner._seeds_rng(m) for m in cfg.models] == [False, True, True]
-    asked: list[int] = []
-    real_behind = runner._build_behind
-    monkeypatch.setattr(runner, "_build_behind", lambda jobs, threads=1: asked.append(threads) or real_behind(jobs, threads))
-    infer(tmp_path / "files")
-    infer(tmp_path / "seeded", models=[{"name": "ref_xattn", "params": {"random_init": True}}, "ref_patchsim"])
-    assert asked == [runner.BUILD_THREADS, 1] and runner.BUILD_THREADS > 1
-
-
 def test_a_network_failing_in_the_background_stops_the_run_and_keeps_the_chunks_written(tmp_path, monkeypatch):
     """A background build's error is raised by the run once the models already running have had their turn; their
     chunks stay in the store, and no decoding or building thread is left behind."""
     first_done = threading.Event()
-    entered: list[str] = []
     built: list[str] = []
-    lock = threading.Lock()
     real_open, real_finish = runner.open_model, runner.PairRun.finish
 
     def open_model(spec, *args, **kwargs):
-        with lock:  # the second build to begin fails (builds from weight files run in several threads)
-            second = spec.name in TWINNED and bool(entered)
-            entered.extend([spec.name] if spec.name in TWINNED else [])
-        if second:
+        if spec.name in TWINNED and built:
             first_done.wait(timeout=60)
             raise CheckpointError(f"{spec.name}: the checkpoint is damaged (test)")
         adapter = real_open(spec, *args, **kwargs)

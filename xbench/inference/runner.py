@@ -584,10 +584,8 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             adapters = [by_spec.get(id(m)) for m in models]
             if twins:
                 feed.start(rows)
-                twinned = {j: m for j, m in enumerate(models) if id(m) in twins}
-                threads = 1 if any(map(_seeds_rng, twinned.values())) else BUILD_THREADS
                 building = _build_behind({j: (_weight_bytes(m), partial(build, m, dspec), twins[id(m)])
-                                          for j, m in twinned.items()}, threads=threads)
+                                          for j, m in enumerate(models) if id(m) in twins})
         nxt = order[pos + 1] if pos + 1 < len(order) else None
 
         def chain(adapters: list[Any], feed: Any = feed, nxt: int | None = nxt, twins: dict = twins) -> None:
@@ -660,23 +658,12 @@ def _weight_bytes(mspec: ModelSpec) -> int:
     return sum(f.stat().st_size for f in weight_files(mspec.name, mspec.weights) if f.is_file())
 
 
-#: background threads building networks from weight files at once (issue 22 round 16: most of a build is reading
-#: the checkpoint, checking its CRCs and copying tensors, which release the GIL)
-BUILD_THREADS = 3
-
-
-def _seeds_rng(mspec: ModelSpec) -> bool:
-    """Whether building ``mspec`` may draw from torch's global RNG: a random-init build (no weight files, or
-    ``random_init: true``). Builds from weight files draw nothing (:func:`xbench.models._common.build_uninitialised`)."""
-    return mspec.params.get("random_init") is True or _weight_bytes(mspec) == 0
-
-
-def _build_behind(jobs: dict[int, tuple[int, Callable[[], Adapter], Adapter]],
-                  threads: int = 1) -> dict[int, tuple[Future, Adapter]]:
-    """Start ``jobs`` (model index -> (its weight bytes, its build, its input twin)) in ``threads`` background threads,
-    the smallest weight files first (ties in config order), so the first model runs soon while the larger ones are
-    read. The caller gives one thread when any build seeds torch's RNG (:func:`_seeds_rng`): those never overlap."""
-    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="xbench-build")
+def _build_behind(jobs: dict[int, tuple[int, Callable[[], Adapter], Adapter]]) -> dict[int, tuple[Future, Adapter]]:
+    """Start ``jobs`` (model index -> (its weight bytes, its build, its input twin)) one after another in a background
+    thread, the smallest weight files first (ties in config order), so the first model runs soon while the larger ones
+    are read. One thread: builds that seed torch's RNG (random-init) never overlap; builds from weight files in three
+    threads made the first model later and the models' own passes slower (docs/performance.md, issue 22 round 16)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbench-build")
     order = sorted(jobs, key=lambda j: (jobs[j][0], j))
     started = {j: (pool.submit(jobs[j][1]), jobs[j][2]) for j in order}
     pool.shutdown(wait=False)  # the thread ends after the last build
