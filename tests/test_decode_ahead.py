@@ -175,61 +175,6 @@ def test_the_next_dataset_decodes_while_this_one_infers(tmp_path, monkeypatch, t
     assert len(got) == 2 * 3 * 2 and got == want  # 2 datasets x 3 models x 2 chunks, the same bytes
 
 
-def test_the_next_dataset_decodes_before_every_network_is_built(tmp_path, monkeypatch, two_datasets):
-    """Decoding goes on into the next dataset once this one's rows are decoded, while networks are still built: the
-    feed decodes for their input twins. Here the network's build waits until phantom_b decodes. Same bytes."""
-    models = ["ref_xattn", "random_prior", "center_prior"]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(feeds, "fresh_rows", lambda *a, **k: [])  # nothing decoded ahead: the reference store
-        infer(tmp_path / "plain", models, datasets=two_datasets)
-
-    second_started = threading.Event()
-    real_produce, real_open = InputFeed._produce, runner.open_model
-    waited: list[bool] = []
-
-    def produce(self, todo):
-        if len(self.dataset) == 10:  # phantom_b
-            second_started.set()
-        return real_produce(self, todo)
-
-    def open_model(spec, *args, **kwargs):
-        if spec.name == "ref_xattn":
-            waited.append(second_started.wait(timeout=30))
-        return real_open(spec, *args, **kwargs)
-
-    monkeypatch.setattr(InputFeed, "_produce", produce)
-    monkeypatch.setattr(runner, "open_model", open_model)
-    infer(tmp_path / "ahead", models, datasets=two_datasets)
-    assert waited == [True]  # phantom_b decoded while ref_xattn was not built yet
-    assert chunk_bytes(tmp_path / "ahead") == chunk_bytes(tmp_path / "plain")
-
-
-def test_a_twin_that_does_not_fit_drops_what_the_next_dataset_decoded_for_it(tmp_path, monkeypatch, caplog, two_datasets):
-    """What the next dataset decoded for a twin whose preprocessing differs from its built network is dropped and
-    decoded again for the network (checked when that dataset starts): the store is the bytes of a run without
-    decoding ahead."""
-    models = ["ref_xattn", "random_prior", "center_prior"]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(feeds, "fresh_rows", lambda *a, **k: [])
-        infer(tmp_path / "plain", models, datasets=two_datasets)
-
-    def wrong_twin(name, *args, **kwargs):
-        twin = input_twin(name, *args, **kwargs)
-        if twin is not None:
-            twin.input_size = 48
-        return twin
-
-    released: list[int] = []
-    real_release = InputFeed.release
-    monkeypatch.setattr(InputFeed, "release", lambda self: released.append(len(self.dataset)) or real_release(self))
-    monkeypatch.setattr(runner, "input_twin", wrong_twin)
-    with caplog.at_level(logging.WARNING, logger="xbench.inference.feeds"):
-        infer(tmp_path / "run", models, datasets=two_datasets)
-    assert caplog.text.count("do not match the built model's preprocessing") == 2  # phantom, then phantom_b
-    assert 10 in released  # phantom_b's feed, decoded for the twin
-    assert chunk_bytes(tmp_path / "run") == chunk_bytes(tmp_path / "plain")
-
-
 def test_with_decode_workers_the_next_dataset_is_chained_and_the_store_is_unchanged(tmp_path, monkeypatch,
                                                                                  two_datasets):
     """Through 2 decode workers: the runner chains the second dataset's feed to the first one's decoding, and the

@@ -555,17 +555,12 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
         return [k for (dd, k), rank in owner.items() if dd == d and rank == shard[0]]
 
     ahead_on = feeds.decodes_ahead(cfg, device)
-    behind: dict[int, tuple[Any, dict[int, Adapter]]] = {}  # dataset index -> (its feed, whose decoding follows the
-    # previous dataset's; the input twins it decodes for, by model spec, for the networks not built when it began)
+    behind: dict[int, Any] = {}  # dataset index -> its feed, whose decoding follows the previous dataset's
     order = inference_order(opened)  # tables keep the config's order; the run log lists datasets as inferred
     for pos, i in enumerate(order):
         dspec, dataset = cfg.datasets[i], opened[i]
         mine = chunks_of(i)
-        feed, stand_in = behind.pop(i, (None, {}))
-        if feed is not None and not all(feeds.fits_twin(m.label, built[id(m)], stand_in[id(m)])
-                                        for m in models if id(m) in stand_in):
-            feed.release()  # decoded for a twin whose built network reads pixels otherwise: decoded again below
-            feed = None
+        feed = behind.pop(i, None)
         twins: dict[int, Adapter] = {}
         building: dict[int, tuple[Future, Adapter]] = {}  # model index -> (its build, its input twin)
         if feed is not None:  # decoding began behind the previous dataset's; every model was built then
@@ -588,30 +583,20 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
                                           for j, m in enumerate(models) if id(m) in twins})
         nxt = order[pos + 1] if pos + 1 < len(order) else None
 
-        def chain(adapters: list[Any], feed: Any = feed, nxt: int | None = nxt, twins: dict = twins) -> None:
-            """The next fresh dataset's decoding follows this one's, while this one's models run or are still built:
-            for a model not built yet its inputs are decoded for its twin, and checked against the built network
-            before they are used (the next dataset's start)."""
-            if not ahead_on or nxt is None or nxt in behind or feed is None:
-                return
-            if not all(a is not None or id(m) in twins for m, a in zip(models, adapters)):
-                return  # a model refitted per dataset: its network is not known yet
-            rows = feeds.fresh_rows(cfg, cfg.datasets[nxt], opened[nxt], models, chunks_of(nxt), overwrite)
-            if rows:
-                stand_in = {id(m): twins[id(m)] for m, a in zip(models, adapters) if a is None}
-                inputs = [a if a is not None else stand_in[id(m)] for m, a in zip(models, adapters)]
-                behind[nxt] = (feeds.new_feed(cfg, opened[nxt], device, inputs), stand_in)
-                feed.then(partial(behind[nxt][0].start, rows))
-
-        if building:
-            chain(adapters)  # the next dataset decodes behind this one from now on, not once every network is built
+        def chain(adapters: list[Adapter], feed: Any = feed, nxt: int | None = nxt) -> None:
+            """Once every model is built: the next fresh dataset's decoding follows this one's, while its models run."""
+            if ahead_on and nxt is not None and all(id(m) in built for m in models):  # none refitted per dataset
+                rows = feeds.fresh_rows(cfg, cfg.datasets[nxt], opened[nxt], models, chunks_of(nxt), overwrite)
+                if rows:
+                    behind[nxt] = feeds.new_feed(cfg, opened[nxt], device, adapters)
+                    feed.then(partial(behind[nxt].start, rows))
 
         try:
             entries = _infer_dataset(cfg, dspec, dataset, models, adapters, feed, shard=shard, overwrite=overwrite,
                                      progress=progress, chunks=mine, keep_going=keep_going, failures=failures,
                                      building=building, expected=len(rows) if building else 0, on_built=chain)
         except BaseException:
-            for running in (feed, *(ahead for ahead, _ in behind.values())):  # this feed first: it starts the next
+            for running in (feed, *behind.values()):  # this feed first: it starts the next one when it ends
                 if running is not None:
                     running.stop()  # decoding ahead (input twins, the next dataset) with no pair left to read it
             raise
@@ -661,8 +646,9 @@ def _weight_bytes(mspec: ModelSpec) -> int:
 def _build_behind(jobs: dict[int, tuple[int, Callable[[], Adapter], Adapter]]) -> dict[int, tuple[Future, Adapter]]:
     """Start ``jobs`` (model index -> (its weight bytes, its build, its input twin)) one after another in a background
     thread, the smallest weight files first (ties in config order), so the first model runs soon while the larger ones
-    are read. One thread: builds that seed torch's RNG (random-init) never overlap; builds from weight files in three
-    threads made the first model later and the models' own passes slower (docs/performance.md, issue 22 round 16)."""
+    are read. One thread: builds that seed torch's RNG (random-init) never overlap. Builds from weight files in three
+    threads, and the next dataset decoded from the first build on, were measured and dropped: on one H200 both made
+    the models' own passes slower, and neither ended the run sooner (docs/performance.md, issue 22 round 16)."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbench-build")
     order = sorted(jobs, key=lambda j: (jobs[j][0], j))
     started = {j: (pool.submit(jobs[j][1]), jobs[j][2]) for j in order}
