@@ -111,3 +111,30 @@ def test_clip_keeps_its_causal_mask():
 
     mask = build_clip(None).attn_mask  # non-persistent: no checkpoint holds it
     assert torch.equal(mask, torch.full(mask.shape, float("-inf")).triu(1))
+
+
+def test_a_strict_load_takes_the_checkpoints_tensors_and_converts_only_where_it_must():
+    """:func:`xbench.models.base.load_state_strict` makes a checkpoint's tensors the module's (no copy) where they are
+    already in the module's dtype and device and contiguous, and converts the others; the module's values are the
+    bytes of a plain ``load_state_dict``, its parameters stay parameters that require grad."""
+    from xbench.models.base import load_state_strict
+
+    def net() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+
+    gen = torch.Generator().manual_seed(0)
+    state = {k: torch.randn(v.shape, generator=gen) if v.is_floating_point() else v + 3
+             for k, v in net().state_dict().items()}
+    state["0.weight"] = torch.randn(3, 2, generator=gen).t()  # not contiguous
+    state["0.bias"] = torch.randn(2, generator=gen).half()  # another dtype
+    plain = net()
+    plain.load_state_dict(state, strict=True)
+    loaded = net()
+    load_state_strict(loaded, state, "test checkpoint")
+    got, want = loaded.state_dict(), plain.state_dict()
+    assert got.keys() == want.keys()
+    assert all(got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]) for k in want)
+    assert loaded[1].running_mean.data_ptr() == state["1.running_mean"].data_ptr()  # taken, not copied
+    assert loaded[0].weight.is_contiguous() and loaded[0].weight.data_ptr() != state["0.weight"].data_ptr()
+    assert loaded[0].bias.dtype == torch.float32
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in loaded.parameters())

@@ -388,6 +388,12 @@ def load_state_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor]
     """``load_state_dict(strict=True)`` with an error that lists missing / unexpected / mis-shaped keys.
 
     A non-string key or a non-tensor value raises :class:`CheckpointError` naming ``where`` and the key.
+
+    The checkpoint's tensors become the module's (``assign=True``) instead of being copied into the memory the module
+    was built with, once each is in the module tensor's dtype and device and contiguous (converted where it is not,
+    which is the copy a plain load makes). The module's values are the same bytes either way; the copy of every
+    weight is saved (a build from CARZero's 883 MB checkpoint: docs/performance.md, issue 22 round 16). The
+    checkpoint's tensors are therefore not to be changed after the load.
     """
     from .checkpoint import require_tensor_state
 
@@ -405,7 +411,12 @@ def load_state_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor]
             f"missing {len(missing)} [{cut(missing)}]; unexpected {len(unexpected)} [{cut(unexpected)}]; "
             f"shape mismatches {len(shapes)} [{cut(shapes)}]"
         )
-    module.load_state_dict(state, strict=True)
+    module.load_state_dict({k: _like(v, own[k]) for k, v in state.items()}, strict=True, assign=True)
+
+
+def _like(tensor: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in ``own``'s dtype and device, contiguous: itself when it already is."""
+    return tensor.to(dtype=own.dtype, device=own.device).contiguous()
 
 
 # -- factory ---------------------------------------------------------------------------
