@@ -642,7 +642,8 @@ def _two_dataset_config(two_datasets: list[dict], out: Path, workers: int) -> Ru
 
 def test_rank_0_evaluates_the_largest_dataset_first_and_each_as_soon_as_its_store_is_full(tmp_path, two_datasets):
     """Rank 0 of a distributed run evaluates while the ranks infer (``watch_store``): ground truth is rasterised
-    largest dataset first, the order the ranks infer in, and a dataset whose store is full has its pairs submitted
+    in the order the ranks infer in (``inference_order``: of two datasets of one image size the larger leads), and a
+    dataset whose store is full has its pairs submitted
     right after its own ground truth, before the next dataset's is rasterised. The tables are the bytes of evaluating
     the same store serially."""
     from xbench.evaluation.evaluate import RunEvaluation
