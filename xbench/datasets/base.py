@@ -259,8 +259,8 @@ def largest_first(datasets: Sequence[Any]) -> list[int]:
 def case_pixels(dataset: Any) -> np.ndarray:
     """Pixels of each case's image (``height × width`` of the case table; 1 per case when the table has no sizes,
     0 where a size is missing): what decoding the case costs, up to a constant per format."""
-    cases = getattr(dataset, "cases", None)
-    if cases is None or not {"height", "width"} <= set(cases.columns):
+    cases = dataset.cases
+    if not {"height", "width"} <= set(cases.columns):
         return np.ones(len(dataset))
     return (cases["height"].astype(np.float64) * cases["width"].astype(np.float64)).fillna(0.0).to_numpy()
 
