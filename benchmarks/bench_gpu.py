@@ -291,19 +291,11 @@ def timed_run(raw: dict[str, Any], *, evaluate: bool) -> dict[str, Any]:
         m["img_s"] = round(m["cases"] / max(m["seconds"], 1e-9), 1)
         m["seconds"] = round(m["seconds"], 2)
         m["gpu_peak_gb"] = round(m["gpu_peak_gb"], 2)
-    graphs: dict[str, dict[str, Any]] = {}  # batches replayed from CUDA graphs, per model (the run log's cuda_graph)
-    for e in log:
-        g, c = graphs.setdefault(e["model"], {"replayed": 0, "eager": 0}), e.get("cuda_graph") or {}
-        g["replayed"] += c.get("replayed", 0)
-        g["eager"] += c.get("eager", 0)
-        for key in ("off", "failed"):
-            if c.get(key):
-                g[key] = sorted(set(g.get(key, [])) | {c[key]})
     passes = sum(m["cases"] for m in per_model.values())
     model_seconds = sum(m["seconds"] for m in per_model.values())
     return {"infer_seconds": round(infer_s, 2), "eval_seconds": eval_s, "whole_seconds": round(whole_s, 2),
             "decode_seconds": round(decode, 2), "image_model_passes": passes,
-            "passes_per_s": round(passes / infer_s, 1), "per_model": per_model, "cuda_graph": graphs,
+            "passes_per_s": round(passes / infer_s, 1), "per_model": per_model,
             "gpu_alone_passes_per_s": round(passes / max(model_seconds, 1e-9), 1),  # model time only, decoding out
             "decode_profile": _decode_profile(log),
             "build_seconds": _build_seconds(log),
@@ -478,8 +470,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", default="2", help="comma-separated GPU counts of the multi phase, e.g. 1,2,4 (1: the baseline)")
     p.add_argument("--decode-ahead", default="auto", choices=["auto", "true", "false"],
                    help="the run option decode_ahead of the default, cached and multi phases")
-    p.add_argument("--cuda-graphs", default="true", choices=["true", "false"],
-                   help="the run option cuda_graphs of the default, cached and multi phases (the paper phase: false)")
     p.add_argument("--weights", default="files", choices=["files", "random"],
                    help="files: the networks load stand-in weight files, written once under <root>/weights (what a real "
                         "run does); random: seeded random weights built in every process (rounds 1-6)")
@@ -523,11 +513,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         log(f"stand-in weight files: {result['weights']}")
     common = {"device": args.device, "precision": "fp32", "models": models, "weights": weights}
     paper = run_config(args.root, args.out / "paper", fraction=args.paper_fraction, batch_size=8, num_workers=4,
-                       decode_once=False, cuda_graphs=False, **common)
+                       decode_once=False, **common)
     default = run_config(args.root, args.out / "default", batch_size=args.batch_size, num_workers=args.workers,
                          decode_once=True, cache_dir=str(args.out / "cache"),
-                         decode_ahead={"auto": "auto", "true": True, "false": False}[args.decode_ahead],
-                         cuda_graphs=args.cuda_graphs == "true", **common)
+                         decode_ahead={"auto": "auto", "true": True, "false": False}[args.decode_ahead], **common)
     default["bootstrap"] = {"replicates": args.bootstrap, "seed": 0}
     phases = args.phases.split(",")
 

@@ -50,7 +50,6 @@ from .skips import first_examples, format_examples, skip_records, write_skips_cs
 from ..store.results import ResultStore, chunk_rows
 from . import feeds
 from .cache import CaseItem
-from .graphs import GraphedPredict, graph_use
 from .speed import autocast, precision_mode, to_channels_last
 
 logger = logging.getLogger(__name__)
@@ -265,8 +264,6 @@ class PairRun:
         self.started = time.perf_counter()
         self._pending: dict[int, dict[str, Any]] = {}
         stream = _stream(cfg, dataset, adapter, self.batches, device, self.feed)
-        why_eager = graph_use(device, adapter, cfg.precision, cfg.cuda_graphs)
-        graphed = GraphedPredict(adapter, prompts, cfg.batch_size, device) if why_eager is None else None
         while True:
             began = time.perf_counter()
             got = next(stream, None)  # waits for the inputs (decoding, or the feed's stacking and upload)
@@ -286,8 +283,7 @@ class PairRun:
             if ok:
                 with amp, precision_mode(cfg.precision, device), (torch.inference_mode() if self.feed is not None
                                                                   else nullcontext()):
-                    pred = (graphed(pixels) if graphed is not None
-                            else adapter.predict_cases(pixels, prompts, [it.case_id for it in ok]))
+                    pred = adapter.predict_cases(pixels, prompts, [it.case_id for it in ok])
                 acc["ids"] += [it.case_id for it in ok]
                 acc["sizes"] += [it.shape for it in ok]
                 acc["windows"] += [it.window for it in ok]
@@ -295,12 +291,6 @@ class PairRun:
             self.wait_seconds += wait
             self.model_seconds += time.perf_counter() - began - wait
             yield len(ok), len(items) - len(ok)
-        self.counts["cuda_graph"] = graphed.counts() if graphed is not None else {"off": why_eager}
-        if graphed is not None:
-            graphed.close()
-            if graphed.failed is not None:
-                logger.warning("%s × %s: its CUDA graph could not be recorded (%s); its batches ran eagerly",
-                               self.mspec.label, self.dspec.name, graphed.failed)
         began = time.perf_counter()
         for write in self._writes:  # this pair's chunks are on disk (or their error is raised here)
             write.result()

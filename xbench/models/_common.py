@@ -184,22 +184,17 @@ def check_inputs(pixels: torch.Tensor, prompts: Sequence[str], size: int | None)
 
 
 class PromptCache(Generic[T]):
-    """Text features of every prompt list (``key``) an adapter encoded, each computed once and kept while the adapter
-    lives (a run has one list per dataset, a few kilobytes to megabytes each). A kept tensor is never freed or
-    replaced, so a CUDA graph recorded over one list (:mod:`xbench.inference.graphs`) reads it for as long as it
-    replays, whatever other lists the adapter encodes meanwhile.
+    """Text features of the last prompt list (``key``) an adapter encoded; ``get`` recomputes on a new key.
 
     >>> cache = PromptCache()
     >>> cache.get(("a",), lambda: 1), cache.get(("a",), lambda: 2), cache.get(("b",), lambda: 3)
     (1, 1, 3)
-    >>> cache.get(("a",), lambda: 4)
-    1
     """
 
     def __init__(self) -> None:
-        self._entries: dict[Hashable, T] = {}
+        self._entry: tuple[Hashable, T] | None = None
 
     def get(self, key: Hashable, compute: Callable[[], T]) -> T:
-        if key not in self._entries:
-            self._entries[key] = compute()
-        return self._entries[key]
+        if self._entry is None or self._entry[0] != key:
+            self._entry = (key, compute())
+        return self._entry[1]

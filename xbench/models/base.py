@@ -6,11 +6,7 @@ An adapter wraps one model's *inference path* and exposes
   resolution, normalisation and grey→RGB handling, from an XBench image
   (float32 ``(H, W)`` in [0, 1] at original size);
 * ``predict(pixels, prompts) -> Prediction`` — class scores ``(B, C)`` and raw
-  saliency maps ``(B, C, h, w)`` at the model's native grid, in one forward pass, on the CPU;
-* ``predict_on_device(pixels, prompts) -> Prediction`` — the same outputs left on the model's device (the networks
-  implement it and ``predict`` copies its result back). It reads nothing back to the host and makes no host tensor
-  once its text features are cached, so the runner can record it once in a CUDA graph and replay it
-  (:mod:`xbench.inference.graphs`); adapters without it (the priors, the reference models) implement ``predict``;
+  saliency maps ``(B, C, h, w)`` at the model's native grid, in one forward pass;
 * ``scores`` / ``saliency`` — thin views of ``predict``;
 * ``to_probability(scores)`` — how a score becomes a probability for F1 / accuracy
   (identity for probability heads, sigmoid for raw logits);
@@ -59,15 +55,10 @@ from ..spec.registry import PACKAGE_DIR, import_target, list_models, model_confi
 
 @dataclass
 class Prediction:
-    """Output of :meth:`Adapter.predict`: ``scores (B, C)`` and ``maps (B, C, h, w)`` float32 on CPU (on the model's
-    device from :meth:`Adapter.predict_on_device`)."""
+    """Output of :meth:`Adapter.predict`: ``scores (B, C)`` and ``maps (B, C, h, w)`` float32 on CPU."""
 
     scores: torch.Tensor
     maps: torch.Tensor
-
-    def cpu(self) -> Prediction:
-        """Both tensors on the CPU (the same objects when they are there already)."""
-        return Prediction(scores=self.scores.cpu(), maps=self.maps.cpu())
 
 
 class Adapter(ABC):
@@ -183,24 +174,9 @@ class Adapter(ABC):
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         """XBench image (float32 ``(H, W)`` in [0, 1]) → model input ``(3, S, S)``."""
 
+    @abstractmethod
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        """Scores ``(B, C)`` and native-grid maps ``(B, C, h, w)`` for a batch of preprocessed images, float32 on the
-        CPU: :meth:`predict_on_device` copied back. An adapter implements this or :meth:`predict_on_device`."""
-        return self.predict_on_device(pixels, prompts).cpu()
-
-    def predict_on_device(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        """:meth:`predict`'s outputs (float32) left on the model's device.
-
-        An adapter that implements it keeps every step on the device once its prompts' text features are cached: no
-        read back to the host (``.item()``, ``.cpu()``, a Python ``bool`` of a tensor) and no tensor made from host
-        data, so :class:`xbench.inference.graphs.GraphedPredict` can record the call in a CUDA graph.
-        """
-        raise NotImplementedError(f"{type(self).__name__} implements neither predict nor predict_on_device")
-
-    @classmethod
-    def graph_ready(cls) -> bool:
-        """Whether the class implements :meth:`predict_on_device` (and so may be replayed from a CUDA graph)."""
-        return cls.predict_on_device is not Adapter.predict_on_device
+        """Scores ``(B, C)`` and native-grid maps ``(B, C, h, w)`` for a batch of preprocessed images."""
 
     def predict_cases(self, pixels: torch.Tensor, prompts: Sequence[str], case_ids: Sequence[str]) -> Prediction:
         """:meth:`predict` for a batch whose case ids are known (the runner's call). Only adapters whose output is

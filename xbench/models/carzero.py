@@ -726,7 +726,7 @@ class CARZeroAdapter(Adapter):
                                        token_type_ids.to(self.device), self.vocab)
 
     def encode_prompts(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Text embeddings of ``prompts`` (via :func:`prompt_text`), cached per prompt list (:class:`~xbench.models._common.PromptCache`)."""
+        """Text embeddings of ``prompts`` (via :func:`prompt_text`), cached for the last prompt list."""
         return self._text_cache.get(
             tuple(prompts), lambda: self.encode_text_ids(*self.tokenize([prompt_text(p) for p in prompts])))
 
@@ -750,9 +750,9 @@ class CARZeroAdapter(Adapter):
                              attention=torch.stack(attention), maps=attention_maps(attention, self.grid))
 
     @torch.no_grad()
-    def predict_on_device(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Raw-logit scores ``(B, C)`` and native-grid cross-attention maps ``(B, C, 14, 14)``."""
         check_inputs(pixels, prompts, self.input_size)
         words, sentence = self.encode_prompts(prompts)
         out = self.forward_features(self.encode_image(pixels), words, sentence)
-        return Prediction(scores=out.scores.float(), maps=out.maps.float())
+        return Prediction(scores=out.scores.float().cpu(), maps=out.maps.float().cpu())

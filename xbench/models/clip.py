@@ -202,7 +202,7 @@ class PromptPairCLIP(Adapter):
         raise NotImplementedError
 
     @torch.no_grad()
-    def predict_on_device(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (probabilities, rule of ``params.score_mode``) and raw cosine maps ``(B, C, h, w)``."""
         prompts = list(prompts)
         check_inputs(pixels, prompts, self.input_size)
@@ -214,7 +214,7 @@ class PromptPairCLIP(Adapter):
             logits = self.logit_scale() * torch.stack([image @ pos.T, image @ neg[0].T], dim=-1)  # (B, C, 2)
             scores = logits.softmax(dim=-1)[..., 0]
         maps = torch.einsum("bnd,cd->bcn", patches, pos).reshape(len(pixels), len(prompts), *self.grid)
-        return Prediction(scores=scores.float(), maps=maps.float())
+        return Prediction(scores=scores.float().cpu(), maps=maps.float().cpu())
 
 
 # -- adapter ---------------------------------------------------------------------------

@@ -178,9 +178,9 @@ class DeViDeAdapter(KADPromptFeatures, Adapter):
         return self.network.model(tokens, text_features.to(self.device))
 
     @torch.no_grad()
-    def predict_on_device(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (softmax index 1, or sigmoid for one output) and max-normalised 14x14 maps."""
         check_inputs(pixels, prompts, self.input_size)
         logits, attention = self.forward_features(pixels, self.encode_prompts(prompts))
         scores = logits.softmax(dim=-1)[..., 1] if logits.shape[-1] == 2 else logits[..., 0].sigmoid()
-        return Prediction(scores=scores.float(), maps=max_normalised_maps(attention[-1], self.grid).float())
+        return Prediction(scores=scores.float().cpu(), maps=max_normalised_maps(attention[-1], self.grid).float().cpu())

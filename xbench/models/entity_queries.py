@@ -237,7 +237,6 @@ class EntityQueryAdapter(Adapter):
                       {e: self.name_texts(e.replace("_", " ")) for e in ENTITIES})
         self._entity_book: torch.Tensor | None = None
         self._extra_book: dict[str, torch.Tensor] = {}
-        self._indices: dict[tuple[Any, ...], torch.Tensor] = {}
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -364,18 +363,11 @@ class EntityQueryAdapter(Adapter):
         """Scores ``(B, C)`` of the prompts' query columns."""
         raise NotImplementedError
 
-    def device_index(self, values: Sequence[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
-        """``torch.tensor(values, dtype=dtype)`` on the model's device, made once per values and dtype, so a forward
-        that indexes with it makes no tensor from host data (:meth:`Adapter.predict_on_device`)."""
-        key = (dtype, *(int(v) for v in values))
-        if key not in self._indices:
-            self._indices[key] = torch.tensor(list(values), dtype=dtype, device=self.device)
-        return self._indices[key]
-
-    def predict_on_device(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``(B, C)`` (probabilities) and raw layer-mean cross-attention maps ``(B, C, h, w)``."""
         check_inputs(pixels, prompts, self.input_size)
         names, columns = self.resolve(prompts)
         out = self.forward_features(pixels, self.query_book(names))
-        return Prediction(scores=self.select_scores(out, columns).float(),
-                          maps=out["maps"][:, self.device_index(columns)].float())
+        index = torch.tensor(columns, device=out["maps"].device)
+        return Prediction(scores=self.select_scores(out, columns).float().cpu(),
+                          maps=out["maps"][:, index].float().cpu())

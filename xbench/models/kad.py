@@ -330,15 +330,15 @@ def max_normalised_maps(attention: torch.Tensor, grid: tuple[int, int]) -> torch
 # -- adapter -------------------------------------------------------------------------------
 class KADPromptFeatures:
     """``encode_prompts`` for adapters with KAD's text side (KAD, DeViDe): the prompt names mapped by
-    :func:`prompt_text`, tokenised by ``self.tokenizer``, encoded by ``self.encode_text_ids`` and kept per prompt
-    list (``self._text_cache``, a :class:`PromptCache`), so a dataset's batches share one encoding."""
+    :func:`prompt_text`, tokenised by ``self.tokenizer``, encoded by ``self.encode_text_ids`` and kept for the last
+    prompt list (``self._text_cache``, a :class:`PromptCache`), so a dataset's batches share one encoding."""
 
     _text_cache: PromptCache[torch.Tensor]
     tokenizer: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]]
     encode_text_ids: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
     def encode_prompts(self, prompts: Sequence[str]) -> torch.Tensor:
-        """Text features of ``prompts``, cached per prompt list (:class:`~xbench.models._common.PromptCache`)."""
+        """Text features of ``prompts``, cached for the last prompt list."""
         return self._text_cache.get(
             tuple(prompts), lambda: self.encode_text_ids(*self.tokenizer([prompt_text(p) for p in prompts])))
 
@@ -420,10 +420,10 @@ class KADAdapter(KADPromptFeatures, Adapter):
         return self.network.model(tokens, text_features.to(self.device))
 
     @torch.no_grad()
-    def predict_on_device(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
+    def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
         """Scores ``softmax(logits)[..., 1]`` ``(B, C)`` and max-normalised last-layer maps ``(B, C, h, w)``."""
         check_inputs(pixels, prompts, self.input_size)
         logits, attention = self.forward_features(pixels, self.encode_prompts(prompts))
         scores = logits.softmax(dim=-1)[..., 1]
         maps = max_normalised_maps(attention[-1], self.grid)
-        return Prediction(scores=scores.float(), maps=maps.float())
+        return Prediction(scores=scores.float().cpu(), maps=maps.float().cpu())

@@ -228,7 +228,7 @@ def text_mode_scores(global_logits: torch.Tensor) -> torch.Tensor:
     """Official ``text`` score ``(B, D)`` from ``global_logits`` ``(B, 9, D)`` (see the module docstring)."""
     pairs = []
     for n in NORMAL_ENTITIES:
-        normal = global_logits[:, :, n:n + 1].expand_as(global_logits)  # a slice: no index tensor from the host
+        normal = global_logits[:, :, [n]].expand_as(global_logits)
         pairs.append(torch.softmax(torch.stack([normal, global_logits], dim=-1), dim=-1))
     return torch.stack(pairs).mean(dim=0)[..., 1].mean(dim=1)
 
@@ -292,7 +292,7 @@ class MAVLAdapter(EntityQueryAdapter):
         with torch.no_grad():
             out = self.net(pixels.to(self.device, torch.float32), book.to(self.device))
             b, n_disease = out["logits"].shape[:2]
-            ws = layer_mean(out["attention"]).view(b, n_disease, N_CONCEPTS, -1)[:, :, self.device_index(MAP_CONCEPTS)].mean(2)
+            ws = layer_mean(out["attention"]).view(b, n_disease, N_CONCEPTS, -1)[:, :, list(MAP_CONCEPTS)].mean(2)
             out.update(scores_feature=torch.softmax(out["logits"], dim=-1)[..., 1],
                        scores_text=text_mode_scores(out["global_logits"]),
                        attention=torch.stack(out["attention"]), maps=ws.reshape(b, n_disease, *self.grid))
@@ -300,8 +300,8 @@ class MAVLAdapter(EntityQueryAdapter):
 
     def select_scores(self, out: Mapping[str, torch.Tensor], columns: Sequence[int]) -> torch.Tensor:
         """Per ``params.score_mode``: ``auto`` = text mode for appended unseen classes, feature mode otherwise."""
-        index = self.device_index(columns)
+        index = torch.tensor(columns, device=out["maps"].device)
         if self.score_mode == "auto":
-            text = self.device_index([c >= len(ENTITIES) for c in columns], torch.bool)
+            text = torch.tensor([c >= len(ENTITIES) for c in columns], device=index.device)
             return torch.where(text, out["scores_text"][:, index], out["scores_feature"][:, index])
         return out[f"scores_{self.score_mode}"][:, index]

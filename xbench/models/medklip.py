@@ -196,4 +196,4 @@ class MedKLIPAdapter(EntityQueryAdapter):
 
     def select_scores(self, out: Mapping[str, torch.Tensor], columns: Sequence[int]) -> torch.Tensor:
         """The "present" probability of each prompt's query."""
-        return out["scores"][:, self.device_index(columns)]
+        return out["scores"][:, torch.tensor(columns, device=out["scores"].device)]

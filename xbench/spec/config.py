@@ -26,7 +26,6 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     eval_process: auto              # auto: on if the run device is CUDA | true | false: the overlapped evaluation runs in a process of its own
     map_dtype: float16              # float16 | float32 storage of the native-grid maps
     channels_last: false            # NHWC layout for CNN trunks (speed option)
-    cuda_graphs: true               # on CUDA (fp32 / tf32): full batches replayed from a CUDA graph per pair (same bytes)
     bootstrap: {replicates: 1000, seed: 0}
     allow_random_init: false        # true: models without weights may run random-init (labelled); the phantom opts in
 
@@ -46,12 +45,6 @@ refused unless the run sets ``allow_random_init: true`` or the entry sets ``para
 ``eval_workers`` is the number of processes that rasterise ground truth and evaluate the (dataset, model)
 pairs (spawned, one BLAS / torch thread each; ``auto``: ``min(os.cpu_count(), 8 × pairs)``, room for a large
 pair's steps; ``0`` or ``1``: serial, in the calling process). The tables are byte-identical for every value (:func:`xbench.evaluation.evaluate.evaluate_run`).
-
-``cuda_graphs``: on a CUDA device in fp32 or tf32, each network's full batches are replayed from a CUDA graph
-recorded once per (dataset, model) pair (:mod:`xbench.inference.graphs`): the same kernels on the same inputs, so the
-same bytes, with one launch from Python per batch. A chunk's smaller last batch, the first two full batches and a
-pair whose recording fails run eagerly; the run log says which (``cuda_graph`` of each pair). ``false``: every batch
-eagerly. The priors and the reference models always run eagerly.
 
 ``eval_process``: where the evaluation that overlaps inference (:func:`xbench.workflows.run.run`) is coordinated.
 ``true``: in a process of its own (:class:`xbench.workflows.evaluation_process.EvaluationProcess`), so its threads do
@@ -230,7 +223,6 @@ class RunConfig:
     eval_process: bool | str = "auto"
     map_dtype: str = "float16"
     channels_last: bool = False
-    cuda_graphs: bool = True
     bootstrap_replicates: int = field(default=1000, metadata={"key": "bootstrap.replicates"})
     bootstrap_seed: int = field(default=0, metadata={"key": "bootstrap.seed"})
     allow_random_init: bool = False
