@@ -161,6 +161,41 @@ def test_plans_on_a_stack_equal_each_image():
     assert torch.equal(resize_area(flat, 31, 23)[1, 2], resize_area(flat[1, 2], 31, 23))
 
 
+def test_a_plan_makes_no_tensor_from_host_data_once_it_has_run(monkeypatch):
+    """After a first call on a device, a plan takes everything it needs from the device (its matrices, area terms and
+    factors are cached there). A tensor made from host data per call is a copy from pageable memory, which on CUDA
+    first waits for all work queued on the stream, so the decoding thread would stop at every stack. Sizes take
+    CARZero's integer area branch with a factor (768², 1024²: 3 and 4 cells a side), its float branch (640², 600 × 500)
+    and both of Pillow's pass orders; 8- and 16-bit uploads. On CUDA (``XBENCH_TEST_DEVICE``) the calls also run
+    under ``torch.cuda.set_sync_debug_mode("error")``."""
+    rng = np.random.default_rng(5)
+    plans = {plan_for(a) for a in _adapters().values()}
+    stacks = [_on(rng.integers(0, 256, (2, h, w), dtype=np.uint8)) for h, w in [(768, 768), (1024, 1024), (640, 640),
+                                                                                  (600, 500)]]
+    stacks.append(_on(rng.integers(0, 4096, (2, 768, 768)).astype(np.uint16)))
+    for stack in stacks:
+        for plan in plans:
+            plan(stack)  # the first call fills the caches
+
+    def refuse(name):
+        def made_from_host(*args, **kwargs):
+            raise AssertionError(f"a plan called torch.{name} after its first call")
+        return made_from_host
+
+    for name in ("tensor", "as_tensor", "from_numpy"):
+        monkeypatch.setattr(torch, name, refuse(name))
+    strict = DEVICE.type == "cuda"
+    if strict:
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        for stack in stacks:
+            for plan in plans:
+                plan(stack)
+    finally:
+        if strict:
+            torch.cuda.set_sync_debug_mode("default")
+
+
 def test_plans_shared_and_absent():
     """Models with equal preprocessing share one plan; priors and reference models have none (CPU path)."""
     ads = _adapters()

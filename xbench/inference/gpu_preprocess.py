@@ -214,6 +214,22 @@ def _area_terms(src: int, dst: int, scale: float, device: torch.device) -> tuple
     return terms
 
 
+_FACTORS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _area_factor(cells: int, device: torch.device) -> torch.Tensor:
+    """``float32(1 / cells)`` as a 0-dim tensor on ``device``, made once per device.
+
+    Made per call it would be a copy from pageable host memory. On CUDA such a copy first waits for everything queued
+    on the stream, so the decoding thread would stop at every stack until the GPU had run its uploads and kernels.
+    """
+    key = (int(cells), str(device))
+    factor = _FACTORS.get(key)
+    if factor is None:
+        factor = _FACTORS[key] = torch.tensor(np.float32(1.0 / cells), device=device)
+    return factor
+
+
 def _sum_in_order(terms: torch.Tensor, dim: int) -> torch.Tensor:
     """``terms`` summed along ``dim`` one index after another (float32 adds, never fused or reordered)."""
     total = terms.select(dim, 0)
@@ -244,7 +260,7 @@ def resize_area(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
         sums = blocks.sum(dim=(-3, -1))
         if kx == 2 and ky == 2:
             return ((sums + 2) >> 2).to(torch.uint8)
-        factor = torch.tensor(np.float32(1.0 / (kx * ky)), device=image.device)
+        factor = _area_factor(kx * ky, image.device)
         return torch.round(sums.to(torch.float32) * factor).clamp_(0, 255).to(torch.uint8)
     dev = image.device
     source = image.to(torch.float32)
