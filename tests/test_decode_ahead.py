@@ -265,6 +265,59 @@ def test_background_builds_run_smallest_weights_first_one_at_a_time():
     assert order == [5, 1, 3, 0] and len(threads) == 1
 
 
+def test_a_background_build_on_cuda_runs_on_a_stream_of_its_own_finished_before_it_is_handed_over(monkeypatch):
+    """:func:`runner._on_own_stream`: on CUDA the build runs inside ``torch.cuda.stream`` of a new stream on the run's
+    device, and that stream is synchronised after the build and before the adapter is returned (so the weights'
+    blocking copies wait for the build's own work, not for the model passes queued on the default stream). On the
+    CPU the build is returned as it is. The CUDA calls are stand-ins here (this machine has no GPU); with
+    ``XBENCH_TEST_DEVICE=cuda`` the test below runs the real ones."""
+    events: list[str] = []
+
+    class Stream:
+        def __init__(self, device):
+            events.append(f"stream on {device}")
+
+        def synchronize(self):
+            events.append("synchronize")
+
+    class Entered:
+        def __init__(self, stream):
+            assert isinstance(stream, Stream)
+
+        def __enter__(self):
+            events.append("enter")
+
+        def __exit__(self, *exc):
+            events.append("exit")
+
+    def build():
+        events.append("build")
+        return "adapter"
+
+    assert runner._on_own_stream(build, torch.device("cpu")) is build and runner._on_own_stream(build, None) is build
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", Entered)
+    wrapped = runner._on_own_stream(build, torch.device("cuda", 1))
+    assert events == []  # nothing before the build thread runs it
+    assert wrapped() == "adapter"
+    assert events == ["stream on cuda:1", "enter", "build", "exit", "synchronize"]
+
+
+def test_a_background_build_on_cuda_leaves_the_default_stream_to_the_models(test_device):
+    if test_device.type != "cuda":
+        pytest.skip("needs XBENCH_TEST_DEVICE=cuda")
+    seen = {}
+
+    def build():
+        seen["stream"] = torch.cuda.current_stream(test_device)
+        weights = torch.arange(1 << 20, dtype=torch.float32).to(test_device)  # a blocking copy, as Module.to makes
+        return weights * 2  # a kernel on the build's stream
+
+    out = runner._on_own_stream(build, test_device)()
+    assert seen["stream"] != torch.cuda.default_stream(test_device)
+    assert torch.equal(out.cpu(), torch.arange(1 << 20, dtype=torch.float32) * 2)
+
+
 def test_a_network_failing_in_the_background_stops_the_run_and_keeps_the_chunks_written(tmp_path, monkeypatch):
     """A background build's error is raised by the run once the models already running have had their turn; their
     chunks stay in the store, and no decoding or building thread is left behind."""

@@ -580,7 +580,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
             if twins:
                 feed.start(rows)
                 building = _build_behind({j: (_weight_bytes(m), partial(build, m, dspec), twins[id(m)])
-                                          for j, m in enumerate(models) if id(m) in twins})
+                                          for j, m in enumerate(models) if id(m) in twins}, device)
         nxt = order[pos + 1] if pos + 1 < len(order) else None
 
         def chain(adapters: list[Adapter], feed: Any = feed, nxt: int | None = nxt) -> None:
@@ -643,17 +643,42 @@ def _weight_bytes(mspec: ModelSpec) -> int:
     return sum(f.stat().st_size for f in weight_files(mspec.name, mspec.weights) if f.is_file())
 
 
-def _build_behind(jobs: dict[int, tuple[int, Callable[[], Adapter], Adapter]]) -> dict[int, tuple[Future, Adapter]]:
+def _build_behind(jobs: dict[int, tuple[int, Callable[[], Adapter], Adapter]],
+                  device: torch.device | None = None) -> dict[int, tuple[Future, Adapter]]:
     """Start ``jobs`` (model index -> (its weight bytes, its build, its input twin)) one after another in a background
     thread, the smallest weight files first (ties in config order), so the first model runs soon while the larger ones
-    are read. One thread: builds that seed torch's RNG (random-init) never overlap. Builds from weight files in three
-    threads, and the next dataset decoded from the first build on, were measured and dropped: on one H200 both made
-    the models' own passes slower, and neither ended the run sooner (docs/performance.md, issue 22 round 16)."""
+    are read. One thread: builds that seed torch's RNG (random-init) never overlap. On a CUDA ``device`` each build
+    runs on a stream of its own (:func:`_on_own_stream`). Builds from weight files in three threads, and the next
+    dataset decoded from the first build on, were measured and dropped: on one H200 both made the models' own passes
+    slower, and neither ended the run sooner (docs/performance.md, issue 22 round 16)."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbench-build")
     order = sorted(jobs, key=lambda j: (jobs[j][0], j))
-    started = {j: (pool.submit(jobs[j][1]), jobs[j][2]) for j in order}
+    started = {j: (pool.submit(_on_own_stream(jobs[j][1], device)), jobs[j][2]) for j in order}
     pool.shutdown(wait=False)  # the thread ends after the last build
     return started
+
+
+def _on_own_stream(build: Callable[[], Adapter], device: torch.device | None) -> Callable[[], Adapter]:
+    """``build`` on a CUDA stream of its own when ``device`` is CUDA, its work finished before the adapter is handed
+    over (otherwise ``build`` itself).
+
+    A network's weights reach the GPU by blocking copies, and PyTorch ends each blocking copy by synchronising the
+    copying thread's current stream. On the default stream, which the stepping thread's model passes also use, each
+    copy of a background build would first wait for every pass queued there. On a stream of its own it waits for the
+    build's own copies only. The stream is synchronised before the adapter is returned, so the stepping thread never
+    reads a weight that is still being copied.
+    """
+    if device is None or device.type != "cuda":
+        return build
+
+    def run() -> Adapter:
+        stream = torch.cuda.Stream(device=device)
+        with torch.cuda.stream(stream):
+            adapter = build()
+        stream.synchronize()
+        return adapter
+
+    return run
 
 
 def _infer_dataset(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models: Sequence[ModelSpec],
