@@ -439,8 +439,8 @@ def _element_size(dtype: torch.dtype) -> int:
     return torch._utils._element_size(dtype)
 
 
-def _typed_storage(raw: bytearray, dtype: torch.dtype) -> Any:
-    untyped = torch.frombuffer(raw, dtype=torch.uint8).untyped_storage() if raw else torch.UntypedStorage(0)
+def _typed_storage(raw: bytearray | np.ndarray, dtype: torch.dtype) -> Any:
+    untyped = torch.frombuffer(raw, dtype=torch.uint8).untyped_storage() if len(raw) else torch.UntypedStorage(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # TypedStorage deprecation notice
         return torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
@@ -460,9 +460,11 @@ def _storage_pid(pid: Any, size: int) -> tuple[_Marker, str, int]:
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # zip local file header (30 bytes): ..., name length, extra length
 
 
-def _stored_member(fh: Any, info: zipfile.ZipInfo, size: int) -> bytearray:
-    """The bytes of an uncompressed member: its local header checked (signature, name), then ``file_size`` bytes from
-    the data offset read into a new buffer, then the CRC-32. A damaged or truncated member raises ``ValueError``."""
+def _stored_member(fh: Any, info: zipfile.ZipInfo, size: int) -> np.ndarray:
+    """The bytes of an uncompressed member (``uint8`` array): its local header checked (signature, name), then
+    ``file_size`` bytes from the data offset read into a new buffer, then the CRC-32. A damaged or truncated member
+    raises ``ValueError``. The buffer is not zero-filled first: every byte of it is read from the file before it is
+    returned (a short read raises), which saves a pass over the checkpoint's size."""
     fh.seek(info.header_offset)
     head = fh.read(_LOCAL_HEADER.size)
     if len(head) != _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
@@ -474,7 +476,7 @@ def _stored_member(fh: Any, info: zipfile.ZipInfo, size: int) -> bytearray:
     if start + info.file_size > size:
         raise ValueError(f"its {info.file_size} bytes from offset {start} pass the end of the file ({size} bytes)")
     fh.seek(start)
-    raw = bytearray(info.file_size)
+    raw = np.empty(info.file_size, dtype=np.uint8)
     view, got = memoryview(raw), 0
     while got < info.file_size:
         n = fh.readinto(view[got:])
@@ -507,7 +509,7 @@ def _read_zip_archive(fh: Any, size: int, where: str) -> tuple[Any, list[str]]:
 
     total = 0  # bytes of the members read so far
 
-    def member(name: str) -> bytearray:
+    def member(name: str) -> np.ndarray:
         nonlocal total
         info = infos.get(name)
         if info is None:
