@@ -736,7 +736,7 @@ class InputFeed:
             self.start(needed)  # a caller stepping several models has started every row already
         pin = device.type == "cuda"
 
-        def host(rows: Sequence[int]) -> tuple[list[CaseItem], torch.Tensor | None]:
+        def host(rows: Sequence[int]) -> tuple[list[CaseItem], torch.Tensor | torch.Size | None]:
             self.wait(rows)
             items, arrays = [], []
             for r in rows:
@@ -747,8 +747,8 @@ class InputFeed:
                     arrays.append(None if blank else out[spec.key])
             if not arrays:
                 return items, None
-            if blank:
-                return items, torch.zeros((len(arrays), *spec.shape), dtype=torch.float32)
+            if blank:  # made on the device by the consumer: no zeros copied over
+                return items, torch.Size((len(arrays), *spec.shape))
             stacked = torch.from_numpy(np.stack(arrays))
             return items, stacked.pin_memory() if pin else stacked
 
@@ -776,7 +776,7 @@ class InputFeed:
             items, stacked = got
             pixels = None
             if stacked is not None and blank:
-                pixels = stacked.to(device)
+                pixels = torch.zeros(stacked, dtype=torch.float32, device=device)
             elif stacked is not None:
                 stacked = stacked.to(device, non_blocking=pin)
                 pixels = spec.decode(stacked, self._luts.get(lut_key), channels_last)
