@@ -1,12 +1,13 @@
 """Decoding ahead (issue 22): a fresh dataset's inputs are decoded while its networks are built (input twins), and
 the next dataset's while this one's models run. The decoding thread is running during the real builds and before
-the previous dataset's pairs finish, the store is the same bytes as without decoding ahead, a twin whose
-preprocessing differs is caught (decoded again, logged), and a resumed dataset builds first as before."""
+the previous dataset's pairs finish (the builds begin before the feed is set up), the store is the same bytes as
+without decoding ahead, a twin whose preprocessing differs is caught (decoded again, logged), and a resumed dataset builds first as before."""
 from __future__ import annotations
 
 import json
 import logging
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from conftest import tiny_run
-from xbench.core.errors import CheckpointError, FormatError, XBenchWarning
+from xbench.core.errors import CheckpointError, FormatError, XBenchError, XBenchWarning
 from xbench.datasets import open_dataset
 from xbench.inference import feeds, runner
 from xbench.inference.cache import InputFeed, inherit_input, model_input
@@ -91,19 +92,76 @@ def test_a_built_adapter_takes_its_twins_calibration_from_two_probe_images(monke
 
 
 def test_networks_are_built_while_the_inputs_decode_and_the_store_is_unchanged(tmp_path, monkeypatch, without_twins):
+    """The twinned networks are built in the background thread, started before the feed is set up: the feed's set-up
+    waits here until a build has begun (it would wait 10 s in vain if the builds began after it), and each of those
+    builds waits until the decoding thread runs (it would wait 30 s in vain if decoding waited for the builds). The
+    models without a twin are built first, in the main thread, before anything decodes."""
     decoding_during_build: dict[str, bool] = {}
-    real_open = runner.open_model
+    build_thread: dict[str, str] = {}
+    build_began, feed_saw_a_build = threading.Event(), []
+    real_open, real_feed = runner.open_model, feeds.new_feed
+
+    def new_feed(*args, **kwargs):
+        feed_saw_a_build.append(build_began.wait(10))
+        return real_feed(*args, **kwargs)
+
+    def decoding() -> bool:
+        return any(t.name == "xbench-decode" and t.is_alive() for t in threading.enumerate())
 
     def open_model(spec, *args, **kwargs):
-        decoding_during_build[spec.name] = any(t.name == "xbench-decode" and t.is_alive() for t in threading.enumerate())
+        build_thread[spec.name] = threading.current_thread().name.rsplit("_", 1)[0]
+        if spec.name in TWINNED:
+            build_began.set()
+            deadline = time.monotonic() + 30
+            while not decoding() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        decoding_during_build[spec.name] = decoding()
         return real_open(spec, *args, **kwargs)
 
     monkeypatch.setattr(runner, "open_model", open_model)
+    monkeypatch.setattr(feeds, "new_feed", new_feed)
     log = infer(tmp_path / "run")
+    assert feed_saw_a_build == [True]  # one fresh dataset, one feed
     assert decoding_during_build == {m: m in TWINNED for m in MODELS}
+    assert build_thread == {m: "xbench-build" if m in TWINNED else "MainThread" for m in MODELS}
     assert {m: e["built_while_decoding"] for m, e in log.items()} == {m: m in TWINNED for m in MODELS}
     got, want = chunk_bytes(tmp_path / "run"), chunk_bytes(without_twins)
     assert len(got) == 4 * 2 and got == want  # 12 cases in chunks of 8: 2 chunks per model, the same bytes
+
+
+def test_a_feed_that_cannot_be_set_up_cancels_the_builds_not_yet_begun(tmp_path, monkeypatch):
+    """The background builds start before the feed is set up; when the set-up fails, its error is raised and the
+    builds still queued are cancelled (the one under way ends in its thread)."""
+    futures: list = []
+    real_behind, failed = runner._build_behind, threading.Event()
+    opened: list[str] = []
+    real_open = runner.open_model
+
+    def build_behind(*args, **kwargs):
+        started = real_behind(*args, **kwargs)
+        futures.extend(future for future, _ in started.values())
+        return started
+
+    def open_model(spec, *args, **kwargs):
+        opened.append(spec.name)
+        if spec.name in TWINNED:
+            failed.wait(10)  # the first background build is under way when the set-up fails
+            time.sleep(0.2)
+        return real_open(spec, *args, **kwargs)
+
+    def new_feed(*args, **kwargs):
+        failed.set()
+        raise XBenchError("no feed here")
+
+    monkeypatch.setattr(runner, "_build_behind", build_behind)
+    monkeypatch.setattr(runner, "open_model", open_model)
+    monkeypatch.setattr(feeds, "new_feed", new_feed)
+    with pytest.raises(XBenchError, match="no feed here"):
+        infer(tmp_path / "run")
+    assert len(futures) == 2
+    futures[0].result(timeout=30)  # the build under way finishes
+    assert futures[1].cancelled()
+    assert len([m for m in opened if m in TWINNED]) == 1  # the second network was never opened
 
 
 def test_a_twin_whose_preprocessing_differs_is_decoded_again(tmp_path, monkeypatch, caplog, without_twins):

@@ -573,14 +573,22 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
                 copy = timed(m, partial(input_twin, m.name, m.weights, **m.params))  # its imports, mostly
                 if copy is not None:
                     twins[id(m)] = copy
-            by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}
-            feed = (feeds.new_feed(cfg, dataset, device, [twins[id(m)] if id(m) in twins else by_spec[id(m)] for m in models])
-                    if cfg.decode_once else None)
+            by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}  # before any background build
+            # the background builds start before the feed is set up (its calibrations) and decoding starts: the
+            # first network is read while the feed gets ready (docs/performance.md, issue 22 round 18)
+            building = _build_behind({j: (_weight_bytes(m), partial(build, m, dspec), twins[id(m)])
+                                      for j, m in enumerate(models) if id(m) in twins}, device) if twins else {}
+            try:
+                feed = (feeds.new_feed(cfg, dataset, device,
+                                       [twins[id(m)] if id(m) in twins else by_spec[id(m)] for m in models])
+                        if cfg.decode_once else None)
+                if twins:
+                    feed.start(rows)
+            except BaseException:
+                for future, _ in building.values():
+                    future.cancel()  # builds not yet begun; the one under way ends with its thread
+                raise
             adapters = [by_spec.get(id(m)) for m in models]
-            if twins:
-                feed.start(rows)
-                building = _build_behind({j: (_weight_bytes(m), partial(build, m, dspec), twins[id(m)])
-                                          for j, m in enumerate(models) if id(m) in twins}, device)
         nxt = order[pos + 1] if pos + 1 < len(order) else None
 
         def chain(adapters: list[Adapter], feed: Any = feed, nxt: int | None = nxt) -> None:
