@@ -1,4 +1,4 @@
-# round 18 (prepared in round 17): one 1-GPU arm, cold then warm, from its tree: new = the checkout, old = .device_carry/old (44ecde1), graphs = .device_carry/graphs (1703b32 + 9fe5643). usage: bash r18arm.sh <tag> <new|old|graphs> <scale> <timeout s>
+# round 18 (prepared in round 17): one 1-GPU arm, cold then warm, from its tree: new = the checkout, old = .device_carry/old (44ecde1), graphs = .device_carry/graphs (1703b32 + 9fe5643). usage: bash round26_arm.sh <tag> <new|old|graphs> <scale> <timeout s>
 set -u
 export HF_HUB_OFFLINE=1 PATH=/tmp/site/bin:$PATH
 unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pyc
