@@ -1,7 +1,8 @@
 """Decoding ahead (issue 22): a fresh dataset's inputs are decoded while its networks are built (input twins), and
 the next dataset's while this one's models run. The decoding thread is running during the real builds and before
 the previous dataset's pairs finish (the builds begin before the feed is set up), the store is the same bytes as
-without decoding ahead, a twin whose preprocessing differs is caught (decoded again, logged), and a resumed dataset builds first as before."""
+without decoding ahead, a twin whose preprocessing differs is caught (decoded again, logged), and a resumed dataset
+builds first as before."""
 from __future__ import annotations
 
 import json
@@ -144,9 +145,11 @@ def test_a_feed_that_cannot_be_set_up_cancels_the_builds_not_yet_begun(tmp_path,
 
     def open_model(spec, *args, **kwargs):
         opened.append(spec.name)
-        if spec.name in TWINNED:
-            failed.wait(10)  # the first background build is under way when the set-up fails
-            time.sleep(0.2)
+        if spec.name in TWINNED:  # the first background build is under way when the set-up fails ...
+            failed.wait(10)
+            deadline = time.monotonic() + 10  # ... and ends only once the builds queued behind it are cancelled
+            while not all(f.cancelled() for f in futures[1:]) and time.monotonic() < deadline:
+                time.sleep(0.01)
         return real_open(spec, *args, **kwargs)
 
     def new_feed(*args, **kwargs):
