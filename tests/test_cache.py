@@ -19,6 +19,7 @@ import xbench
 from conftest import Files, tiny_run
 from xbench.datasets.images import read_image
 from xbench.inference.cache import InputFeed, model_input
+from xbench.inference.gpu_preprocess import probe_images
 from xbench.spec.config import RunConfig
 from xbench.core.errors import XBenchWarning
 from xbench.store.results import ResultStore
@@ -87,6 +88,98 @@ def test_equal_preprocessing_shares_one_key_and_different_does_not(adapters):
     keys = {n: model_input(a).key for n, a in adapters.items()}
     assert keys["medklip"] == keys["mavl"]  # both: PIL bilinear 224 squash + ImageNet normalisation
     assert len({keys[n] for n in ("clip", "medklip", "kad", "carzero", "center_prior", "ref_xattn")}) == 6
+
+
+def _fresh(name: str):
+    """A new adapter object (the calibration is kept per object): a network-less input twin where the class has one."""
+    from xbench.models.base import input_twin
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return input_twin(name) or xbench.create_model(name)
+
+
+def _counting(adapter, calls: list) -> None:
+    real = type(adapter).preprocess
+    adapter.preprocess = lambda image: calls.append(image.shape) or real(adapter, image)
+
+
+@pytest.mark.parametrize("name", QUANTISING + FLOAT_INPUT)
+def test_the_8_bit_table_and_key_equal_those_of_the_256_constant_images(name, monkeypatch):
+    """model_input reads the table off one call (or a GPU plan's table, for CARZero whose area resize refuses an
+    image it would not shrink) and checks it at 15 levels: the table and the key are those of the definition, so
+    every decode cache written before stays valid, and the quantising models need 18 ``preprocess`` calls, not 258."""
+    from xbench.inference import cache
+    from xbench.inference.gpu_preprocess import code_table, plan_for
+
+    adapter, calls = _fresh(name), []
+    _counting(adapter, calls)
+    plan = plan_for(adapter)
+    got = model_input(adapter, code_table(adapter, plan, "cpu") if name == "carzero" else None)
+    n_calls = len(calls)  # CARZero: the plan's table took the one call instead of _one_call_table
+
+    reference = _fresh(name)
+    monkeypatch.setattr(cache, "_one_call_table", lambda adapter, shape: None)  # the definition alone: 256 levels
+    want = model_input(reference)
+    assert got.key == want.key and got.shape == want.shape
+    assert want.lut is not None and np.array_equal(got.lut, want.lut)
+    if name in QUANTISING:
+        assert n_calls == 2 + 1 + len(cache._CHECKED_LEVELS) == 18
+    else:  # float resizes (constant images not exact): the one-call table is refused within 5 checked levels
+        assert 2 + 1 + 1 + 256 <= n_calls <= 2 + 1 + 5 + 256
+
+
+def test_a_table_wrong_at_a_checked_level_is_replaced_by_the_definition():
+    from xbench.inference import cache
+
+    reference, adapter = _fresh("kad"), _fresh("kad")
+    want = model_input(reference)
+    wrong = want.lut.copy()
+    wrong[:, 254] += 1e-3  # 254 is checked
+    got = model_input(adapter, wrong)
+    assert 254 in cache._CHECKED_LEVELS and got.key == want.key and np.array_equal(got.lut, want.lut)
+
+
+def test_a_table_wrong_at_an_unchecked_level_never_gives_a_wrong_input():
+    """The checks make a wrong table unlikely, not impossible; a wrong table costs only space: an input is stored as
+    codes only where the table rebuilds it exactly, otherwise as the float32 ``preprocess`` output itself."""
+    from xbench.inference import cache
+
+    adapter = _fresh("kad")
+    true_lut = model_input(_fresh("kad")).lut
+    wrong = true_lut.copy()
+    assert 200 not in cache._CHECKED_LEVELS
+    wrong[:, 200] = (wrong[:, 199] + wrong[:, 200]) / 2  # still increasing: taken
+    spec = model_input(adapter, wrong)
+    assert np.array_equal(spec.lut, wrong)
+    image = np.full((64, 80), 200 / 255, np.float32)
+    image[:8] = 10 / 255
+    x = adapter.preprocess(image)
+    code = spec.encode(x)
+    assert code.dtype == np.float32 and torch.equal(spec.decode(torch.from_numpy(code)[None])[0], x)
+    plain = np.full((64, 80), 10 / 255, np.float32)  # no pixel at level 200: codes, rebuilt exactly
+    code = spec.encode(adapter.preprocess(plain))
+    assert code.dtype == np.uint8 and torch.equal(spec.decode(torch.from_numpy(code)[None])[0],
+                                                  adapter.preprocess(plain))
+
+
+def test_on_the_kernel_path_the_feed_calibrates_carzero_from_its_plan(tmp_path):
+    """CARZero's area resize refuses the one-call image (it only shrinks): on the kernel path the feed hands its
+    plan's table to model_input, 18 ``preprocess`` calls instead of 258, the key and table of the definition; on
+    the CPU path it has no plan to offer and runs the 256 constant images."""
+    paths = write_pngs(tmp_path / "img", 1)
+    kernel_path, cpu_path = _fresh("carzero"), _fresh("carzero")
+    calls: list = []
+    _counting(kernel_path, calls)
+    feed = InputFeed(Files(paths), [kernel_path], preprocess_device="cpu")
+    spec = feed.specs[id(kernel_path)]
+    assert len(calls) - len(probe_images()) - 1 == 18  # check_plan then checks its table on the probe images
+    assert feed.plans  # and the plan is taken: its table equals the calibration
+    calls.clear()
+    _counting(cpu_path, calls)
+    alone = InputFeed(Files(paths), [cpu_path])
+    assert len(calls) == 2 + 1 + 256  # the one-call image refused: no level is checked, the 256 are run
+    assert alone.specs[id(cpu_path)].key == spec.key and np.array_equal(alone.specs[id(cpu_path)].lut, spec.lut)
 
 
 # -- the runner ----------------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ model's ``preprocess`` on that one decoded image, and keeps the results for the 
 Exactness (the parity-proven numerics are kept bit for bit):
 
 * :func:`model_input` calibrates an adapter once: ``preprocess`` of constant images of every
-  grey level 0…255 gives a per-channel lookup table ``lut (3, 256)``. An input ``x =
-  preprocess(image)`` is stored as ``uint8 (S, S)`` codes ``u`` only when ``lut[c, u] == x[c]``
-  holds **exactly** for every pixel and channel (checked per entry); otherwise it is stored as
-  the float32 tensor itself. The seven paper adapters quantise to 8 bit first (``round(x·255)``),
+  grey level 0…255 gives a per-channel lookup table ``lut (3, 256)`` (read off one call and checked at 15 levels
+  where that gives the same table). An input ``x = preprocess(image)`` is stored as ``uint8 (S, S)`` codes ``u``
+  only when ``lut[c, u] == x[c]`` holds **exactly** for every pixel and channel (checked per entry); otherwise it
+  is stored as the float32 tensor itself. The seven paper adapters quantise to 8 bit first (``round(x·255)``),
   so their inputs are always codes (≈ 12× smaller than float32); the priors and reference models
   (float area/bilinear resizes) are kept as float32.
 * On the device a batch of codes becomes the model input by a table gather, ``lut[c, u]`` —
@@ -160,13 +160,20 @@ def _probe_digest(outs: Sequence[np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def model_input(adapter: Any) -> ModelInput:
+def model_input(adapter: Any, candidate: np.ndarray | None = None) -> ModelInput:
     """Calibrate ``adapter.preprocess`` once per adapter object: its transform key and 8-bit table (or None).
 
     The key hashes the outputs on two fixed probe images (float-valued portrait, 8-bit-valued
     landscape) and the table, not the class name: adapters with equal preprocessing share entries.
-    The table takes 256 ``preprocess`` calls (one constant image per grey level), made by a pool of threads: the
-    work is Pillow, numpy and torch, which release the GIL, and each call is independent of the others.
+    The table is, per grey level ``v`` and channel, the centre value of ``preprocess`` of the constant image ``v/255``
+    (:func:`_level_table`). It is read off one ``preprocess`` call on an image of the output's own size holding every
+    level (:func:`_one_call_table`), or taken from ``candidate`` (a ``(3, 256)`` table found another way: a GPU
+    plan's, :func:`~xbench.inference.gpu_preprocess.code_table`), and kept only when it equals the constant images'
+    values at the :data:`_CHECKED_LEVELS`; otherwise the 256 constant images are run (a pool of threads: the work is
+    Pillow, numpy and torch, which release the GIL). For the six paper models the table and key are those of the 256
+    constant images (``tests/test_cache.py``), so decode caches stay valid. A table is never trusted blindly: an input
+    is stored as codes only where the table rebuilds it exactly (:meth:`ModelInput.encode`), and a GPU plan is used
+    only when its own table equals it.
     """
     try:
         return _CALIBRATED[adapter]
@@ -176,12 +183,9 @@ def model_input(adapter: Any) -> ModelInput:
     out = outs[0]
     lut: np.ndarray | None = None
     if out.ndim == 3 and out.shape[0] == 3:
-        h, w = out.shape[1:]
-        def level(v: int) -> np.ndarray:
-            x = np.asarray(adapter.preprocess(np.full(_PROBE_SHAPE, v / 255.0, np.float32)), dtype=np.float32)
-            return x[:, h // 2, w // 2]
-
-        table = np.stack(list(_level_pool().map(level, range(256))), axis=1)  # (3, 256), in level order
+        table = candidate if candidate is not None and candidate.shape == (3, 256) else _one_call_table(adapter, out.shape)
+        if table is None or not _agrees_at_checked_levels(adapter, out.shape, table):
+            table = _level_table(adapter, out.shape, range(256))  # the definition itself
         lut = table if np.all(np.diff(table[0]) > 0) else None
     digest = hashlib.sha256(f"{out.shape}|{outs[1].shape}".encode())
     for part in (*outs, lut if lut is not None else np.zeros(0, np.float32)):
@@ -195,9 +199,53 @@ def model_input(adapter: Any) -> ModelInput:
     return spec
 
 
+# grey levels at which a one-call table is checked against constant images, in the order checked: the middle and
+# both ends first (a float resize, whose constant images are not exact, fails there), then their neighbours
+_CHECKED_LEVELS = [128, 255, 1, 0, 254, 127, 129, 2, 253, 31, 64, 96, 160, 191, 223]
+
+
+def _agrees_at_checked_levels(adapter: Any, shape: Sequence[int], table: np.ndarray) -> bool:
+    """``table`` equals the definition (:func:`_level_table`) at every one of :data:`_CHECKED_LEVELS`, checked one
+    level at a time: a table that differs costs a call or two, one that agrees 15."""
+    return all(np.array_equal(_level_table(adapter, shape, [v])[:, 0], table[:, v]) for v in _CHECKED_LEVELS)
+
+
+def _level_table(adapter: Any, shape: Sequence[int], levels: Iterable[int]) -> np.ndarray:
+    """``(3, len(levels))`` float32: the centre pixel of ``adapter.preprocess`` of the constant image ``v / 255``
+    (``_PROBE_SHAPE``) for each level ``v``, in order — the table's definition (its output has ``shape``)."""
+    h, w = shape[1:]
+
+    def level(v: int) -> np.ndarray:
+        x = np.asarray(adapter.preprocess(np.full(_PROBE_SHAPE, v / 255.0, np.float32)), dtype=np.float32)
+        return x[:, h // 2, w // 2]
+
+    levels = list(levels)
+    return np.stack(list(_level_pool().map(level, levels)) if len(levels) > 1 else [level(levels[0])], axis=1)
+
+
+def _one_call_table(adapter: Any, shape: Sequence[int]) -> np.ndarray | None:
+    """``(3, 256)`` float32 read off one ``preprocess`` call on an image of the output's size (``shape``: ``(3, H,
+    W)``, where resizes are the identity) holding every grey level, or None when the output is not one value per level
+    and channel (a resize or crop that is not the identity at that size, an error, another shape)."""
+    h, w = int(shape[1]), int(shape[2])
+    levels = (np.add.outer(np.arange(h), np.arange(w) * 97) % 256).astype(np.uint8)  # every level (97 is odd)
+    try:
+        x = np.asarray(adapter.preprocess((levels / 255.0).astype(np.float32)), dtype=np.float32)
+    except Exception:  # e.g. CARZero's area resize refuses an image it would not shrink: use the constant images
+        return None
+    if x.shape != (3, h, w):
+        return None
+    flat, values = levels.reshape(-1), x.reshape(3, -1)
+    table = np.full((3, 256), np.nan, np.float32)
+    table[:, flat] = values
+    if np.isnan(table).any() or not np.array_equal(table[:, flat], values):
+        return None
+    return table
+
+
 def inherit_input(adapter: Any, twin: Any) -> bool:
     """Give ``adapter`` the calibration of ``twin`` (:func:`model_input`) if both map the two probe images to the same
-    values, bit for bit: 2 ``preprocess`` calls on ``adapter`` instead of 258. Meant for an adapter and its input twin
+    values, bit for bit: 2 ``preprocess`` calls on ``adapter`` instead of a calibration's 18 to 260. Meant for an adapter and its input twin
     (:func:`xbench.models.base.input_twin`: the same class and config, built without weights), whose 8-bit tables
     therefore come from the same code; the table itself is not recomputed. False when the outputs differ (nothing is
     recorded then)."""
@@ -489,7 +537,7 @@ class InputFeed:
         """Register an adapter's input (computed for every row decoded from now on); an adapter that does not read
         pixels (:attr:`~xbench.models.base.Adapter.reads_pixels` false) gets nothing decoded (see :meth:`batches`)."""
         if id(adapter) not in self.specs:
-            spec = model_input(adapter)
+            spec = model_input(adapter, self._plan_table(adapter))
             self.specs[id(adapter)] = spec
             if getattr(adapter, "reads_pixels", True) and spec.key not in self._by_key:
                 self._by_key[spec.key] = (adapter, spec)
@@ -497,6 +545,16 @@ class InputFeed:
                 if plan is not None:
                     self.plans[spec.key] = plan
         return self.specs[id(adapter)]
+
+    def _plan_table(self, adapter: Any) -> np.ndarray | None:
+        """For an adapter not yet calibrated, on the GPU path: its plan's 8-bit table read on the CPU (one
+        ``preprocess`` call), a candidate that :func:`model_input` checks before it takes it; else None."""
+        if self.preprocess_device is None or (_weakrefable(adapter) and adapter in _CALIBRATED):
+            return None
+        from .gpu_preprocess import code_table, plan_for
+
+        plan = plan_for(adapter)
+        return None if plan is None else code_table(adapter, plan, "cpu")
 
     def _device_plan(self, adapter: Any, spec: ModelInput) -> Any:
         """The adapter's kernel if it is proven equal to its CPU path (module docstring), else None."""
