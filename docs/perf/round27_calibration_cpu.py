@@ -6,7 +6,7 @@
 six paper models' twins (CLIP, MedKLIP, KAD, MAVL, CARZero, DeViDe), on the CPU path and on the kernel path (the
 kernels on CPU tensors: CARZero's table comes from its plan there). Keys must be equal in every arm.
 
-usage: python docs/perf/round27_calibration_cpu.py [repeats]
+usage: python docs/perf/round27_calibration_cpu.py [repeats]   (from the repository root, dev environment)
 """
 import json
 import sys
@@ -21,20 +21,10 @@ from PIL import Image
 from xbench.inference import cache
 from xbench.models.base import input_twin
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from conftest import Files  # noqa: E402  (the input feed's minimal dataset of the tests)
+
 NAMES = ["clip", "medklip", "kad", "mavl", "carzero", "devide"]
-
-
-class _Files:  # a dataset of given PNGs (what the feed's set-up asks of a dataset: its length, its samples)
-    def __init__(self, paths):
-        self.paths = paths
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        from xbench.datasets import Sample
-
-        return Sample(case_id=f"c{i}", dataset="files", image_path=self.paths[i], size=(0, 0), view=None, labels={})
 
 
 def arm(one_call: bool, device, files) -> tuple[float, list[str]]:
@@ -58,7 +48,7 @@ def main(repeats: int) -> None:
     folder = Path(tempfile.mkdtemp())
     path = folder / "a.png"
     Image.fromarray((np.random.default_rng(0).random((300, 260)) * 255).astype(np.uint8)).save(path)
-    files = _Files([path])
+    files = Files([path])
     arm(True, None, files)  # imports and first calls out of the timings
     out = {}
     for device in (None, "cpu"):
