@@ -183,7 +183,8 @@ def model_input(adapter: Any, candidate: np.ndarray | None = None) -> ModelInput
     out = outs[0]
     lut: np.ndarray | None = None
     if out.ndim == 3 and out.shape[0] == 3:
-        table = candidate if candidate is not None and candidate.shape == (3, 256) else _one_call_table(adapter, out.shape)
+        given = candidate is not None and candidate.shape == (3, 256)
+        table = candidate if given else _one_call_table(adapter, out.shape)
         if table is None or not _agrees_at_checked_levels(adapter, out.shape, table):
             table = _level_table(adapter, out.shape, range(256))  # the definition itself
         lut = table if np.all(np.diff(table[0]) > 0) else None
@@ -245,10 +246,10 @@ def _one_call_table(adapter: Any, shape: Sequence[int]) -> np.ndarray | None:
 
 def inherit_input(adapter: Any, twin: Any) -> bool:
     """Give ``adapter`` the calibration of ``twin`` (:func:`model_input`) if both map the two probe images to the same
-    values, bit for bit: 2 ``preprocess`` calls on ``adapter`` instead of a calibration's 18 to 260. Meant for an adapter and its input twin
-    (:func:`xbench.models.base.input_twin`: the same class and config, built without weights), whose 8-bit tables
-    therefore come from the same code; the table itself is not recomputed. False when the outputs differ (nothing is
-    recorded then)."""
+    values, bit for bit: 2 ``preprocess`` calls on ``adapter`` instead of a calibration's 18 to 264. Meant for an
+    adapter and its input twin (:func:`xbench.models.base.input_twin`: the same class and config, built without
+    weights), whose 8-bit tables therefore come from the same code; the table itself is not recomputed. False when
+    the outputs differ (nothing is recorded then)."""
     spec = model_input(twin)
     want = _PROBED.get(twin) if _weakrefable(twin) else None
     if want is None:
