@@ -1,10 +1,10 @@
 """A run's decode-once feeds (:class:`xbench.inference.cache.InputFeed`): where their resizes run
 (``preprocess_device``) and what they decode ahead (``decode_ahead``), before a dataset's pairs are planned.
 
-Decoding ahead fills two places where the decode stage would otherwise wait (issue 22, round 5; docs/performance.md):
+Decoding ahead fills two places where the decode stage would otherwise wait (docs/performance.md):
 
 * while a fresh dataset's networks are built (one after another in a background thread, each model inferring once
-  its network is built; round 8), its feed decodes with *input twins* (:func:`xbench.models.base.input_twin`), and
+  its network is built), its feed decodes with *input twins* (:func:`xbench.models.base.input_twin`), and
   :func:`fits_twin` checks each built adapter against its twin;
 * while a dataset's models run, the next fresh dataset's feed starts once this one's decoding ends
   (:meth:`xbench.inference.cache.InputFeed.then`).

@@ -438,7 +438,7 @@ def assign_chunks(costs: Sequence[Sequence[float | Sequence[float]]], ranks: int
     resource is taken as a share of its total over all chunks. Chunks go by decreasing largest share (ties in dataset,
     then chunk order), each to the rank whose largest share would be smallest with it (then the smallest sum of
     shares, then the lowest rank). With one resource this is longest processing time first. Balancing pixels alone
-    gave one of four ranks 1.8 times the cases of another (docs/performance.md, issue 22 round 15).
+    gave one of four ranks 1.8 times the cases of another (4 × H200, half-scale stand-ins).
 
     Deterministic from the costs alone, so independent shards (``--shard i/n``) agree without talking. A chunk is
     written whole by one rank, so stores do not depend on the number of ranks.
@@ -575,7 +575,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
                     twins[id(m)] = copy
             by_spec = {id(m): build(m, dspec) for m in models if id(m) not in twins}  # before any background build
             # the background builds start before the feed is set up (its calibrations) and decoding starts: the
-            # first network is read while the feed gets ready (docs/performance.md, issue 22 round 18)
+            # first network is read while the feed gets ready
             building = _build_behind({j: (_weight_bytes(m), partial(build, m, dspec), twins[id(m)])
                                       for j, m in enumerate(models) if id(m) in twins}, device) if twins else {}
             try:
@@ -658,7 +658,7 @@ def _build_behind(jobs: dict[int, tuple[int, Callable[[], Adapter], Adapter]],
     are read. One thread: builds that seed torch's RNG (random-init) never overlap. On a CUDA ``device`` each build
     runs on a stream of its own (:func:`_on_own_stream`). Builds from weight files in three threads, and the next
     dataset decoded from the first build on, were measured and dropped: on one H200 both made the models' own passes
-    slower, and neither ended the run sooner (docs/performance.md, issue 22 round 16)."""
+    slower, and neither ended the run sooner."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbench-build")
     order = sorted(jobs, key=lambda j: (jobs[j][0], j))
     started = {j: (pool.submit(_on_own_stream(jobs[j][1], device)), jobs[j][2]) for j in order}
