@@ -1,6 +1,7 @@
 """The user documents stay short, linked and current: README.md and docs/ are checked as files.
 
-* every relative Markdown link (and image) in README.md and docs/**/*.md names a file or folder that exists;
+* every relative Markdown link (and image) in README.md and docs/**/*.md names a file or folder that exists, and
+  its ``#anchor``, if any, a heading of the page it points to;
 * README.md is at most 450 lines and docs/performance.md at most 250 (a reader finds an answer in a minute);
 * docs/perf/ holds at most 40 files: the evidence behind the numbers the documents cite now;
 * no development history ("round 12", "issue 22", "round14_…") in the package, README.md or docs/: docstrings and
@@ -42,22 +43,49 @@ def _prose_lines(path: Path):
             yield number, re.sub(r"`[^`]*`", "", line)
 
 
-def relative_links(path: Path) -> list[tuple[int, str]]:
-    """The relative link targets of a Markdown file: (line, target without its #fragment)."""
+def relative_links(path: Path, *, fragments: bool = False) -> list[tuple[int, str]]:
+    """The relative link targets of a Markdown file: (line, target), without its #fragment unless ``fragments``."""
     found = []
     for number, line in _prose_lines(path):
         for target in LINK.findall(line):
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE) or target.startswith("#"):
-                continue  # http:, https:, mailto:, … and links inside the same page
-            found.append((number, target.split("#", 1)[0]))
-    return found
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+                continue  # http:, https:, mailto:, …
+            found.append((number, target if fragments else target.split("#", 1)[0]))
+    return [(n, t) for n, t in found if t]
+
+
+def anchors(path: Path) -> set[str]:
+    """The heading anchors of a Markdown file as GitHub makes them: lower case, punctuation dropped, spaces → '-'."""
+    return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for _, line in _headings(path)}
+
+
+def _headings(path: Path):
+    inside = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if FENCE.match(line):
+            inside = not inside
+        elif not inside and re.match(r"^#{1,6} ", line):
+            yield number, line
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
 
 
 def broken_links(paths: list[Path]) -> list[str]:
-    """``file:line: target`` for every relative link whose target does not exist (resolved from the file's folder)."""
-    return [f"{path.name if not path.is_relative_to(REPO) else path.relative_to(REPO)}:{number}: {target}"
-            for path in paths for number, target in relative_links(path)
-            if not (path.parent / target).exists()]
+    """``file:line: target`` for every relative link whose file does not exist (resolved from the linking file's
+    folder) or whose ``#anchor`` names no heading of the Markdown file it points to."""
+    broken = []
+    for path in paths:
+        for number, target in relative_links(path, fragments=True):
+            file, _, anchor = target.partition("#")
+            resolved = path.parent / file if file else path
+            if not resolved.exists():
+                broken.append(f"{_name(path)}:{number}: {target}")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                broken.append(f"{_name(path)}:{number}: {target} (no such heading)")
+    return broken
 
 
 def history_mentions(paths: list[Path]) -> list[str]:
@@ -73,11 +101,15 @@ def history_mentions(paths: list[Path]) -> list[str]:
 
 def test_the_checks_find_what_they_look_for(tmp_path):
     page = tmp_path / "page.md"
-    (tmp_path / "there.md").write_text("x\n")
-    page.write_text("[a](there.md) [b](missing.md#part) ![c](img/none.png) [d](https://x.org/y) [e](#local)\n"
-                    "```\n[f](inside_code.md)\n```\nround 12 and issue #22 and round14_h100.json\n")
-    assert relative_links(page) == [(1, "there.md"), (1, "missing.md"), (1, "img/none.png")]
-    assert broken_links([page]) == ["page.md:1: missing.md", "page.md:1: img/none.png"]
+    (tmp_path / "there.md").write_text("# There\n## Models and weights (`xbench.models`)\n")
+    page.write_text("# Page\n[a](there.md) [b](missing.md#part) ![c](img/none.png) [d](https://x.org/y) [e](#page)\n"
+                    "[g](there.md#models-and-weights-xbenchmodels) [h](there.md#gone) [i](#nowhere)\n"
+                    "```\n[f](inside_code.md)\n# not a heading\n```\nround 12 and issue #22 and round14_h100.json\n")
+    assert relative_links(page) == [(2, "there.md"), (2, "missing.md"), (2, "img/none.png"), (3, "there.md"),
+                                    (3, "there.md")]
+    assert broken_links([page]) == ["page.md:2: missing.md#part", "page.md:2: img/none.png",
+                                    "page.md:3: there.md#gone (no such heading)",
+                                    "page.md:3: #nowhere (no such heading)"]
     history = [line for line in page.read_text().splitlines() if HISTORY.search(line)]
     assert history == ["round 12 and issue #22 and round14_h100.json"]
     assert not HISTORY.search("rounded to 2 decimals; Round trip tested; issues named by file")
