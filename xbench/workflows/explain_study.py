@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.atomic import write_frame
+from ..core.errors import StoreError
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig, dataset_options
 from ..datasets import open_dataset
 from ..evaluation.evaluate import load_tables
@@ -44,11 +45,14 @@ def _limited(spec: DatasetSpec, cases: int | None) -> DatasetSpec:
 
 def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequence[str], output_dir: str | Path,
                     cases: int | None = None, steps: int = 10, road: bool = False, n_boot: int | None = None,
-                    progress: bool = False) -> Study:
+                    progress: bool = False, overwrite: bool = False) -> Study:
     """Run and score ``models`` × (own maps + ``explainers``) on ``cfg``'s datasets (module docstring).
 
     The study's run config is ``cfg`` with these model entries, ``output_dir`` and, for datasets with a ``cases``
     option (the phantom), ``cases`` cases; ``n_boot`` defaults to the config's bootstrap replicates.
+    ``overwrite``: recompute a study whose store in ``output_dir`` was made with other settings (another
+    ``cases``, say); without it such a store is an error that says how to recompute (notebook 11 declares
+    an ``overwrite`` parameter: ``xbench reproduce -p overwrite true``).
     """
     from .run import run
     from ..inference.runner import open_model
@@ -63,7 +67,14 @@ def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequen
     specs += [replace(s, explainer=e) for s in specs for e in explainers if f"{s.name}+{e}" not in skipped]
     study_cfg = replace(cfg, output_dir=str(output_dir), models=specs,
                         datasets=[_limited(d, cases) for d in cfg.datasets])
-    run(study_cfg, progress=progress)
+    try:
+        run(study_cfg, progress=progress, overwrite=overwrite)
+    except StoreError as exc:
+        if "different configuration" not in str(exc):
+            raise
+        raise StoreError(f"{str(exc).split('; use another')[0]}. The explainer study in {Path(output_dir).resolve()} was made with other settings "
+                         "(e.g. another `cases`). To recompute it: `xbench reproduce ... -p overwrite true` (notebook "
+                         "11), `explainer_study(..., overwrite=True)`, or delete that folder.") from exc
     tables = load_tables(study_cfg.output_dir)
     dspec = study_cfg.datasets[0]
     dataset = open_dataset(dspec)
