@@ -298,3 +298,26 @@ def test_cli_warnings_are_one_line_without_source(tmp_path, capfd):
     quiet = subprocess.run([sys.executable, "-m", "xbench.cli", "run", "--config", str(path), "--quiet", "--overwrite"],
                            env=env, capture_output=True, text=True)
     assert quiet.returncode == 0 and "img/s" not in quiet.stderr
+
+
+def test_keep_going_stopped_by_the_preflight_says_so_and_names_no_check(tmp_path, no_predict, caplog):
+    cfg = RunConfig.from_dict(tiny_run(tmp_path / "o", models=["center_prior"],
+                                       datasets=[{"name": "phantom", "split": "test", "cases": 0}]))
+    with caplog.at_level("INFO", logger="xbench"), pytest.raises(PreflightError) as caught:
+        run(cfg, progress=True, keep_going=True)
+    assert "`--no-check`" in str(caught.value) and "--keep-going" in str(caught.value)
+    assert not [r for r in caplog.records if "evaluate:" in r.getMessage()]  # no "evaluate: 0/N pair"
+    with pytest.raises(PreflightError) as plain:
+        run(cfg, progress=False)
+    assert "--no-check" not in str(plain.value)  # the hint is for --keep-going only
+
+
+def test_an_evaluation_bar_that_counted_nothing_prints_no_last_line(caplog):
+    from xbench.core.logs import LineProgress
+
+    with caplog.at_level("INFO", logger="xbench"):
+        LineProgress(4, "evaluate", "pair").close()
+        bar = LineProgress(4, "evaluate", "pair")
+        bar.update(4)
+        bar.close()
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["evaluate: 4/4 pair"]

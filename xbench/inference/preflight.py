@@ -111,10 +111,15 @@ class PreflightReport:
         lines.append(f"device {self.device}: " + (f"PROBLEM: {self.device_problem}" if self.device_problem else "available"))
         return "\n".join(lines)
 
-    def raise_for_problems(self) -> None:
+    def raise_for_problems(self, *, keep_going: bool = False) -> None:
+        """A :class:`PreflightError` listing the problems; with ``keep_going`` (``--keep-going``) it also says that
+        the preflight runs before it and how to let each failing pair be recorded instead (``--no-check``)."""
         if self.problems:
+            hint = ("\n`--keep-going` acts once inference has started; the preflight stops a run before it. Fix the "
+                    "problems above, or add `--no-check` to skip the preflight and let `--keep-going` record each "
+                    "failure (a pair: `failed` in run_log.json) and go on.") if keep_going else ""
             raise PreflightError("preflight found problem(s); nothing was computed:\n  - " + "\n  - ".join(self.problems)
-                                 + "\n(`xbench check --config CONFIG` prints the full report)")
+                                 + "\n(`xbench check --config CONFIG` prints the full report)" + hint)
 
 
 # -- datasets ----------------------------------------------------------------------------------

@@ -502,7 +502,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     started_unix = round(time.time(), 3)  # the same moment on the wall clock: ranks' start-ups can be compared
     report = preflight(cfg) if check else None
     if report is not None:
-        report.raise_for_problems()
+        report.raise_for_problems(keep_going=keep_going)
     models, left_out = runnable_models(cfg, report.left_out if report is not None else None)
     for mspec in models:  # the stores' fingerprints need every weight file's sha256: read while the run starts up
         if mspec.fit_split is None:

@@ -123,7 +123,7 @@ def reproduce(config: str | Path, *, output_dir: str | Path, device: str = "cpu"
 
         report = preflight(RunConfig.from_yaml(config, output_dir=str(output_dir), device=device))
         log.info("preflight of %s:\n%s", config, report.format())
-        report.raise_for_problems()
+        report.raise_for_problems(keep_going=keep_going)
     out = Path(output_dir).resolve()
     executed = out / "notebooks"
     executed.mkdir(parents=True, exist_ok=True)
