@@ -133,8 +133,12 @@ class LineProgress:
 
 
 def progress_bar(*, total: int, desc: str = "", unit: str = "it", disable: bool = False) -> Any:
-    """A tqdm bar on a terminal, :class:`LineProgress` elsewhere, a silent tqdm when ``disable``."""
-    from tqdm.auto import tqdm
+    """A tqdm bar on a terminal, :class:`LineProgress` elsewhere, a silent tqdm when ``disable``.
+
+    The console tqdm, never ``tqdm.auto``: in a notebook kernel without ipywidgets that one warns "IProgress not
+    found" on every bar, disabled ones included.
+    """
+    from tqdm import tqdm
 
     if disable:
         return tqdm(total=total, disable=True)

@@ -85,6 +85,15 @@ def _kernel_manager_class() -> type:
             folder.mkdir(parents=True, exist_ok=True)
             return str(folder / name)
 
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client sends SIGINT before every shutdown request; a kernel busy in a message handler then
+            # logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." to the console. A notebook is done
+            # when papermill stops its kernel, so the shutdown request alone is sent (interrupts on a cell timeout
+            # go through ``interrupt_kernel``, which is not this method, and still happen).
+            if getattr(self, "shutting_down", False):
+                return
+            await super()._async_interrupt_kernel()
+
     return LocalKernelManager
 
 
