@@ -185,3 +185,19 @@ def test_the_installed_command_and_the_module_run_the_console_entry():
     assert scripts["xbench"] == "xbench.cli:console"
     source = (Path(__file__).parents[1] / "xbench" / "cli.py").read_text()
     assert source.rstrip().endswith('if __name__ == "__main__":\n    console()')
+
+
+def test_score_printout_names_the_model_of_each_row():
+    """`xbench score --compare-with RUN` prints every model's dataset-level rows: each row says whose it is."""
+    import pandas as pd
+
+    from xbench.cli import _score_summary
+    from xbench.metrics import DATASET_LEVEL
+
+    rows = [{"model": m, "dataset": "phantom", "finding": f, "metric": k, "value": v, "ci_low": v - 0.1,
+             "ci_high": v + 0.1, "n_pairs": 30, "n_cases": 40, "n_classes": 6}
+            for m, v in (("ref_xattn", 0.5), ("user_maps", 0.25), ("center_prior", 0.125))
+            for f in (DATASET_LEVEL, "Nodule") for k in ("pointing", "dice@best")]
+    text = _score_summary(pd.DataFrame(rows), "user_maps").splitlines()
+    assert text[0].split()[:3] == ["model", "metric", "value"] and len(text) == 1 + 6
+    assert [line.split()[0] for line in text[1:]] == ["user_maps"] * 2 + ["center_prior"] * 2 + ["ref_xattn"] * 2

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 from .core.errors import XBenchError
 
 if TYPE_CHECKING:  # the CLI imports the library (and torch) only once a command needs it
+    import pandas as pd
+
     from .spec.config import RunConfig
 
 
@@ -178,13 +180,24 @@ def _score_or_report(args: argparse.Namespace) -> int:
                            output_dir=args.output_dir, grid=tuple(args.grid), bootstrap=args.bootstrap,
                            dataset_options=options, pointing_margins=args.margin, progress=not args.quiet,
                            compare_with=args.compare_with)
-    from .metrics import DATASET_LEVEL
-
-    level = tables["metrics"][tables["metrics"]["finding"] == DATASET_LEVEL]
-    print(level[["metric", "value", "ci_low", "ci_high", "n_pairs", "n_cases", "n_classes"]].to_string(index=False))
+    print(_score_summary(tables["metrics"], args.name))
     out = args.output_dir or f"results/{args.name}-{args.dataset}"
     print(f"tables in {out}/tables")
     return 0
+
+
+def _score_summary(metrics: pd.DataFrame, name: str) -> str:
+    """`xbench score`'s printout: the dataset-level rows, one per model × metric, the scored maps (``name``) first,
+    with a ``model`` column (with ``--compare-with`` the run's models follow, each row named)."""
+    import pandas as pd
+
+    from .metrics import DATASET_LEVEL
+
+    level = metrics[metrics["finding"] == DATASET_LEVEL]
+    order = [name, *sorted(set(level["model"]) - {name})]
+    level = level.assign(model=pd.Categorical(level["model"], order, ordered=True)).sort_values(["model"], kind="stable")
+    cols = ["model", "metric", "value", "ci_low", "ci_high", "n_pairs", "n_cases", "n_classes"]
+    return level[cols].astype({"model": str}).to_string(index=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
