@@ -201,3 +201,20 @@ def test_score_printout_names_the_model_of_each_row():
     text = _score_summary(pd.DataFrame(rows), "user_maps").splitlines()
     assert text[0].split()[:3] == ["model", "metric", "value"] and len(text) == 1 + 6
     assert [line.split()[0] for line in text[1:]] == ["user_maps"] * 2 + ["center_prior"] * 2 + ["ref_xattn"] * 2
+
+
+def test_an_unknown_option_shows_its_commands_usage_and_a_close_match(capsys):
+    from xbench.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["report", "--run", "somewhere", "--output", "r.html"])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and err.startswith("usage: xbench report") and "did you mean --out?" in err
+
+
+def test_every_reproduce_option_has_help_text():
+    from xbench.cli import build_parser
+
+    command = build_parser().get_default("_commands")["reproduce"]
+    bare = [a.option_strings[0] for a in command._actions if a.option_strings and not a.help]
+    assert not bare, f"options without help text: {bare}"

@@ -52,9 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder with models/ and/or datasets/ YAML files of your own (repeatable; "
                              "also $XBENCH_CONFIG_PATH)")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(_commands={})
 
     def add(name: str, **kwargs: object) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], **kwargs)  # type: ignore[arg-type]
+        command = sub.add_parser(name, parents=[common], **kwargs)  # type: ignore[arg-type]
+        parser.get_default("_commands")[name] = command
+        return command
 
     p = add("check", help="preflight: data, images, weights, fit splits and device of a run config; nothing is computed")
     p.add_argument("--config", required=True)
@@ -85,12 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir")
 
     p = add("reproduce", help="run every notebook in order through papermill")
-    p.add_argument("--config", required=True)
-    p.add_argument("--output-dir")
-    p.add_argument("--device")
+    p.add_argument("--config", required=True, help="run config: a YAML path or a shipped name (phantom, paper)")
+    p.add_argument("--output-dir", help="override the config's output_dir (the notebooks' working folder; every "
+                                        "output lands there)")
+    p.add_argument("--device", help="override the config's device (cpu, cuda, auto)")
     p.add_argument("--notebooks", help="folder of notebooks (default: the repository's notebooks/)")
     p.add_argument("--timeout", type=int, default=1800, help="per-cell execution timeout in seconds")
-    p.add_argument("--kernel", default="python3")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel name to run the notebooks in (default: "
+                                                       "python3, this environment's)")
     p.add_argument("--figures-dir", help="also copy tables/figures here (the repository's figures/ for the phantom default)")
     p.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure; list failures at the end")
     p.add_argument("--no-check", action="store_true", help="skip the preflight before the notebooks")
@@ -200,8 +205,24 @@ def _score_summary(metrics: pd.DataFrame, name: str) -> str:
     return level[cols].astype({"model": str}).to_string(index=False)
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse; an unknown option is reported with its command's usage (not the top-level one) and a close match."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        import difflib
+
+        command = parser.get_default("_commands")[args.command]
+        options = [o for action in command._actions for o in action.option_strings]
+        close = difflib.get_close_matches(extra[0], options, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    del args._commands
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     from .core.logs import setup_logging
 
     setup_logging(-1 if args.quiet else 1 if args.verbose else 0)
