@@ -94,6 +94,14 @@ def test_sharded_runs_then_merge(cli_run, tmp_path, capsys):
     assert f"results in {merged}" in capsys.readouterr().out
     pd.testing.assert_frame_equal(pd.read_parquet(merged / "tables" / "metrics.parquet"),
                                   pd.read_parquet(cli_run["out"] / "tables" / "metrics.parquet"))
+    # the merged folder has one run log and one skipped-cases table, as an unsharded run writes them
+    import json
+
+    merged_log = json.loads((merged / "run_log.json").read_text())
+    shard_logs = [json.loads((tmp_path / f"s{i}" / f"run_log.shard{i}of2.json").read_text()) for i in range(2)]
+    assert len(merged_log) == sum(map(len, shard_logs)) > 0
+    assert {e["shard"] for e in merged_log} == {"0of2", "1of2"}
+    assert (merged / "skipped_cases.csv").read_text().startswith("dataset,model,case_id,reason,file,message")
 
 
 @pytest.mark.parametrize("what, expected", [("models", list_models), ("datasets", list_datasets)])
