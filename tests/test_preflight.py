@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import warnings
 from pathlib import Path
@@ -115,7 +116,7 @@ def test_check_command_reports_and_exits_non_zero(tmp_path, capsys, monkeypatch)
     assert main(["check", "--config", str(path)]) == 1
     out = capsys.readouterr()
     assert "image files 22 of 22 present, 0 missing" in out.out and "model medklip: missing" in out.out
-    assert "checkpoint_final.pth" in out.err
+    assert "checkpoint_final.pth" in out.out and "checkpoint_final.pth" not in out.err and "problem(s)" in out.err  # once
     path.write_text(yaml.safe_dump(tiny_run(tmp_path / "o", models=["center_prior"])))
     assert main(["check", "--config", str(path)]) == 0
     assert not (tmp_path / "o").exists()  # a check computes and writes nothing
@@ -321,3 +322,26 @@ def test_an_evaluation_bar_that_counted_nothing_prints_no_last_line(caplog):
         bar.update(4)
         bar.close()
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["evaluate: 4/4 pair"]
+
+
+@pytest.mark.shared
+def test_check_names_missing_images_by_file_fills_split_and_lists_each_problem_once(tmp_path, capsys):
+    """Real ChestX-Det10 annotations, no images: files with subfolder and extension, no raw {split}, no repeats."""
+    from conftest import shared_path
+
+    root = tmp_path / "cxd"
+    root.mkdir()
+    for name in ("test.json", "train.json"):
+        shutil.copy(shared_path("annotations", "chestx_det10", name), root / name)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "datasets": [{"name": "chestx_det10",
+                                      "root": str(root)}], "models": ["center_prior",
+                                      {"name": "anatomical_prior", "fit_split": "train"}]}))
+    assert main(["check", "--config", str(config), "--no-hash"]) == 1
+    captured = capsys.readouterr()
+    problem = [line for line in captured.out.splitlines() if "PROBLEM:" in line]
+    assert len(problem) == 1 and "first missing: test_data/" in problem[0] and ".png" in problem[0]
+    assert f"under {root}" in problem[0] and "{split}" not in captured.out and "test_data.zip" in problem[0]
+    assert "test_data/" not in captured.err and "1 problem(s)" in captured.err  # listed once, on stdout
+    assert "model anatomical_prior: fits on split 'train' when the run starts" in captured.out
+    assert "anatomical_prior: fitted" not in captured.out  # nothing is fitted before the run

@@ -295,6 +295,19 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _without_path(text: str, path: str) -> str:
+    """``text`` with the repetitions of ``path`` (already at the start of the line) taken out.
+
+    >>> _without_path("unreadable: FormatError: /d/a.png: not a PNG (/d/a.png)", "/d/a.png")
+    'unreadable: FormatError: not a PNG'
+    """
+    if not path:
+        return text
+    for form in (f"{path}: ", f" ({path})", f"'{path}'", path):
+        text = text.replace(form, "")
+    return text
+
+
 def _deep_check(cfg: "RunConfig") -> int:
     """Decode every present image of every dataset of ``cfg``; print the unreadable ones; 1 if any."""
     from .datasets import checks
@@ -310,7 +323,7 @@ def _deep_check(cfg: "RunConfig") -> int:
         print(f"dataset {spec.name} [{ds.split}]: decoded {decoded} of {decoded + len(bad)} present images, "
               f"{len(bad)} unreadable")
         for row in bad:
-            print(f"  UNREADABLE {row['case_id']} {row['file']}: {row['reason']}: {row['message']}")
+            print(f"  UNREADABLE {row['case_id']} {row['file']}: {_without_path(row['reason'] + ': ' + row['message'], row['file'])}")
     return 1 if bad_total else 0
 
 
@@ -349,8 +362,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         report = preflight(cfg, hashes=not args.no_hash)
         print(report.format())
-        if not report.ok:
-            print("problems:\n  - " + "\n  - ".join(report.problems), file=sys.stderr)
+        if not report.ok:  # each is listed once, in the report above (PROBLEM lines)
+            print(f"{len(report.problems)} problem(s), listed above as PROBLEM", file=sys.stderr)
         deep = _deep_check(cfg) if args.deep else 0
         return 0 if report.ok and not deep else 1
     if args.command == "run":
