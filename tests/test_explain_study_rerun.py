@@ -52,3 +52,25 @@ def test_notebook_11_declares_overwrite_and_passes_it_on():
     params = next(src for src, tags in cells if "parameters" in tags)
     assert "overwrite = False" in params
     assert any("explainer_study(" in src and "overwrite=overwrite" in src for src, _ in cells)
+
+
+def test_the_studys_dropped_replicate_notes_come_as_one_warning(tmp_path, monkeypatch):
+    import warnings
+
+    from xbench.core.errors import XBenchError, XBenchWarning
+
+    def fake_run(cfg, **kw):
+        for model in ("ref_xattn", "ref_xattn+gradcam", "ref_patchsim"):
+            warnings.warn(f"score_table({model!r}, 'phantom'): undefined bootstrap replicates dropped (of 1000, per "
+                          "class, every metric alike unless listed): 'Nodule' 3", XBenchWarning, stacklevel=1)
+        warnings.warn("something else", XBenchWarning, stacklevel=1)
+
+    monkeypatch.setattr(run_module, "run", fake_run)
+    cfg = RunConfig.from_yaml("phantom", output_dir=str(tmp_path / "out"))
+    with warnings.catch_warnings(record=True) as seen, pytest.raises(XBenchError, match="no metrics table"):
+        warnings.simplefilter("always")
+        explainer_study(cfg, models=["ref_xattn"], explainers=[], output_dir=tmp_path / "explain", cases=8)
+    texts = [str(w.message) for w in seen]
+    dropped = [t for t in texts if "replicates dropped" in t]
+    assert "something else" in texts and len(dropped) == 1, texts
+    assert "in 3 variant(s)" in dropped[0] and "'ref_xattn+gradcam', 'phantom'): 'Nodule' 3" in dropped[0]
