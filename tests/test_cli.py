@@ -94,6 +94,14 @@ def test_sharded_runs_then_merge(cli_run, tmp_path, capsys):
     assert f"results in {merged}" in capsys.readouterr().out
     pd.testing.assert_frame_equal(pd.read_parquet(merged / "tables" / "metrics.parquet"),
                                   pd.read_parquet(cli_run["out"] / "tables" / "metrics.parquet"))
+    # the merged folder has one run log and one skipped-cases table, as an unsharded run writes them
+    import json
+
+    merged_log = json.loads((merged / "run_log.json").read_text())
+    shard_logs = [json.loads((tmp_path / f"s{i}" / f"run_log.shard{i}of2.json").read_text()) for i in range(2)]
+    assert len(merged_log) == sum(map(len, shard_logs)) > 0
+    assert {e["shard"] for e in merged_log} == {"0of2", "1of2"}
+    assert (merged / "skipped_cases.csv").read_text().startswith("dataset,model,case_id,reason,file,message")
 
 
 @pytest.mark.parametrize("what, expected", [("models", list_models), ("datasets", list_datasets)])
@@ -185,3 +193,36 @@ def test_the_installed_command_and_the_module_run_the_console_entry():
     assert scripts["xbench"] == "xbench.cli:console"
     source = (Path(__file__).parents[1] / "xbench" / "cli.py").read_text()
     assert source.rstrip().endswith('if __name__ == "__main__":\n    console()')
+
+
+def test_score_printout_names_the_model_of_each_row():
+    """`xbench score --compare-with RUN` prints every model's dataset-level rows: each row says whose it is."""
+    import pandas as pd
+
+    from xbench.cli import _score_summary
+    from xbench.metrics import DATASET_LEVEL
+
+    rows = [{"model": m, "dataset": "phantom", "finding": f, "metric": k, "value": v, "ci_low": v - 0.1,
+             "ci_high": v + 0.1, "n_pairs": 30, "n_cases": 40, "n_classes": 6}
+            for m, v in (("ref_xattn", 0.5), ("user_maps", 0.25), ("center_prior", 0.125))
+            for f in (DATASET_LEVEL, "Nodule") for k in ("pointing", "dice@best")]
+    text = _score_summary(pd.DataFrame(rows), "user_maps").splitlines()
+    assert text[0].split()[:3] == ["model", "metric", "value"] and len(text) == 1 + 6
+    assert [line.split()[0] for line in text[1:]] == ["user_maps"] * 2 + ["center_prior"] * 2 + ["ref_xattn"] * 2
+
+
+def test_an_unknown_option_shows_its_commands_usage_and_a_close_match(capsys):
+    from xbench.cli import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["report", "--run", "somewhere", "--output", "r.html"])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and err.startswith("usage: xbench report") and "did you mean --out?" in err
+
+
+def test_every_reproduce_option_has_help_text():
+    from xbench.cli import build_parser
+
+    command = build_parser().get_default("_commands")["reproduce"]
+    bare = [a.option_strings[0] for a in command._actions if a.option_strings and not a.help]
+    assert not bare, f"options without help text: {bare}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import warnings
 from pathlib import Path
@@ -115,7 +116,7 @@ def test_check_command_reports_and_exits_non_zero(tmp_path, capsys, monkeypatch)
     assert main(["check", "--config", str(path)]) == 1
     out = capsys.readouterr()
     assert "image files 22 of 22 present, 0 missing" in out.out and "model medklip: missing" in out.out
-    assert "checkpoint_final.pth" in out.err
+    assert "checkpoint_final.pth" in out.out and "checkpoint_final.pth" not in out.err and "problem(s)" in out.err  # once
     path.write_text(yaml.safe_dump(tiny_run(tmp_path / "o", models=["center_prior"])))
     assert main(["check", "--config", str(path)]) == 0
     assert not (tmp_path / "o").exists()  # a check computes and writes nothing
@@ -298,3 +299,49 @@ def test_cli_warnings_are_one_line_without_source(tmp_path, capfd):
     quiet = subprocess.run([sys.executable, "-m", "xbench.cli", "run", "--config", str(path), "--quiet", "--overwrite"],
                            env=env, capture_output=True, text=True)
     assert quiet.returncode == 0 and "img/s" not in quiet.stderr
+
+
+def test_keep_going_stopped_by_the_preflight_says_so_and_names_no_check(tmp_path, no_predict, caplog):
+    cfg = RunConfig.from_dict(tiny_run(tmp_path / "o", models=["center_prior"],
+                                       datasets=[{"name": "phantom", "split": "test", "cases": 0}]))
+    with caplog.at_level("INFO", logger="xbench"), pytest.raises(PreflightError) as caught:
+        run(cfg, progress=True, keep_going=True)
+    assert "`--no-check`" in str(caught.value) and "--keep-going" in str(caught.value)
+    assert not [r for r in caplog.records if "evaluate:" in r.getMessage()]  # no "evaluate: 0/N pair"
+    with pytest.raises(PreflightError) as plain:
+        run(cfg, progress=False)
+    assert "--no-check" not in str(plain.value)  # the hint is for --keep-going only
+
+
+def test_an_evaluation_bar_that_counted_nothing_prints_no_last_line(caplog):
+    from xbench.core.logs import LineProgress
+
+    with caplog.at_level("INFO", logger="xbench"):
+        LineProgress(4, "evaluate", "pair").close()
+        bar = LineProgress(4, "evaluate", "pair")
+        bar.update(4)
+        bar.close()
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["evaluate: 4/4 pair"]
+
+
+@pytest.mark.shared
+def test_check_names_missing_images_by_file_fills_split_and_lists_each_problem_once(tmp_path, capsys):
+    """Real ChestX-Det10 annotations, no images: files with subfolder and extension, no raw {split}, no repeats."""
+    from conftest import shared_path
+
+    root = tmp_path / "cxd"
+    root.mkdir()
+    for name in ("test.json", "train.json"):
+        shutil.copy(shared_path("annotations", "chestx_det10", name), root / name)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"output_dir": str(tmp_path / "out"), "datasets": [{"name": "chestx_det10",
+                                      "root": str(root)}], "models": ["center_prior",
+                                      {"name": "anatomical_prior", "fit_split": "train"}]}))
+    assert main(["check", "--config", str(config), "--no-hash"]) == 1
+    captured = capsys.readouterr()
+    problem = [line for line in captured.out.splitlines() if "PROBLEM:" in line]
+    assert len(problem) == 1 and "first missing: test_data/" in problem[0] and ".png" in problem[0]
+    assert f"under {root}" in problem[0] and "{split}" not in captured.out and "test_data.zip" in problem[0]
+    assert "test_data/" not in captured.err and "1 problem(s)" in captured.err  # listed once, on stdout
+    assert "model anatomical_prior: fits on split 'train' when the run starts" in captured.out
+    assert "anatomical_prior: fitted" not in captured.out  # nothing is fitted before the run

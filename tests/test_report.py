@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -132,3 +133,21 @@ def test_paper_form_tables_are_included(report, tmp_path):
     written = write_paper_tables(report["out"])
     text = build_report(report["out"], tmp_path / "r.html", max_cases_per_class=1).read_text()
     assert text.count("Paper-form table:") == sum(1 for p in written if p.suffix == ".md") >= 2
+
+
+def test_a_table_written_under_several_names_is_shown_once(report, tmp_path):
+    from xbench.outputs.tables import write_paper_tables
+
+    written = write_paper_tables(report["out"])
+    table1 = next(p for p in written if p.name == "table1_grounding.csv")
+    copies = []
+    for name in ("paper_table1", "paper_table1_significant"):  # what notebook 01 writes: the same table
+        for suffix in (".csv", ".md"):
+            copies.append(Path(shutil.copy(table1.with_suffix(suffix), report["out"] / "tables" / f"{name}{suffix}")))
+    try:
+        text = build_report(report["out"], tmp_path / "r.html", max_cases_per_class=1).read_text()
+    finally:
+        for p in copies:
+            p.unlink()
+    assert text.count("Paper-form table:") == sum(1 for p in written if p.suffix == ".md")
+    assert "also written as paper_table1, paper_table1_significant" in text

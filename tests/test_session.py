@@ -31,3 +31,15 @@ def test_open_run_reads_an_evaluated_run(tmp_path):
     assert r.path("figures", "x.png") == tmp_path / "out" / "figures" / "x.png" and (tmp_path / "out" / "figures").is_dir()
     with pytest.raises(XBenchError, match="no metrics table"):
         xbench.open_run(path, output_dir=tmp_path / "empty")
+
+
+def test_a_relative_output_dir_without_a_run_names_the_absolute_folder_and_where_to_run(tmp_path, monkeypatch):
+    """A notebook's default `../results/phantom` run from the repository root: the error says where it looked."""
+    (tmp_path / "repo").mkdir()
+    monkeypatch.chdir(tmp_path / "repo")
+    with pytest.raises(XBenchError) as caught:
+        xbench.open_run("phantom", output_dir="../results/phantom")
+    msg = str(caught.value)
+    assert str(tmp_path / "results" / "phantom" / "tables") in msg  # absolute
+    assert f"working folder {tmp_path / 'repo'}" in msg
+    assert "cd notebooks && papermill 01_table1_grounding.ipynb" in msg and "-p output_dir" in msg

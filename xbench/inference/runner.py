@@ -502,7 +502,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     started_unix = round(time.time(), 3)  # the same moment on the wall clock: ranks' start-ups can be compared
     report = preflight(cfg) if check else None
     if report is not None:
-        report.raise_for_problems()
+        report.raise_for_problems(keep_going=keep_going)
     models, left_out = runnable_models(cfg, report.left_out if report is not None else None)
     for mspec in models:  # the stores' fingerprints need every weight file's sha256: read while the run starts up
         if mspec.fit_split is None:
@@ -828,4 +828,40 @@ def merge_shards(cfg: RunConfig, sources: Sequence[str | Path]) -> Path:
     target = ResultStore(check_writable(cfg.output_dir, "output_dir"))
     for src in sources:
         target.merge_from(src)
+    merge_run_logs(Path(cfg.output_dir), sources)
     return Path(cfg.output_dir)
+
+
+def merge_run_logs(output_dir: Path, sources: Sequence[str | Path]) -> tuple[Path, Path] | None:
+    """Join the shards' ``run_log.shardIofN.json`` and ``skipped_cases.shardIofN.csv`` (from ``output_dir`` and
+    each of ``sources``) into ``output_dir``'s ``run_log.json`` and ``skipped_cases.csv``, as one unsharded run
+    writes them; each log entry gains ``shard`` (``"IofN"``). A source without shard files contributes its plain
+    ``run_log.json`` / ``skipped_cases.csv``. Returns the two paths, or None when no source has a log."""
+    import csv
+
+    out = Path(output_dir).resolve()
+    log: list[dict[str, Any]] = []
+    skipped: dict[tuple, dict[str, str]] = {}
+    folders = list(dict.fromkeys([out, *(Path(s).resolve() for s in sources)]))
+    for folder in folders:
+        logs = sorted(folder.glob("run_log.shard*.json"))
+        if not logs and folder != out and (folder / "run_log.json").is_file():
+            logs = [folder / "run_log.json"]
+        for path in logs:
+            shard = path.name[len("run_log."):-len(".json")].removeprefix("shard") if path.name != "run_log.json" else None
+            try:
+                entries = json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise FormatError(f"{path}: not a run log ({exc})") from exc
+            log += [{**e, "shard": shard} if shard else dict(e) for e in entries]
+        csvs = sorted(folder.glob("skipped_cases.shard*.csv"))
+        if not csvs and folder != out and (folder / "skipped_cases.csv").is_file():
+            csvs = [folder / "skipped_cases.csv"]
+        for path in csvs:
+            with open(path, newline="", encoding="utf-8") as fh:
+                for row in csv.DictReader(fh):
+                    skipped[tuple(row.get(c, "") for c in ("dataset", "model", "case_id"))] = row
+    if not log and not skipped:
+        return None
+    atomic_write_bytes(out / "run_log.json", json.dumps(log, indent=1, default=str).encode())
+    return out / "run_log.json", write_skips_csv(out / "skipped_cases.csv", list(skipped.values()))

@@ -157,11 +157,18 @@ def _paper_tables_blocks(run_dir: Path) -> list[dict]:
     ``.md``): value [CI] cells for :func:`xbench.outputs.tables.write_table` tables, the CSV's cells as text otherwise
     (:meth:`xbench.outputs.tables.PaperTable.write`). Their ``.html`` files are never pasted into the page."""
     blocks: list[dict] = []
+    same: dict[bytes, list[str]] = {}  # one table written under several names (tables/paper/, notebooks) shows once
+    for path in sorted((run_dir / "tables").rglob("*.csv")):
+        if path.with_suffix(".md").exists():
+            same.setdefault(path.read_bytes(), []).append(str(path.relative_to(run_dir / "tables").with_suffix("")))
     for path in sorted((run_dir / "tables").rglob("*.csv")):
         if not path.with_suffix(".md").exists():
             continue
+        names = same[path.read_bytes()]
+        if names[0] != str(path.relative_to(run_dir / "tables").with_suffix("")):
+            continue
         frame = pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False)
-        name = str(path.relative_to(run_dir / "tables").with_suffix(""))
+        name = names[0] + (f" (also written as {', '.join(names[1:])})" if len(names) > 1 else "")
         cells = [c.rsplit(" / ", 1)[0] for c in frame.columns if c.endswith(" / value")]
         rows = []
         if cells:
