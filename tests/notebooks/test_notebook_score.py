@@ -12,7 +12,7 @@ import yaml
 from conftest import copy_run, tiny_run
 from xbench.metrics import DATASET_LEVEL
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "10_score_your_maps.ipynb"
 pytestmark = pytest.mark.usefixtures("phantom_cache")
 

@@ -12,7 +12,7 @@ from xbench.cli import main
 from xbench.spec.config import RunConfig
 from xbench.core.errors import FormatError, XBenchError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()

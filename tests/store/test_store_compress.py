@@ -29,7 +29,7 @@ FINDINGS = ["Nodule", "Effusion", "Mass"]
 GRID = [5, 7]
 ORDER = ("case_ids", "scores", "probs", "maps", "sizes", "windows", "skipped_ids", "skipped_reasons")
 LAYOUTS = ("zstd", "zlib", "savez")  # written now; the shuffled-zlib layout before it; np.savez before compression
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _meta(**changes) -> dict:

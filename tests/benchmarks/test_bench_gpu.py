@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu.py"
 
 
 @pytest.fixture()

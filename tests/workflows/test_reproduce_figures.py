@@ -72,7 +72,7 @@ def test_counts_and_text_must_be_equal_and_rounded_cells_move_one_unit_at_most(t
 
 
 def test_tolerances_are_the_ones_the_readme_states():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     text = "\n".join(p.read_text() for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))])
     stated = re.search(r"\*\*([0-9.e-]+)\*\* absolute for a\s+value,\s+\*\*([0-9.e-]+)\*\* for a bootstrap", text)
     assert stated, "the tolerance paragraph (What identical means) is gone from README.md and docs/"

@@ -10,7 +10,7 @@ import pytest
 from conftest import shared_path
 from xbench.spec.registry import dataset_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER_DATASETS = ["rsna_pneumonia", "siim_acr", "covid_rural", "chestx_det10", "chexlocalize", "nih_bbox", "vindr_cxr"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MARKED = re.compile(r"<!--\s*snippet:\s*([\w.-]+)\s*-->\s*\n```python[^\n]*\n(.*?)```", re.S)
 #: the snippets a newcomer meets first; each must exist exactly once
 EXPECTED = ("library-example", "five-lines", "extending-metric-run")

@@ -9,7 +9,7 @@ import numpy as np
 
 from xbench.store.results import ResultStore
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_store.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_store.py"
 
 
 def test_bench_store_on_a_small_store(tmp_path, capsys):

@@ -342,7 +342,7 @@ def test_a_script_without_a_main_guard_runs_once(tmp_path):
         "    pids = {f.result() for f in [pool.submit(os.getpid) for _ in range(4)]}\n"
         "print('workers', len(pids), 'parent' if os.getpid() in pids else 'separate', flush=True)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("script body ran") == 1 and "separate" in done.stdout, done.stdout
 
@@ -372,12 +372,12 @@ def test_workers_import_the_callers_code_not_a_checkout_in_the_working_folder(tm
                       "if __name__ == '__main__':\n"
                       "    with process_pool(2, preload=('xbench.core.workers',)) as pool:\n"
                       "        print(xbench.__file__, pool.submit(eval, \"__import__('xbench').__file__\").result())\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     env.pop("PYTHONSAFEPATH", None)
     done = subprocess.run([sys.executable, str(script)], cwd=here, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     parent, worker = done.stdout.split()
-    assert parent == worker == str(Path(__file__).resolve().parents[1] / "xbench" / "__init__.py")
+    assert parent == worker == str(Path(__file__).resolve().parents[2] / "xbench" / "__init__.py")
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
@@ -399,7 +399,7 @@ def test_workers_end_when_the_pools_owner_dies_without_shutting_it_down(tmp_path
     # the dead owner's semaphores there, at a moment of its own (the CI run of b994b9d read its line as a pid).
     with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
         done = subprocess.run([sys.executable, str(script)], stdout=out, stderr=err, timeout=120,
-                              cwd=Path(__file__).resolve().parents[1])
+                              cwd=Path(__file__).resolve().parents[2])
     printed = (tmp_path / "out.txt").read_text()
     assert done.returncode == 0, (printed, (tmp_path / "err.txt").read_text())
     pids = [int(x) for x in printed.split()]  # the workers and the fork server
@@ -430,7 +430,7 @@ def test_without_a_pidfd_a_worker_polls_for_its_owner(tmp_path):
         "print('still running', flush=True)\n")
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 1 and "still running" not in done.stdout, (done.stdout, done.stderr)
     assert time.monotonic() - started < 25
 
@@ -467,7 +467,7 @@ def test_a_metric_registered_at_run_time_reaches_the_workers(phantom_run, tmp_pa
 
     with process_pool(1) as pool:  # the fork server runs before the folder is on sys.path
         pool.submit(int).result()
-    doc = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
     (code,) = re.findall(r"```python energy_pointing\.py\n(.*?)```", doc.read_text(), flags=re.S)
     function, call = code.split("\n\nENERGY = ")
     folder = tmp_path / "user_code"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "xbench"
+PACKAGE = Path(__file__).resolve().parents[2] / "xbench"
 
 
 def _module_name(path: Path) -> str:

@@ -98,7 +98,7 @@ def _adapters() -> dict[str, object]:
 
 
 def _write_dicom():
-    spec = importlib.util.spec_from_file_location("_images_test", Path(__file__).parent / "datasets" / "test_images.py")
+    spec = importlib.util.spec_from_file_location("_images_test", Path(__file__).parents[1] / "datasets" / "test_images.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.write_dicom

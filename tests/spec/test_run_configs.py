@@ -8,7 +8,7 @@ import pytest
 from xbench.spec.config import RunConfig
 from xbench.spec.registry import list_datasets, list_models, model_config
 
-RUNS = sorted((Path(__file__).resolve().parents[1] / "xbench" / "configs" / "runs").glob("*.yaml"))
+RUNS = sorted((Path(__file__).resolve().parents[2] / "xbench" / "configs" / "runs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", RUNS, ids=lambda p: p.stem)

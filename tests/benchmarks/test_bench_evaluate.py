@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("bench_evaluate", ROOT / "benchmarks" / "bench_evaluate.py")
 bench_evaluate = sys.modules["bench_evaluate"] = importlib.util.module_from_spec(_spec)  # dataclasses need it there
 _spec.loader.exec_module(bench_evaluate)

@@ -10,7 +10,7 @@ import pytest
 
 from xbench.workflows.reproduce import _kernel_manager_class
 
-PACKAGE = Path(__file__).resolve().parents[1] / "xbench"
+PACKAGE = Path(__file__).resolve().parents[2] / "xbench"
 
 
 def test_stopping_a_finished_notebooks_kernel_sends_no_interrupt():

@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_explainers.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_explainers.py"
 
 
 def test_tiny_explainer_benchmark(tmp_path, capsys):

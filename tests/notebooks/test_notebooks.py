@@ -20,7 +20,7 @@ from xbench.spec.config import RunConfig
 from xbench.metrics import DATASET_LEVEL
 from xbench.workflows.reproduce import notebook_paths
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "xbench" / "configs" / "runs" / "phantom.yaml"
 OUT = REPO / "results" / "phantom"
 
@@ -50,6 +50,7 @@ def wheel_reproduce(tmp_path_factory) -> WheelReproduce:
     import sys
     import sysconfig
 
+    sys.path.insert(0, str(Path(__file__).parents[1] / "project"))
     from test_packaging import PIP, build_wheel
 
     tmp_path = tmp_path_factory.mktemp("wheel_reproduce")

@@ -25,7 +25,7 @@ from xbench.models.priors import CenterPrior
 from xbench.inference.preflight import PreflightError, preflight
 from xbench.workflows.run import run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MINIMAL = {"output_dir": "out", "datasets": ["phantom"], "models": ["center_prior"]}
 
 pytestmark = pytest.mark.usefixtures("phantom_cache")

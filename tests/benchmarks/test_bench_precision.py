@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_precision.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_precision.py"
 
 
 def test_tiny_precision_benchmark(tmp_path, capsys):

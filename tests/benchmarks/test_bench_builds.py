@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_builds.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_builds.py"
 
 
 def test_builds_from_checkpoints_are_timed(capsys):

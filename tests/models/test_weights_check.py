@@ -11,7 +11,7 @@ import torch
 
 from xbench.cli import main
 
-REFERENCE = Path(__file__).resolve().parents[1] / "xbench" / "reference_weights" / "ref_xattn" / "model.safetensors"
+REFERENCE = Path(__file__).resolve().parents[2] / "xbench" / "reference_weights" / "ref_xattn" / "model.safetensors"
 
 
 class Exec:

@@ -23,7 +23,7 @@ from xbench.core.errors import XBenchWarning
 from xbench.models.checkpoint import CheckpointWarning
 from xbench.spec.registry import model_config
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "standin_weights.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "standin_weights.py"
 NETWORKS = {  # model -> adapter attributes holding its networks
     "clip": ("model",), "medklip": ("net", "text_encoder"), "mavl": ("net", "text_encoder"),
     "kad": ("network",), "carzero": ("model",), "devide": ("network",),

@@ -19,7 +19,7 @@ from xbench.spec.config import RunConfig
 from xbench.core.errors import UnknownNameError, XBenchError, XBenchWarning
 from xbench.core.logs import setup_logging
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 

@@ -12,7 +12,7 @@ from xbench.spec.config import RunConfig
 from xbench.store.results import ResultStore
 from xbench.workflows.explain_study import explainer_study
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "11_explainers_faithfulness.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "11_explainers_faithfulness.ipynb"
 
 
 def _real_conflict(tmp_path: Path) -> StoreError:
