@@ -174,13 +174,17 @@ def png_chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
 
-def png(extra: bytes = b"", width: int = 4, height: int = 4, idat_length: int | None = None) -> bytes:
-    """A greyscale PNG with ``extra`` chunks before its image data; ``idat_length`` forges the IDAT length field."""
+def png(extra: bytes = b"", width: int = 4, height: int = 4, idat_length: int | None = None,
+        ihdr_length: int | None = None) -> bytes:
+    """A greyscale PNG with ``extra`` chunks before its image data; ``idat_length`` / ``ihdr_length`` forge the
+    length field of that chunk (a fuzzed file: Pillow reads the chunks with the forged length)."""
     raw = b"".join(b"\x00" + bytes(range(width)) for _ in range(height))
     idat = png_chunk(b"IDAT", zlib.compress(raw))
     if idat_length is not None:
         idat = struct.pack(">I", idat_length) + idat[4:]
     ihdr = png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+    if ihdr_length is not None:
+        ihdr = struct.pack(">I", ihdr_length) + ihdr[4:]
     return b"\x89PNG\r\n\x1a\n" + ihdr + extra + idat + png_chunk(b"IEND", b"")
 
 

@@ -130,8 +130,8 @@ CASES = [
          forbid=("nonfinite=",)),
     Case("score-option-list", _score_maps(GOOD, None, "--option", "cases=[1, 2]"), ("--option", "cases")),
     # run configs (YAML)
-    Case("yaml-aliases-templates", _config(RUN.replace("[center_prior]", "[{name: clip, params: {templates: *a9}}]")
-                                           + hostile.billion_laughs()), ("run.yaml", "alias")),
+    Case("yaml-aliases-templates", _config(hostile.billion_laughs() + "\n" + RUN.replace(
+        "[center_prior]", "[{name: clip, params: {templates: {positive: *a9, negative: x}}}]")), ("run.yaml", "alias")),
     Case("yaml-aliases-grid", _config(RUN + hostile.billion_laughs() + "\ngrid: *a9\n"), ("run.yaml", "alias")),
     Case("yaml-huge-grid", _config(RUN + "grid: [40000, 40000]\n"), ("run.yaml", "'grid'", "40000")),
     Case("yaml-dict-param-type", _config(RUN.replace("[center_prior]", "[{name: clip, params: {templates: [1, 2]}}]")),
@@ -211,4 +211,5 @@ def test_console_process_prints_one_line_and_exits_2(tmp_path):
     done = subprocess.run([sys.executable, str(RUNNER), "--once", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=TIME_LIMIT_S * 2)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.stderr.strip().splitlines()[-1].startswith("xbench: error:"), done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("xbench: error:") and "calling _codecs.encode" in last, done.stderr[-2000:]
