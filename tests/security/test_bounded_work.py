@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 import warnings
 import zipfile
@@ -21,7 +22,6 @@ import torch
 import hostile
 from test_fuzz_inputs import Worker
 from xbench.core.errors import CheckpointError, FormatError, XBenchWarning
-from xbench.core.summary import brief, visible
 from xbench.datasets.images import image_size, read_image, read_source
 from xbench.models.base import load_checkpoint
 
@@ -108,25 +108,21 @@ def test_real_quantized_checkpoint_is_refused(tmp_path):
 
 def test_doubling_tuple_in_a_persistent_id_is_summarised_fast(tmp_path):
     """An ~850-byte checkpoint whose persistent id is a tuple doubling at each of 60 levels: the error shows a
-    bounded summary (``{pid!r:.80}`` would build 2**60 items of text first)."""
+    bounded summary (``{pid!r:.80}`` would build 2**60 items of text first). Read in a worker of its own (a hang
+    there fails this test after the worker's time limit)."""
     body = [b"\x80\x02}", hostile._put(0), *hostile._doubling(1, 60), hostile._binunicode("w"), hostile._get(61),
             b"Q", b"s."]
     path = _archive_with_pickle(tmp_path / "pid.pth", b"".join(body))
-    t0 = time.perf_counter()
-    with pytest.raises(CheckpointError, match=r"pid\.pth.*persistent id \(\(\(\(.*… is not a torch storage"):
-        load_checkpoint(path)
-    assert time.perf_counter() - t0 < 5
-
-
-def test_brief_and_visible_are_bounded():
-    t = (1,)
-    for _ in range(80):
-        t = (t, t)
-    t0 = time.perf_counter()
-    assert len(brief(t)) <= 80 and len(brief({"k": [t] * 10**6})) <= 80 and len(brief(10**100000)) < 40
-    assert time.perf_counter() - t0 < 0.5
-    assert visible("a\u202eb\x00c\nd") == "a\\u202eb\\u0000c\\u000ad"
-    assert visible("plain text, ünïcode") == "plain text, ünïcode"
+    assert path.stat().st_size < 1500
+    own = Worker()
+    try:
+        t0 = time.perf_counter()
+        answer = own.read("checkpoint", path)
+        assert time.perf_counter() - t0 < 5
+    finally:
+        own.proc.kill()
+    assert answer["status"] == "refused", answer
+    assert re.search(r"pid\.pth.*persistent id \(\(\(\(.*… is not a torch storage", answer["detail"]), answer
 
 
 # -- images ------------------------------------------------------------------------------------------------------
