@@ -7,7 +7,6 @@ the run); a deflated DICOM was inflated whole before its pixel bound was checked
 (``brief``) did not exist — ``{pid!r:.80}`` built the whole text first."""
 from __future__ import annotations
 
-import io
 import json
 import re
 import time
@@ -15,7 +14,6 @@ import warnings
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
