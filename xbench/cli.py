@@ -169,8 +169,6 @@ def _score_or_report(args: argparse.Namespace) -> int:
 
         print(f"report in {build_report(args.run, args.out, grid=args.grid, max_cases_per_class=args.cases_per_class)}")
         return 0
-    import yaml
-
     from .workflows.score import evaluate_maps, read_chexlocalize
 
     options = {}
@@ -178,7 +176,7 @@ def _score_or_report(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep:
             raise XBenchError(f"--option takes KEY=VALUE, got {item!r}")
-        options[key] = yaml.safe_load(value)
+        options[key] = _yaml_value(value, f"--option {key}")
     maps = read_chexlocalize(args.maps, classes=args.classes) if args.chexlocalize else args.maps
     tables = evaluate_maps(maps, dataset=args.dataset, split=args.split, root=args.root,
                            classes=None if args.chexlocalize else args.classes, name=args.name,
@@ -234,8 +232,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             add_search_dir(folder)
         return _dispatch(args)
     except XBenchError as exc:
-        print(f"xbench: error: {exc}", file=sys.stderr)
+        print(f"xbench: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except MemoryError:  # a reader that did not bound its work: still one line, never a traceback
+        print("xbench: error: out of memory (an input asked for more memory than this machine gives; run with -v "
+              "for the command's inputs)", file=sys.stderr)
+        return 2
+
+
+def _one_line(text: str, limit: int = 2000) -> str:
+    """An error message on one line: line breaks joined, other control and bidi characters shown as ``\\uXXXX``
+    (:func:`xbench.core.summary.visible`), at most ``limit`` characters."""
+    import re
+
+    from .core.summary import visible
+
+    return visible(re.sub(r"\s*\n\s*", " ", text.strip()), limit)
 
 
 def console() -> None:
@@ -274,9 +286,19 @@ def _debug_context(args: argparse.Namespace) -> None:
 
 def _parameters(pairs: list[list[str]]) -> dict[str, object]:
     """``-p NAME VALUE`` pairs → notebook parameters (values parsed as YAML scalars, like papermill's ``-y``)."""
+    return {name: _yaml_value(value, f"-p {name}") for name, value in pairs}
+
+
+def _yaml_value(text: str, where: str) -> object:
+    """A command-line value read as YAML (aliases refused); malformed → :class:`XBenchError` naming ``where``."""
     import yaml
 
-    return {name: yaml.safe_load(value) for name, value in pairs}
+    from .spec.registry import load_yaml_text
+
+    try:
+        return load_yaml_text(text)
+    except yaml.YAMLError as exc:
+        raise XBenchError(f"{where}: invalid YAML value ({exc})") from None
 
 
 def _list(args: argparse.Namespace) -> int:

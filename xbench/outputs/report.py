@@ -407,13 +407,19 @@ def _raise_unknown(kind: str) -> None:
 
 
 def render_page(title: str, sections: list[tuple[str, list[dict]]]) -> str:
-    """The report page from ``sections`` (name, blocks) through the autoescaping :data:`_TEMPLATE`, with a
+    """The report page from ``sections`` (name, blocks) through the autoescaping :data:`_TEMPLATE` (control and bidi
+    characters of every value shown as ``\\uXXXX``: :func:`xbench.core.summary.visible`), with a
     Content-Security-Policy that admits only the page's own inline script and stylesheet (by hash) and
     ``data:`` images: no other script, no network."""
     import jinja2
     from markupsafe import Markup
 
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    from ..core.summary import visible
+
+    def shown(value: Any) -> Any:  # control and bidi characters of run data shown as \uXXXX, never applied
+        return visible(value, keep="\n\t") if isinstance(value, str) and not isinstance(value, Markup) else value
+
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, finalize=shown)
     digest = lambda text: base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()  # noqa: E731
     csp = (f"default-src 'none'; script-src 'sha256-{digest(_JS)}'; style-src 'sha256-{digest(_CSS)}'; "
            "img-src data:; base-uri 'none'; form-action 'none'")
