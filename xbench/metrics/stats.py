@@ -269,14 +269,41 @@ def _nanmean_rows(x: np.ndarray) -> np.ndarray:
         return np.nanmean(x, axis=-1)
 
 
-def _choose(num: np.ndarray, den: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _choose(num: np.ndarray, den: np.ndarray, t: np.ndarray,
+            blocks: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """From weighted Dice sums ``num`` (B, T) and weight totals ``den`` (B,): per row the
-    first τ index maximising the mean (ties → smallest τ), that mean, and the rows with ``den > 0``."""
+    τ index maximising the mean, that mean, and the rows with ``den > 0``.
+
+    Ties go to the **smallest τ by the point value's exact rule** (:func:`~xbench.metrics.grounding.best_threshold`):
+    a row whose float means have more than one column within float noise of its maximum is decided on the pairs
+    it weights, ``blocks`` = ``(weights (B, P), Dice curves (P, T))`` (integer weights = repeated pairs), by the
+    same exact comparison as the point value. Without ``blocks`` the first float maximum is taken."""
     ok = den > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = num / den[:, None]
-    a = np.argmax(np.where(ok[:, None], mean, 0.0), axis=1)
+    filled = np.where(ok[:, None], mean, -np.inf)
+    a = np.argmax(filled, axis=1)
+    if blocks:
+        top = filled[np.arange(len(a)), a]
+        near = filled >= (top - 1e-9 * np.maximum(1.0, np.abs(top)))[:, None]
+        for b in np.flatnonzero(ok & (near.sum(axis=1) > 1)):
+            a[b] = _exact_row_choice(b, blocks, mean[b])
+    a = np.where(ok, a, 0)
     return a, mean[np.arange(len(a)), a], ok
+
+
+def _exact_row_choice(row: int, blocks: Sequence[tuple[np.ndarray, np.ndarray]], mean: np.ndarray) -> int:
+    """The point rule (:func:`~xbench.metrics.grounding._first_exact_max`) on replicate ``row``'s resampled pairs:
+    each pair repeated by its (integer) weight."""
+    from .grounding import _first_exact_max
+
+    parts = []
+    for w, d in blocks:
+        counts = w[row]
+        if np.any(counts != np.round(counts)) or np.any(counts < 0):
+            raise ValueError("exact best-τ ties need non-negative integer case weights (bootstrap counts)")
+        parts.append(np.repeat(d, counts.astype(np.int64), axis=0))
+    return _first_exact_max(np.concatenate(parts), mean)
 
 
 def _iou_at(ws: Sequence[np.ndarray], js: Sequence[np.ndarray], a: np.ndarray) -> np.ndarray:
@@ -287,7 +314,7 @@ def _iou_at(ws: Sequence[np.ndarray], js: Sequence[np.ndarray], a: np.ndarray) -
 def _best_weighted(w: np.ndarray, d: np.ndarray, j: np.ndarray, t: np.ndarray) -> np.ndarray:
     """(B, 3) dice@best, iou@best, τ with τ re-chosen per row of weights (ties → smallest τ)."""
     den = w.sum(axis=1)
-    a, dice_best, ok = _choose(w @ d, den, t)
+    a, dice_best, ok = _choose(w @ d, den, t, [(w, d)])
     out = np.stack([dice_best, _iou_at([w], [j], a) / np.where(ok, den, 1.0), t[a]], axis=1)
     out[~ok] = np.nan
     return out
@@ -430,7 +457,7 @@ class _Grounding:
         nums = [wc @ d for wc, d in zip(ws, self.cls_d)]  # (B, T) weighted Dice sums per class
         dens = [wc.sum(axis=1) for wc in ws]
         for c in range(nc):
-            a, best, ok = _choose(nums[c], dens[c], t)
+            a, best, ok = _choose(nums[c], dens[c], t, [(ws[c], self.cls_d[c])])
             iou_best = _iou_at([ws[c]], [self.cls_j[c]], a) / np.where(ok, dens[c], 1.0)
             cols[:, c, k:] = np.stack([best, iou_best, t[a]], axis=1)
             cols[~ok, c, k:] = np.nan
@@ -440,7 +467,7 @@ class _Grounding:
                 pooled[:, m] = (wp @ self.pooled_sums[m]) / (wp @ self.pooled_defined[m])
         # the classes partition the pairs, so the pooled sums are sums of class sums
         den = np.sum(dens, axis=0)
-        a, best, ok = _choose(np.sum(nums, axis=0), den, t)
+        a, best, ok = _choose(np.sum(nums, axis=0), den, t, list(zip(ws, self.cls_d)))
         pooled[:, k:] = np.stack([best, _iou_at(ws, self.cls_j, a) / np.where(ok, den, 1.0), t[a]], axis=1)
         pooled[~ok, k:] = np.nan
         return cols.reshape(b, nc * (k + 3)), pooled
