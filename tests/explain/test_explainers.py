@@ -130,3 +130,49 @@ def test_run_config_explainer_entries(tmp_path):
     with pytest.raises(FormatError, match="unknown explainer 'gradcma'.*did you mean 'gradcam'"):
         RunConfig.from_dict({**base, "models": [{"name": "kad", "explainer": "gradcma"}]})
     assert set(EXPLAINERS) == {"gradcam", "gradcampp", "gradxinput", "ig", "attngrad"}
+
+
+@pytest.mark.usefixtures("phantom_cache")
+@pytest.mark.parametrize("scale", [30.0, 100.0])
+def test_saturated_probabilities_keep_the_gradient_of_the_logit(scale):
+    """ref_patchsim with its similarity scale raised on phantom images: (image, class) probabilities sit outside
+    [1e-6, 1 − 1e-6] (where a clamp has no gradient) or round to 0 / 1; gradient × input still equals direct
+    autograd of the pre-sigmoid logit, non-zero on every (image, class)."""
+    from xbench.datasets import load_dataset
+
+    adapter = create_model("ref_patchsim")
+    with torch.no_grad():
+        adapter.model.log_scale.fill_(float(np.log(scale)))
+    phantom = load_dataset("phantom", split="test", cases=6)
+    px = torch.stack([adapter.preprocess(phantom[i].image()) for i in range(6)])
+    probs = adapter.predict(px, PROMPTS).scores
+    saturated = (probs < 1e-6) | (probs > 1 - 1e-6)
+    assert saturated.sum() >= 2, probs  # the clamp's flat region is reached
+    ours = explained(adapter, "gradxinput", pool=1).predict(px, PROMPTS).maps
+    x = px.clone().requires_grad_(True)
+    pos = adapter.model.class_embeddings(PROMPTS, adapter_templates("POSITIVE_TEMPLATES"))
+    neg = adapter.model.class_embeddings(PROMPTS, adapter_templates("NEGATIVE_TEMPLATES"))
+    logits = adapter.model.forward_features(x, pos.detach(), neg.detach())[0]
+    direct = torch.stack([(torch.autograd.grad(logits[:, c].sum(), x, retain_graph=True)[0] * px).sum(1)
+                          for c in range(len(PROMPTS))], 1)
+    torch.testing.assert_close(ours, direct, rtol=1e-4, atol=1e-6 * float(direct.abs().max()))
+    assert (ours.abs().flatten(2).amax(-1) > 0).all()
+
+
+def adapter_templates(name: str):
+    from xbench.models import reference
+
+    return getattr(reference, name)
+
+
+def test_probability_not_followable_to_logits_is_refused(ref_xattn):
+    """A probability computed by an operation the log-odds tracking does not follow (here 1 − (1 − p)) is
+    refused, not differentiated through its rounding."""
+    class Odd(type(ref_xattn)):
+        def predict(self, pixels, prompts):
+            pred = super().predict(pixels, prompts)
+            return type(pred)(1 - (1 - pred.scores), pred.maps)
+
+    odd = Odd.from_checkpoint(ref_xattn.model.state_dict())
+    with pytest.raises(XBenchError, match="not a sigmoid / softmax output"):
+        explained(odd, "gradxinput").predict(_pixels(odd, 1), PROMPTS)
