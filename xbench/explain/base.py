@@ -17,6 +17,11 @@ A probability score reached by any other operation is refused with an error nami
 not depend on the pixels (the prior baselines) has no gradient: its explanation is an all-zero map, by
 definition.
 
+Map scale: an explainer's maps are returned multiplied per map by a power of two that puts their largest
+|value| in [2^14, 2^15) (:func:`float16_ready`): the metrics min–max normalise each map, so nothing they compute
+changes, while the results store's float16 then holds every value within 2^-11 relative (raw gradient maps
+would fall below float16's normal range or overflow it).
+
 Gradients through adapters: adapters run their forward pass under ``torch.no_grad`` (decorator or block). While an
 explainer runs, :func:`gradients_through_adapters` makes ``torch.no_grad`` keep the current grad mode (and leaves
 ``inference_mode``), so the adapter's own ``predict`` — its exact scoring code, no copy of it — is differentiated.
@@ -259,6 +264,34 @@ def class_gradients(logits: torch.Tensor, wrt: Sequence[torch.Tensor]) -> Iterat
         yield [torch.zeros_like(t) if g is None else g for g, t in zip(grads, wrt)]
 
 
+#: Explainer maps are scaled per map so that their largest |value| lies in [2^14, 2^15) (module docstring).
+FLOAT16_TOP = 14
+
+
+def float16_ready(maps: torch.Tensor) -> torch.Tensor:
+    """``maps (B, C, h, w)`` each multiplied by the power of two that puts its largest finite |value| in
+    ``[2^14, 2^15)`` (all-zero and non-finite maps unchanged).
+
+    Why: raw explainer maps (gradient × input, IG) have magnitudes anywhere from 1e-9 to 1e5; cast to the store's
+    float16 as they are, values fall below its normal range (relative error up to 100 %, flushed to 0) or above
+    65,504 (inf). A power of two changes no metric (every metric min–max normalises each map, and scaling by 2^k is
+    exact in floating point), and after it the float16 cast errs by ≤ 2^-11 relative for every value ≥ 2^-28 of
+    the map's largest (absolutely by ≤ 2^-25 of the largest below that).
+
+    Examples
+    --------
+    >>> m = torch.tensor([[[[3e-7, -1e-9], [0.0, 1.5e-7]]]])
+    >>> out = float16_ready(m)
+    >>> round(float(out.abs().max()) / 2**14, 4), bool(torch.equal(out / out.abs().max(), m / m.abs().max()))
+    (1.2583, True)
+    """
+    finite = torch.where(torch.isfinite(maps), maps.abs(), torch.zeros_like(maps))
+    top = finite.flatten(2).amax(-1)  # (B, C)
+    _, exponent = torch.frexp(top)  # top = mantissa · 2^exponent, mantissa in [0.5, 1)
+    shift = torch.where(top > 0, FLOAT16_TOP + 1 - exponent, torch.zeros_like(exponent))
+    return torch.ldexp(maps, shift[..., None, None].to(maps.dtype)) if maps.numel() else maps
+
+
 class ExplainedAdapter(Adapter):
     """``adapter`` whose maps come from ``explainer`` (module docstring); built by :func:`xbench.explain.explained`."""
 
@@ -288,7 +321,7 @@ class ExplainedAdapter(Adapter):
             self._warm.add(key)
         with gradients_through_adapters():
             pred = self.explainer.explain(self.inner, pixels.clone(), prompts)  # a clone: not an inference tensor
-        maps = pred.maps.detach().float().cpu()
+        maps = float16_ready(pred.maps.detach().float().cpu())
         if tuple(maps.shape[2:]) != tuple(self.grid):
             raise XBenchError(f"{self.name}: the explainer gave maps of grid {tuple(maps.shape[2:])}, expected "
                               f"{self.grid} (check explain_layer in the model's YAML)")
