@@ -68,8 +68,7 @@ def _bench():
 def test_permutation_test_keeps_its_level_at_small_n_for_every_metric():
     """The paper tables' smallest n (30 images), three correlated exchangeable models, every compared metric
     through scored_table + compare_models: the family-wise error (Holm over the 3 pairs) of 300 null datasets is
-    at most 5 % + 2 Monte-Carlo SE (≈ 2.5 points) per metric. A liberal test fails this bound: the bootstrap Wald
-    test rejected 6.4–8.2 % at n = 40 (docs/statistics.md)."""
+    at most 5 % + 2 Monte-Carlo SE (≈ 2.5 points) per metric. A test rejecting 7.5 % or more fails this bound."""
     study = _bench().study(30, 3, 300, n_perm=200, seed=11, block=100)
     fwer = study.groupby("metric")["any"].mean()
     assert set(fwer.index) == set(compared_metrics()) and (study.groupby("metric").size() == 300).all()

@@ -20,9 +20,8 @@ Conventions (docs/metrics.md: the conventions table and "Which differences are r
   ``dice@best`` / ``iou@best`` τ is re-chosen for each permuted model. ``p = (1 + #{|T*| ≥ |T|}) / (1 + P)`` over
   ``P = n_perm`` seeded draws (exact enumeration of all ``2^n`` swaps when ``2^n ≤ n_perm``), so
   ``P(p ≤ α) ≤ α`` at every ``n`` (a randomisation test; ties of ``|T*|`` with ``|T|`` count as extreme). The
-  paired bootstrap's Wald p (``test="bootstrap"``, ``2·Φ(−|difference| / se)``) was liberal at small ``n``
-  (null family-wise error 6–8 % at n = 40, docs/statistics.md) and is kept only for tables without their
-  statistic; there ``se = 0`` gives p = 1 for a zero difference and NaN (no evidence either way, not p = 0)
+  paired bootstrap's Wald p (``test="bootstrap"``, ``2·Φ(−|difference| / se)``) rests on a normal
+  approximation that need not hold at small ``n``; it is kept for tables without their statistic; there ``se = 0`` gives p = 1 for a zero difference and NaN (no evidence either way, not p = 0)
   otherwise. The percentile CI stays the bootstrap's, so near α the CI and the test can disagree;
   ``significant`` follows the test. The null simulation ``benchmarks/bench_significance.py`` measures the level
   and the power (docs/statistics.md).
