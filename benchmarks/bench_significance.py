@@ -18,7 +18,7 @@ Reported per (n, K, metric): the family-wise error (share of null datasets where
 Monte-Carlo SE ``sqrt(f (1 − f) / R)``, the pass mark ``FWER ≤ 5 % + 2 SE``, and the power (share of the
 ``K − 1`` true differences of model 0 that were rejected, under the shift).
 
-    python benchmarks/bench_significance.py --sims 200 --power-sims 100 --n-perm 1000
+    python benchmarks/bench_significance.py --sims 100 --power-sims 40 --n-perm 500   # docs/statistics.md
 
 ``--tiny`` runs one small cell (the test suite's version: tests/test_compare.py).
 """
@@ -111,10 +111,10 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[30, 40, 80, 150])
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 7])
-    ap.add_argument("--sims", type=int, default=200, help="null datasets per cell")
-    ap.add_argument("--power-sims", type=int, default=100, help="shifted datasets per cell (0: no power)")
+    ap.add_argument("--sims", type=int, default=100, help="null datasets per cell")
+    ap.add_argument("--power-sims", type=int, default=40, help="shifted datasets per cell (0: no power)")
     ap.add_argument("--shift", type=float, default=0.5, help="model 0's shift of quality (and of its score logit toward the label)")
-    ap.add_argument("--n-perm", type=int, default=1000)
+    ap.add_argument("--n-perm", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the table as JSON records here")
     ap.add_argument("--tiny", action="store_true", help="one cell: n = 30, K = 3, 100 null datasets, 200 swaps")
