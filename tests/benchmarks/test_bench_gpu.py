@@ -27,7 +27,7 @@ def bench(monkeypatch):
 
 
 def test_tiny_cpu_benchmark(bench, tmp_path, monkeypatch):
-    pytest.importorskip("pydicom")
+    pytest.importorskip("pydicom", reason="pydicom (a core dependency) is not installed")
     # the bench points XBENCH_MANIFESTS at its stand-ins; set here so that monkeypatch removes it afterwards
     monkeypatch.setenv("XBENCH_MANIFESTS", str(tmp_path / "data" / "manifests"))
     r = bench.main(["--tiny", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--workers", "2",
