@@ -72,15 +72,19 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     one BLAS thread (workers and this one alike): OpenBLAS may split a matrix product's sums over its threads, so
     with more threads the last bits of bootstrap CIs would depend on the machine's core count. Progress: at most
     one line per finished pair. :class:`RunEvaluation` is the same work, started while inference still runs. When
-    each step ran is written to ``<output_dir>/evaluation_timing.json`` (timings only, outside ``tables/``).
+    each step ran is written to ``<output_dir>/evaluation_timing.json`` (timings only, outside ``tables/``). The
+    output folder's lock (:func:`xbench.core.lock.output_lock`) is held throughout.
     """
-    evaluation = RunEvaluation(cfg, progress=progress)
-    try:
-        table = evaluation.finish()
-        evaluation.write_timing()
-        return table
-    finally:
-        evaluation.close()
+    from ..core.lock import output_lock
+
+    with output_lock(cfg.output_dir, "evaluate"):  # one XBench process per output folder
+        evaluation = RunEvaluation(cfg, progress=progress)
+        try:
+            table = evaluation.finish()
+            evaluation.write_timing()
+            return table
+        finally:
+            evaluation.close()
 
 
 class RunEvaluation:
