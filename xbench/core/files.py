@@ -119,19 +119,28 @@ def contained_folder(root: str | Path, *names: str, create: bool = True) -> Path
     return path
 
 
-def seal(payload: bytes) -> bytes:
-    """``payload`` followed by a marker and its SHA-256 (:func:`unseal` checks it)."""
-    return payload + _SEAL + hashlib.sha256(payload).digest()
+def seal(payload: bytes, context: str = "") -> bytes:
+    """``payload`` followed by a marker and the SHA-256 of ``context`` and ``payload`` (:func:`unseal` checks it).
+
+    ``context`` names what the payload is (a cache entry's key and content hash): a sealed file copied over another
+    one's name does not unseal there."""
+    return payload + _SEAL + _digest(payload, context)
 
 
-def unseal(data: bytes | memoryview) -> memoryview | None:
-    """The payload of sealed ``data`` (a view, no copy) when its SHA-256 matches; None when the seal is absent or the
-    digest differs (damaged, edited or truncated content)."""
+def unseal(data: bytes | memoryview, context: str = "") -> memoryview | None:
+    """The payload of sealed ``data`` (a view, no copy) when its SHA-256 with ``context`` matches; None when the seal
+    is absent or the digest differs (damaged, edited, truncated or swapped content)."""
     view = memoryview(data)
     if len(view) < SEAL_BYTES or bytes(view[-SEAL_BYTES:-32]) != _SEAL:
         return None
     payload = view[:-SEAL_BYTES]
-    return payload if hashlib.sha256(payload).digest() == bytes(view[-32:]) else None
+    return payload if _digest(payload, context) == bytes(view[-32:]) else None
+
+
+def _digest(payload: bytes | memoryview, context: str) -> bytes:
+    h = hashlib.sha256(context.encode("utf-8", "surrogateescape") + b"\x00")
+    h.update(payload)
+    return h.digest()
 
 
 def is_permission_error(exc: OSError) -> bool:
