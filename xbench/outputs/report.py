@@ -65,7 +65,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
     ``grid``: the run's evaluation grid; by default recovered from ``pairs`` (``gt_area /
     area_fraction`` = H·W, square grids), an error asks for it otherwise.
     """
-    from ..evaluation.evaluate import load_tables
+    from ..evaluation.evaluate import load_tables, read_evaluation_log
 
     run_dir = Path(run_dir)
     t = load_tables(run_dir)
@@ -74,7 +74,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
              for p in sorted((run_dir / "store").glob("*/*/meta.json"))}
     if not metas:
         raise XBenchError(f"{run_dir} has no store/<dataset>/<model>/meta.json: not a run folder")
-    log = _read_json(run_dir / "tables" / "evaluation_log.json")
+    log = read_evaluation_log(run_dir / "tables" / "evaluation_log.json")
     run_log = _read_json(run_dir / "run_log.json")
     grid = tuple(grid) if grid is not None else run_grid(t["pairs"])
     cards, note = _cards(run_dir, t["pairs"], t["metrics"], metas, grid, max_cases_per_class, thumb, progress)
