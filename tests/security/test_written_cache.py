@@ -180,3 +180,24 @@ def test_an_entry_linked_to_dev_zero_or_out_of_the_cache_is_not_served(prior, tm
     again = _cached(prior, paths, cache)
     assert again.stats["decoded"] == 2
     assert _same(_rows(again, prior), _rows(_fresh(prior, paths), prior))
+
+
+def test_a_fitted_folder_whose_file_changed_is_refitted_with_one_warning(tmp_path, caplog):
+    """A fitted baseline's folder (the anatomical prior's maps) is served only while every file hashes to what its
+    ``fit.json`` records; a flipped byte (size and mtime restored) is one warning line and a refit. Old main served it."""
+    from xbench.store.fingerprint import fitted_is_current, refit
+
+    key = {"model": "anatomical_prior", "fit_split": "prior", "n_cases": 3}
+    folder = tmp_path / "fitted" / "phantom" / "anatomical_prior"
+    refit(folder, lambda tmp: (tmp / "anatomical_prior.npz").write_bytes(bytes(range(256)) * 4), key)
+    assert fitted_is_current(folder, key)
+    maps = folder / "anatomical_prior.npz"
+    st = maps.stat()
+    data = bytearray(maps.read_bytes())
+    data[100] ^= 1
+    maps.write_bytes(bytes(data))
+    os.utime(maps, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with caplog.at_level(logging.WARNING, logger="xbench.store.fingerprint"):
+        assert not fitted_is_current(folder, key)
+    lines = [r.getMessage() for r in caplog.records if "refitting" in r.getMessage()]
+    assert len(lines) == 1 and "anatomical_prior.npz" in lines[0]

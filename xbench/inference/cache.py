@@ -329,8 +329,11 @@ class _DiskCache:
             return None
         if rec.get("identity") != _identity(st) or len(shape) != 2 or not _HEX.fullmatch(content):
             return None
-        if rec.get("racy") and _rehash(path, content) != content:  # recorded in the file's ctime tick: bytes decide
-            return None
+        if rec.get("racy"):  # recorded in the file's ctime tick: its bytes decide, then the record is settled
+            if _rehash(path, content) != content:
+                return None
+            if st.st_ctime_ns <= time.time_ns() - _RACY_NS:
+                self.record(path, content, shape, st)
         return {**rec, "shape": shape, "content": content}
 
     def record(self, path: Path, content: str, shape: tuple[int, int], st: os.stat_result) -> None:

@@ -13,7 +13,8 @@ chunk); resume and merge compare them, so results computed from other bytes are 
   covered by the annotation files naming them).
 
 Hashing cache: within one process, a file's sha256 is computed once per ``(resolved path, size, mtime_ns,
-inode)``; a rewritten or replaced file (new size, mtime or inode) is hashed again. :func:`hash_ahead` starts that
+inode, ctime_ns)``; a rewritten or replaced file (new size, mtime, inode or ctime — every write sets the ctime, even
+one that restores the mtime) is hashed again. :func:`hash_ahead` starts that
 hashing in background threads (a run's weight files, gigabytes, while its inputs decode and its networks build):
 :func:`file_sha256` then waits for the thread's result instead of reading the file itself.
 """
@@ -33,20 +34,20 @@ from ..spec.registry import model_config
 __all__ = ["file_sha256", "hash_ahead", "weight_files", "model_fingerprint", "dataset_fingerprint", "run_fingerprint", "digest",
            "diff_keys", "fit_key", "fitted_is_current", "refit", "DAMAGED_FITS"]
 
-_CACHE: dict[tuple[str, int, int, int], str] = {}
-_AHEAD: dict[tuple[str, int, int, int], Future[str]] = {}  # hashing started by hash_ahead, not yet asked for
+_CACHE: dict[tuple[str, int, int, int, int], str] = {}
+_AHEAD: dict[tuple[str, int, int, int, int], Future[str]] = {}  # hashing started by hash_ahead, not yet asked for
 _POOL: list[ThreadPoolExecutor] = []  # hash_ahead's threads, made on first use (a forked child makes its own)
 _REFERENCE_WEIGHTS = Path(__file__).resolve().parents[1] / "reference_weights"
 
 
-def _key(path: str | Path) -> tuple[Path, tuple[str, int, int, int]]:
+def _key(path: str | Path) -> tuple[Path, tuple[str, int, int, int, int]]:
     real = Path(path).resolve()
     stat = real.stat()
-    return real, (str(real), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    return real, (str(real), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
 
 
 def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, cached per (resolved path, size, mtime_ns, inode) for the life of the process (the
+    """sha256 of a file's bytes, cached per (resolved path, size, mtime_ns, inode, ctime_ns) for the life of the process (the
     result of :func:`hash_ahead`'s thread when it started on these bytes)."""
     real, key = _key(path)
     if key not in _CACHE:
