@@ -17,7 +17,6 @@ Conventions:
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -141,8 +140,3 @@ def _digest(payload: bytes | memoryview, context: str) -> bytes:
     h = hashlib.sha256(context.encode("utf-8", "surrogateescape") + b"\x00")
     h.update(payload)
     return h.digest()
-
-
-def is_permission_error(exc: OSError) -> bool:
-    """A write refused by the file system's permissions or attributes (read-only, immutable)."""
-    return exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
