@@ -253,6 +253,13 @@ def test_changed_file_is_decoded_again_never_served_stale(adapters, tmp_path):
     assert torch.equal(got, want)
 
 
+def _record(file: Path) -> dict:
+    """An index record's JSON (its seal, xbench.core.files.seal, cut off)."""
+    from xbench.core.files import SEAL_BYTES
+
+    return json.loads(file.read_bytes()[:-SEAL_BYTES])
+
+
 def test_the_content_key_is_sha256_and_records_of_the_earlier_blake2b_key_are_still_served(adapters, tmp_path,
                                                                                            monkeypatch):
     """New index records carry the file's SHA-256; a cache written while the key was BLAKE2b-128 (issue 22 before
@@ -265,7 +272,7 @@ def test_the_content_key_is_sha256_and_records_of_the_earlier_blake2b_key_are_st
     kad = adapters["kad"]
     fresh = InputFeed(Files(paths), [kad], cache_dir=tmp_path / "new")
     fresh.ensure(range(3))
-    records = [json.loads(f.read_text()) for f in sorted((tmp_path / "new" / "index").glob("*.json"))]
+    records = [_record(f) for f in sorted((tmp_path / "new" / "index").glob("*.json"))]
     assert sorted(r["content"] for r in records) == sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in paths)
 
     def blake2b(path):
@@ -274,7 +281,7 @@ def test_the_content_key_is_sha256_and_records_of_the_earlier_blake2b_key_are_st
     with monkeypatch.context() as mp:  # the earlier key
         mp.setattr(cache_mod, "content_hash", blake2b)
         InputFeed(Files(paths), [kad], cache_dir=tmp_path / "old").ensure(range(3))
-    assert all(len(json.loads(f.read_text())["content"]) == 32 for f in (tmp_path / "old" / "index").glob("*.json"))
+    assert all(len(_record(f)["content"]) == 32 for f in (tmp_path / "old" / "index").glob("*.json"))
     hashed = []
     monkeypatch.setattr(cache_mod, "content_hash", lambda path: hashed.append(path) or cache_mod.sha256(path))
     old = InputFeed(Files(paths), [kad], cache_dir=tmp_path / "old")
@@ -372,7 +379,7 @@ def test_concurrent_writers_share_the_cache_safely(tmp_path):
     with multiprocessing.get_context("spawn").Pool(3) as pool:
         assert pool.map(_prepare, [(cache, paths)] * 3) == [12] * 3
     assert not list(Path(cache).rglob("*.tmp"))  # every write renamed into place
-    entries = list((Path(cache) / "entries").rglob("*.npy"))
+    entries = list((Path(cache) / "entries").rglob("*.sealed.npy"))
     assert len(entries) == 12
     for entry in entries:  # complete files, each equal to a fresh preprocess of its image
         assert np.load(entry).ndim == 3

@@ -428,7 +428,7 @@ def compare_models(results: Mapping[str, ScoredTable], *, dataset: str, metrics:
     ia, ib = np.triu_indices(m, 1)
     diff = paired_differences(values[ia], values[ib], reps[ia].transpose(1, 0, 2), reps[ib].transpose(1, 0, 2),
                               level=level)
-    if test == "permutation" and k:
+    if test == "permutation" and k and len(ia):  # one model: no pair to test
         if (rows != rows[0]).any():
             raise XBenchError(f"models {names} hold the compared rows at different places of their tables (scored "
                               "with different classes or metrics): their statistics cannot be paired")

@@ -147,9 +147,11 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
     """
     from ..evaluation.evaluate import load_tables
     from ..metrics import pointing_game_tolerance, pointing_metric_name
+    from ..core.files import contained_folder
     from ..store.results import ResultStore
 
     run_dir = Path(run_dir)
+    default_out = out_dir is None
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "exports"
     t = load_tables(run_dir)
     pairs, tidy = t["pairs"], t["metrics"]
@@ -168,8 +170,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
         data = open_run_dataset(preds.meta)
         row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
         at = {c: i for i, c in enumerate(preds.case_ids.tolist())}
-        folder = contained(out_dir, ds, model, kind="dataset/model")
-        folder.mkdir(parents=True, exist_ok=True)
+        contained(out_dir, ds, model, kind="dataset/model")  # safe names
+        # real folders inside the run folder (default) or --out: no link among them (checked before each batch)
+        folder = (contained_folder(run_dir, "exports", ds, model) if default_out
+                  else contained_folder(out_dir, ds, model))
         masks: dict[str, np.ndarray] = {}
         box_rows: list[dict[str, Any]] = []
         per_case: dict[str, dict[tuple[str, str], float]] = {k: {} for k in ("pointing", "dice", "iou", "dice_boxes")}
