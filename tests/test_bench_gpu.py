@@ -123,7 +123,7 @@ def test_tiny_benchmark_runs_the_models_beyond_the_paper(bench, tmp_path, monkey
     """CheXzero and GLoRIA are in the benchmark's model list and load from their stand-in weight folders."""
     pytest.importorskip("pydicom")
     monkeypatch.setenv("XBENCH_MANIFESTS", str(tmp_path / "data" / "manifests"))
-    beyond = ["chexzero"]
+    beyond = ["chexzero", "gloria"]
     assert set(beyond) <= set(bench.MODELS) and set(beyond) <= bench.RANDOM_INIT
     r = bench.main(["--tiny", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--workers", "0",
                     "--gen-workers", "2", "--phases", "default", "--models", ",".join(beyond), "--bootstrap", "0"])

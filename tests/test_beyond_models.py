@@ -27,7 +27,7 @@ from xbench.spec.registry import model_config
 from xbench.workflows.run import run
 
 REPO = Path(__file__).resolve().parents[1]
-BEYOND = {"chexzero": "https://github.com/rajpurkarlab/CheXzero"}
+BEYOND = {"chexzero": "https://github.com/rajpurkarlab/CheXzero", "gloria": "https://github.com/marshuang80/gloria"}
 PROMPTS = ["pneumothorax", "pleural effusion"]
 
 
