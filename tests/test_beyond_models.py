@@ -81,7 +81,7 @@ def test_phantom_run_with_each_adapter(tmp_path):
 
 
 @pytest.mark.parametrize("name", list(BEYOND))
-def test_gradcam_on_the_named_layer(name):
+def test_explainers_on_the_named_layers(name):
     torch.set_num_threads(2)
     adapter = create_model(name, random_init=True)
     px = torch.stack([adapter.preprocess(torch.rand(300, 260).numpy()) for _ in range(2)])
@@ -91,6 +91,9 @@ def test_gradcam_on_the_named_layer(name):
     assert calls  # the YAML's layer is the one hooked
     assert tuple(maps.shape) == (2, 2, *adapter.grid) and torch.isfinite(maps).all() and maps.abs().sum() > 0
     assert not torch.equal(maps[:, 0], maps[:, 1])
+    if model_config(name).get("explain_attention"):  # CheXzero's ViT: gradient-weighted attention too
+        maps = explained(adapter, "attngrad").predict(px, PROMPTS).maps
+        assert tuple(maps.shape) == (2, 2, *adapter.grid) and torch.isfinite(maps).all() and maps.abs().sum() > 0
 
 
 @pytest.mark.parametrize("name", list(BEYOND))
