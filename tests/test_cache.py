@@ -26,8 +26,8 @@ from xbench.store.results import ResultStore
 from xbench.workflows.run import run
 from xbench.inference.speed import precision_mode
 
-QUANTISING = ["clip", "medklip", "mavl", "kad", "carzero", "devide"]  # preprocess starts with round(x * 255)
-FLOAT_INPUT = ["center_prior", "ref_xattn"]
+QUANTISING = ["clip", "medklip", "mavl", "kad", "carzero", "devide", "gloria"]  # preprocess starts with round(x * 255)
+FLOAT_INPUT = ["center_prior", "ref_xattn", "chexzero"]  # CheXzero: bicubic resize after normalising
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,8 @@ def test_rebuilt_input_equals_preprocess_bit_for_bit(adapters, name):
     for image in images(np.random.default_rng(7)):
         try:
             want = adapter.preprocess(image)
-        except ValueError:  # CARZero only downscales (its official INTER_AREA path)
-            assert name == "carzero" and min(image.shape) < 256
+        except ValueError:  # CARZero and GLoRIA only downscale (their official INTER_AREA path)
+            assert name in ("carzero", "gloria") and min(image.shape) < 256
             continue
         code = spec.encode(want)
         dtypes.add(code.dtype)
