@@ -203,6 +203,7 @@ def test_plans_shared_and_absent():
     assert plan_for(ads["kad"]) == plan_for(ads["devide"])  # bicubic
     assert plan_for(ads["medklip"]).resample != plan_for(ads["kad"]).resample
     assert plan_for(ads["kad_512"]) != plan_for(ads["kad"])
+    assert plan_for(ads["gloria"]) == plan_for(ads["carzero"])  # one pipeline, two normalisations (tables)
     assert plan_for(CenterPrior()) is None
     wrong = CodePlan("square", 223, 223, int(Image.BICUBIC), "linear")  # a plan that is not the adapter's
     assert check_plan(ads["medklip"], wrong, DEVICE) is None
