@@ -2,7 +2,7 @@
 
 A real run builds a model from its weights folder (``xbench.create_model(name, weights=DIR)`` ->
 ``Adapter.from_config`` -> the adapter's ``_load``); a random-init run builds the network in the process instead.
-:func:`write_weight_folders` writes, for clip, medklip, mavl, kad, carzero and devide, ``<folder>/<name>/`` holding
+:func:`write_weight_folders` writes, for clip, medklip, mavl, kad, carzero, devide and biovil, ``<folder>/<name>/`` holding
 the files that model's YAML ``weights:`` section lists (``xbench/configs/models/<name>.yaml``), in the layout the
 published files have, so that ``create_model(name, weights=<folder>/<name>)`` builds from files (label
 ``"official"``; DeViDe, which has no official release, ``"user-checkpoint"``) and its networks equal, tensor for
@@ -27,6 +27,10 @@ carzero    ``CARZero_best_model.ckpt``: Lightning ``{"state_dict": {"CARZero.<ke
            ``config.json``).
 devide     ``devide.pt``: KAD's containers with ``vit.*`` image keys (the layout ``xbench/models/devide.py``
            documents); ``Med-KEBERT/`` as KAD's.
+biovil     ``biovil_image_resnet50_proj_size_128.pt``: the image model's plain state dict (``encoder.encoder.*``,
+           ``projector.model.*``); ``BiomedVLP-CXR-BERT-specialized/`` (``config.json`` of type ``cxr-bert`` with
+           ``projection_size``, ``pytorch_model.bin`` with ``bert.*`` and ``cls_projection_head.*`` keys — without
+           the masked-LM head ``cls.*``, which the loader drops — ``vocab.txt``, ``tokenizer_config.json``).
 =========  ====================================================================================================
 
 Tokenizer and text files are synthesised (nothing is downloaded): a BERT ``vocab.txt`` has exactly the text
@@ -42,7 +46,7 @@ another seed or format is rewritten; an existing folder without the marker is ne
 Files are ``torch.save`` zip archives of tensors, strings and ints only, so the safe reader
 (:mod:`xbench.models.checkpoint`) reads them without placeholders or warnings.
 
-    python benchmarks/standin_weights.py --out DIR --models clip,medklip,mavl,kad,carzero,devide [--seed 0]
+    python benchmarks/standin_weights.py --out DIR --models clip,medklip,mavl,kad,carzero,devide,biovil [--seed 0]
 
 prints ``{model: {"folder", "bytes", "seconds", "reused"}}`` as JSON.
 """
@@ -64,7 +68,7 @@ from typing import Any
 
 import torch
 
-MODELS = ("clip", "medklip", "mavl", "kad", "carzero", "devide")
+MODELS = ("clip", "medklip", "mavl", "kad", "carzero", "devide", "biovil")
 MARKER = ".standin_complete"
 FORMAT = 1  # bump when a layout changes: folders of another format are rewritten
 BERT_SPECIALS = ["[PAD]", *(f"[unused{i}]" for i in range(1, 100)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0-103
@@ -76,7 +80,7 @@ PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 
 # -- public entry ------------------------------------------------------------------------------
 def write_weight_folders(models: Sequence[str], folder: Path, *, seed: int = 0) -> dict[str, Path]:
-    """For each model name (of clip, medklip, mavl, kad, carzero, devide; others, e.g. center_prior / ref_* /
+    """For each model name (of clip, medklip, mavl, kad, carzero, devide, biovil; others, e.g. center_prior / ref_* /
     biomedclip: skipped, not in the result), write into ``folder/<name>/`` the files its YAML ``weights:`` section
     lists, in the layout its ``_load`` reads, holding the weights of its seeded random-init network (the network
     ``xbench.create_model(name, random_init=True, seed=seed)`` builds). Returns ``{name: folder/name}``.
@@ -193,6 +197,7 @@ def _prompt_words() -> frozenset[str]:
     """Words of the names the adapters put into text: entity names, synonyms, official spellings, templates and the
     class names / prompts of every registered dataset manifest."""
     from xbench.models import carzero, clip, kad
+    from xbench.spec.registry import model_config
     from xbench.models.entity_queries import ENTITIES, SYNONYMS
     from xbench.models.mavl import ASPECTS
     from xbench.models.medklip import UNSEEN_DESCRIPTIONS
@@ -200,11 +205,17 @@ def _prompt_words() -> frozenset[str]:
 
     texts = [*ENTITIES, *SYNONYMS, *SYNONYMS.values(), *ASPECTS, *UNSEEN_DESCRIPTIONS.values(),
              *kad.OFFICIAL_TEXT.values(), *carzero.OFFICIAL_NAMES.values(), carzero.TEMPLATE,
-             *clip.DEFAULT_TEMPLATES.values(), _description("x"), _aspect("x", "x")]
+             *clip.DEFAULT_TEMPLATES.values(), _description("x"), _aspect("x", "x"), *_biovil_templates(model_config)]
     for dataset in list_datasets():
         for entry in dataset_manifest(dataset).get("classes") or []:
             texts += [str(entry.get(k, "")) for k in ("name", "prompt", "finding", "display")]
     return frozenset(_words(t.replace("_", " ") for t in texts))
+
+
+def _biovil_templates(model_config: Callable[[str], dict[str, Any]]) -> list[str]:
+    params = model_config("biovil").get("params") or {}
+    templates = params.get("templates") or {}
+    return [*templates.get("positive", []), *templates.get("negative", []), str(params.get("map_template", ""))]
 
 
 def bert_vocab(size: int, words: Iterable[str] = ()) -> list[str]:
@@ -328,9 +339,20 @@ def _write_carzero(adapter: Any, out: Path) -> None:
     write_tokenizer(out / "BioClinicalMPBERT", bert_config.vocab_size, config=bert_config)
 
 
+def _write_biovil(adapter: Any, out: Path) -> None:
+    _save(_state(adapter.image_model), out / "biovil_image_resnet50_proj_size_128.pt")
+    text = out / "BiomedVLP-CXR-BERT-specialized"
+    bert_config = adapter.text_model.bert.config
+    write_tokenizer(text, bert_config.vocab_size)
+    _write_json(text / "config.json", {**bert_config.to_dict(), "model_type": "cxr-bert",
+                                       "architectures": ["CXRBertModel"],
+                                       "projection_size": adapter.text_model.cls_projection_head.dense_to_output.out_features})
+    _save(_state(adapter.text_model), text / "pytorch_model.bin")
+
+
 WRITERS: dict[str, Callable[[Any, Path], None]] = {
     "clip": _write_clip, "medklip": _write_medklip, "mavl": _write_mavl, "kad": _write_kad,
-    "carzero": _write_carzero, "devide": _write_devide,
+    "carzero": _write_carzero, "devide": _write_devide, "biovil": _write_biovil,
 }
 
 

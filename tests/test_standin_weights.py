@@ -26,7 +26,7 @@ from xbench.spec.registry import model_config
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "standin_weights.py"
 NETWORKS = {  # model -> adapter attributes holding its networks
     "clip": ("model",), "medklip": ("net", "text_encoder"), "mavl": ("net", "text_encoder"),
-    "kad": ("network",), "carzero": ("model",), "devide": ("network",),
+    "kad": ("network",), "carzero": ("model",), "devide": ("network",), "biovil": ("image_model", "text_model"),
 }
 LABELS = {"devide": "user-checkpoint"}  # DeViDeAdapter labels every checkpoint so (no official release)
 PROMPTS = ["pleural effusion", "pneumothorax"]
@@ -48,7 +48,7 @@ def _random_init(name: str, seed: int):
         return xbench.create_model(name, random_init=True, seed=seed)
 
 
-IN_SUITE = ["clip", "medklip", "kad", "carzero"]  # MAVL (18 s) shares MedKLIP's layout plus two text files, DeViDe
+IN_SUITE = ["clip", "medklip", "kad", "carzero", "biovil"]  # MAVL (18 s) shares MedKLIP's layout plus two text files, DeViDe
 # KAD's containers: both are left out to keep the suite under its time budget. All six loaded from these folders in
 # the GPU benchmark's runs (docs/perf/round15_h100_profiled_de91cb8_run_log.json: weights_label "official",
 # DeViDe "user-checkpoint"); this test passed for all six on the CPU when written.
