@@ -2,7 +2,7 @@
 
 A real run builds a model from its weights folder (``xbench.create_model(name, weights=DIR)`` ->
 ``Adapter.from_config`` -> the adapter's ``_load``); a random-init run builds the network in the process instead.
-:func:`write_weight_folders` writes, for clip, medklip, mavl, kad, carzero, devide and biovil, ``<folder>/<name>/`` holding
+:func:`write_weight_folders` writes, for clip, medklip, mavl, kad, carzero, devide, biovil and medclip, ``<folder>/<name>/`` holding
 the files that model's YAML ``weights:`` section lists (``xbench/configs/models/<name>.yaml``), in the layout the
 published files have, so that ``create_model(name, weights=<folder>/<name>)`` builds from files (label
 ``"official"``; DeViDe, which has no official release, ``"user-checkpoint"``) and its networks equal, tensor for
@@ -31,6 +31,8 @@ biovil     ``biovil_image_resnet50_proj_size_128.pt``: the image model's plain s
            ``projector.model.*``); ``BiomedVLP-CXR-BERT-specialized/`` (``config.json`` of type ``cxr-bert`` with
            ``projection_size``, ``pytorch_model.bin`` with ``bert.*`` and ``cls_projection_head.*`` keys — without
            the masked-LM head ``cls.*``, which the loader drops — ``vocab.txt``, ``tokenizer_config.json``).
+medclip    ``pytorch_model.bin``: the ``MedCLIPModel`` state dict (``vision_model.*``, ``text_model.*``, ``logit_scale``)
+           in the installed transformers' Swin key names; ``Bio_ClinicalBERT/`` (``vocab.txt``, ``config.json``).
 =========  ====================================================================================================
 
 Tokenizer and text files are synthesised (nothing is downloaded): a BERT ``vocab.txt`` has exactly the text
@@ -46,7 +48,7 @@ another seed or format is rewritten; an existing folder without the marker is ne
 Files are ``torch.save`` zip archives of tensors, strings and ints only, so the safe reader
 (:mod:`xbench.models.checkpoint`) reads them without placeholders or warnings.
 
-    python benchmarks/standin_weights.py --out DIR --models clip,medklip,mavl,kad,carzero,devide,biovil [--seed 0]
+    python benchmarks/standin_weights.py --out DIR --models clip,medklip,mavl,kad,carzero,devide,biovil,medclip [--seed 0]
 
 prints ``{model: {"folder", "bytes", "seconds", "reused"}}`` as JSON.
 """
@@ -68,7 +70,7 @@ from typing import Any
 
 import torch
 
-MODELS = ("clip", "medklip", "mavl", "kad", "carzero", "devide", "biovil")
+MODELS = ("clip", "medklip", "mavl", "kad", "carzero", "devide", "biovil", "medclip")
 MARKER = ".standin_complete"
 FORMAT = 1  # bump when a layout changes: folders of another format are rewritten
 BERT_SPECIALS = ["[PAD]", *(f"[unused{i}]" for i in range(1, 100)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0-103
@@ -80,7 +82,7 @@ PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 
 # -- public entry ------------------------------------------------------------------------------
 def write_weight_folders(models: Sequence[str], folder: Path, *, seed: int = 0) -> dict[str, Path]:
-    """For each model name (of clip, medklip, mavl, kad, carzero, devide, biovil; others, e.g. center_prior / ref_* /
+    """For each model name (of clip, medklip, mavl, kad, carzero, devide, biovil, medclip; others, e.g. center_prior / ref_* /
     biomedclip: skipped, not in the result), write into ``folder/<name>/`` the files its YAML ``weights:`` section
     lists, in the layout its ``_load`` reads, holding the weights of its seeded random-init network (the network
     ``xbench.create_model(name, random_init=True, seed=seed)`` builds). Returns ``{name: folder/name}``.
@@ -205,7 +207,8 @@ def _prompt_words() -> frozenset[str]:
 
     texts = [*ENTITIES, *SYNONYMS, *SYNONYMS.values(), *ASPECTS, *UNSEEN_DESCRIPTIONS.values(),
              *kad.OFFICIAL_TEXT.values(), *carzero.OFFICIAL_NAMES.values(), carzero.TEMPLATE,
-             *clip.DEFAULT_TEMPLATES.values(), _description("x"), _aspect("x", "x"), *_biovil_templates(model_config)]
+             *clip.DEFAULT_TEMPLATES.values(), _description("x"), _aspect("x", "x"), *_biovil_templates(model_config),
+             *_medclip_prompt_words(model_config)]
     for dataset in list_datasets():
         for entry in dataset_manifest(dataset).get("classes") or []:
             texts += [str(entry.get(k, "")) for k in ("name", "prompt", "finding", "display")]
@@ -216,6 +219,11 @@ def _biovil_templates(model_config: Callable[[str], dict[str, Any]]) -> list[str
     params = model_config("biovil").get("params") or {}
     templates = params.get("templates") or {}
     return [*templates.get("positive", []), *templates.get("negative", []), str(params.get("map_template", ""))]
+
+
+def _medclip_prompt_words(model_config: Callable[[str], dict[str, Any]]) -> list[str]:
+    sets = (model_config("medclip").get("params") or {}).get("prompt_sets") or {}
+    return [word for parts in sets.values() for options in parts for word in options]
 
 
 def bert_vocab(size: int, words: Iterable[str] = ()) -> list[str]:
@@ -350,9 +358,15 @@ def _write_biovil(adapter: Any, out: Path) -> None:
     _save(_state(adapter.text_model), text / "pytorch_model.bin")
 
 
+def _write_medclip(adapter: Any, out: Path) -> None:
+    _save(_state(adapter.network), out / "pytorch_model.bin")
+    bert_config = adapter.network.text_model.model.config
+    write_tokenizer(out / "Bio_ClinicalBERT", bert_config.vocab_size, config=bert_config, tokenizer_config=False)
+
+
 WRITERS: dict[str, Callable[[Any, Path], None]] = {
     "clip": _write_clip, "medklip": _write_medklip, "mavl": _write_mavl, "kad": _write_kad,
-    "carzero": _write_carzero, "devide": _write_devide, "biovil": _write_biovil,
+    "carzero": _write_carzero, "devide": _write_devide, "biovil": _write_biovil, "medclip": _write_medclip,
 }
 
 

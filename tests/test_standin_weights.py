@@ -27,6 +27,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "standin_weights.p
 NETWORKS = {  # model -> adapter attributes holding its networks
     "clip": ("model",), "medklip": ("net", "text_encoder"), "mavl": ("net", "text_encoder"),
     "kad": ("network",), "carzero": ("model",), "devide": ("network",), "biovil": ("image_model", "text_model"),
+    "medclip": ("network",),
 }
 LABELS = {"devide": "user-checkpoint"}  # DeViDeAdapter labels every checkpoint so (no official release)
 PROMPTS = ["pleural effusion", "pneumothorax"]

@@ -1,7 +1,7 @@
-"""The models beyond the paper's seven (BioViL) in every part of XBench: registry listing, the ``beyond`` run config,
+"""The models beyond the paper's seven (BioViL, MedCLIP) in every part of XBench: registry listing, the ``beyond`` run config,
 the phantom run, an explainer on the YAML's layer, the tables (after the paper's seven, set apart) and the GPU
 benchmark's CPU version from stand-in weight files. Full-size networks with seeded random weights: plumbing, not
-grounding quality (parity with the official code: test_parity_biovil.py)."""
+grounding quality (parity with the official code: test_parity_biovil.py, test_parity_medclip.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -20,11 +20,12 @@ import xbench
 from xbench.core.errors import XBenchWarning
 from xbench.explain import explained
 from xbench.spec.config import RunConfig
+from xbench.models.weights_check import check_weights
 from xbench.spec.listing import model_rows
 from xbench.spec.registry import list_models, model_config
 from xbench.workflows.run import run
 
-BEYOND = {"biovil": "https://github.com/microsoft/hi-ml"}  # model -> publisher (official code)
+BEYOND = {"biovil": "https://github.com/microsoft/hi-ml", "medclip": "https://github.com/RyanWangZf/MedCLIP"}  # -> publisher
 PAPER_SEVEN = ["clip", "biomedclip", "medklip", "kad", "mavl", "carzero", "devide"]
 RUNS = Path(__file__).resolve().parents[2] / "xbench" / "configs" / "runs"
 
@@ -101,3 +102,7 @@ def test_tiny_gpu_benchmark_runs_them_from_standin_files(tmp_path, monkeypatch):
     assert r["paper"]["image_model_passes"] == len(BEYOND) * cases
     log = json.loads((tmp_path / "out" / "paper" / "run_log.json").read_text())
     assert {e["weights_label"] for e in log if e["model"] in BEYOND} == {"official"}
+    for name in BEYOND:  # `xbench weights check` knows the layout: every file read, then a strict build
+        report = check_weights(name, tmp_path / "data" / "weights" / name)
+        assert report.ok and report.build[0] == "ok", report.format()
+        assert {status for status, _, _ in report.lines} == {"ok"} and len(report.lines) == len(model_config(name)["weights"])
