@@ -8,9 +8,10 @@ Official code
     ``MedCLIPFeatureExtractor``, ``MedCLIPProcessor``; ``medclip/prompts.py``; ``medclip/constants.py``); PyPI
     ``medclip`` 0.0.3 is the same code. Nothing is copied; the modules below are re-written from those facts.
 Variant
-    ``MedCLIPVisionModelViT`` (Swin-tiny, ``microsoft/swin-tiny-patch4-window7-224``): the one the official README's
-    zero-shot ``PromptClassifier`` example builds and the variant with the paper's headline zero-shot results; the
-    ResNet-50 variant is not registered.
+    ``MedCLIPVisionModelViT`` (Swin-tiny, ``microsoft/swin-tiny-patch4-window7-224``): the variant the official
+    README's zero-shot ``PromptClassifier`` example builds (``MedCLIPModel(vision_cls=MedCLIPVisionModelViT)``,
+    ``from_pretrained()``). The paper reports both image encoders; which one gives its best zero-shot numbers was not
+    checked here (the paper text was not available offline). The ResNet-50 variant is not registered.
 Why re-implemented, not a dependency
     ``medclip`` pins ``transformers>=4.23.1,<=4.24.0`` (XBench needs >= 4.36; the device image has 5.x), subclasses
     ``CLIPFeatureExtractor`` (removed in transformers 5), calls ``.cuda()`` unconditionally, downloads weights with
