@@ -144,3 +144,22 @@ def test_window_is_the_padded_square():
     image = np.ones((300, 260), np.float32)
     pixels = adapter.preprocess(image)[0]  # the pad is black, the image white: columns 0..14 of 224 are pad
     assert pixels[:, :12].max() < 0 and pixels[:, 30:190].min() > 0
+
+
+def test_transformers_4_file_keys_map_to_the_installed_names():
+    from xbench.models.medclip import official_state
+
+    w, index = torch.ones(2, 2), torch.arange(4).reshape(2, 2)
+    block = "vision_model.model.encoder.layers.0.blocks.0."
+    file = {block + "attention.self.query.weight": w, block + "attention.output.dense.bias": w[0],
+            block + "intermediate.dense.weight": w, block + "output.dense.weight": w,
+            block + "attention.self.relative_position_index": index + 7,  # stored by transformers 4: dropped
+            block + "attention.self.relative_position_bias_table": w}
+    new_names = {block + "attention.q_proj.weight": w, block + "attention.o_proj.bias": w[0], block + "mlp.fc1.weight": w,
+                 block + "mlp.fc2.weight": w, block + "attention.relative_position_bias.relative_position_bias_table": w,
+                 "text_model.model.embeddings.position_ids": index}  # a persistent buffer the file lacks: as built
+    assert set(official_state(file, new_names, "f")) == set(new_names)
+    assert torch.equal(official_state(file, new_names, "f")["text_model.model.embeddings.position_ids"], index)
+    old_names = dict(file)
+    kept = official_state(file, old_names, "f")  # transformers 4 names: nothing renamed, the stored index kept
+    assert set(kept) == set(file) and torch.equal(kept[block + "attention.self.relative_position_index"], index + 7)
