@@ -2,8 +2,8 @@
 
 A real run builds a model from its weights folder (``xbench.create_model(name, weights=DIR)`` ->
 ``Adapter.from_config`` -> the adapter's ``_load``); a random-init run builds the network in the process instead.
-:func:`write_weight_folders` writes, for clip, medklip, mavl, kad, carzero, devide, chexzero and gloria,
-``<folder>/<name>/`` holding
+:func:`write_weight_folders` writes, for clip, medklip, mavl, kad, carzero, devide, chexzero, gloria, biovil
+and medclip, ``<folder>/<name>/`` holding
 the files that model's YAML ``weights:`` section lists (``xbench/configs/models/<name>.yaml``), in the layout the
 published files have, so that ``create_model(name, weights=<folder>/<name>)`` builds from files (label
 ``"official"``; DeViDe, which has no official release, ``"user-checkpoint"``) and its networks equal, tensor for
@@ -33,6 +33,12 @@ chexzero   ``chexzero.pt``: the plain state dict of OpenAI's ViT-B/32 CLIP (``to
 gloria     ``chexpert_resnet50.ckpt``: Lightning ``{"state_dict": {"gloria.<key>": ...}, "epoch", "global_step",
            "pytorch-lightning_version"}``; ``Bio_ClinicalBERT/`` (``config.json``, ``vocab.txt``: the tokenizer the
            official code fetches from the hub; the BERT weights are in the checkpoint).
+biovil     ``biovil_image_resnet50_proj_size_128.pt``: the image model's plain state dict (``encoder.encoder.*``,
+           ``projector.model.*``); ``BiomedVLP-CXR-BERT-specialized/`` (``config.json`` of type ``cxr-bert`` with
+           ``projection_size``, ``pytorch_model.bin`` with ``bert.*`` and ``cls_projection_head.*`` keys — without
+           the masked-LM head ``cls.*``, which the loader drops — ``vocab.txt``, ``tokenizer_config.json``).
+medclip    ``pytorch_model.bin``: the ``MedCLIPModel`` state dict (``vision_model.*``, ``text_model.*``, ``logit_scale``)
+           in the installed transformers' Swin key names; ``Bio_ClinicalBERT/`` (``vocab.txt``, ``config.json``).
 =========  ====================================================================================================
 
 Tokenizer and text files are synthesised (nothing is downloaded): a BERT ``vocab.txt`` has exactly the text
@@ -48,7 +54,7 @@ another seed or format is rewritten; an existing folder without the marker is ne
 Files are ``torch.save`` zip archives of tensors, strings and ints only, so the safe reader
 (:mod:`xbench.models.checkpoint`) reads them without placeholders or warnings.
 
-    python benchmarks/standin_weights.py --out DIR --models clip,medklip,mavl,kad,carzero,devide,chexzero,gloria [--seed 0]
+    python benchmarks/standin_weights.py --out DIR --models clip,medklip,mavl,kad,carzero,devide,chexzero,gloria,biovil,medclip [--seed 0]
 
 prints ``{model: {"folder", "bytes", "seconds", "reused"}}`` as JSON.
 """
@@ -70,7 +76,7 @@ from typing import Any
 
 import torch
 
-MODELS = ("clip", "medklip", "mavl", "kad", "carzero", "devide", "chexzero", "gloria")
+MODELS = ("clip", "medklip", "mavl", "kad", "carzero", "devide", "chexzero", "gloria", "biovil", "medclip")
 MARKER = ".standin_complete"
 FORMAT = 1  # bump when a layout changes: folders of another format are rewritten
 BERT_SPECIALS = ["[PAD]", *(f"[unused{i}]" for i in range(1, 100)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0-103
@@ -82,7 +88,8 @@ PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 
 # -- public entry ------------------------------------------------------------------------------
 def write_weight_folders(models: Sequence[str], folder: Path, *, seed: int = 0) -> dict[str, Path]:
-    """For each model name (of clip, medklip, mavl, kad, carzero, devide, chexzero, gloria; others, e.g. center_prior / ref_* /
+    """For each model name (of clip, medklip, mavl, kad, carzero, devide, chexzero, gloria, biovil, medclip; others, e.g.
+    center_prior / ref_* /
     biomedclip: skipped, not in the result), write into ``folder/<name>/`` the files its YAML ``weights:`` section
     lists, in the layout its ``_load`` reads, holding the weights of its seeded random-init network (the network
     ``xbench.create_model(name, random_init=True, seed=seed)`` builds). Returns ``{name: folder/name}``.
@@ -199,6 +206,7 @@ def _prompt_words() -> frozenset[str]:
     """Words of the names the adapters put into text: entity names, synonyms, official spellings, templates and the
     class names / prompts of every registered dataset manifest."""
     from xbench.models import carzero, clip, kad
+    from xbench.spec.registry import model_config
     from xbench.models.entity_queries import ENTITIES, SYNONYMS
     from xbench.models.mavl import ASPECTS
     from xbench.models.medklip import UNSEEN_DESCRIPTIONS
@@ -206,11 +214,23 @@ def _prompt_words() -> frozenset[str]:
 
     texts = [*ENTITIES, *SYNONYMS, *SYNONYMS.values(), *ASPECTS, *UNSEEN_DESCRIPTIONS.values(),
              *kad.OFFICIAL_TEXT.values(), *carzero.OFFICIAL_NAMES.values(), carzero.TEMPLATE,
-             *clip.DEFAULT_TEMPLATES.values(), _description("x"), _aspect("x", "x")]
+             *clip.DEFAULT_TEMPLATES.values(), _description("x"), _aspect("x", "x"), *_biovil_templates(model_config),
+             *_medclip_prompt_words(model_config)]
     for dataset in list_datasets():
         for entry in dataset_manifest(dataset).get("classes") or []:
             texts += [str(entry.get(k, "")) for k in ("name", "prompt", "finding", "display")]
     return frozenset(_words(t.replace("_", " ") for t in texts))
+
+
+def _biovil_templates(model_config: Callable[[str], dict[str, Any]]) -> list[str]:
+    params = model_config("biovil").get("params") or {}
+    templates = params.get("templates") or {}
+    return [*templates.get("positive", []), *templates.get("negative", []), str(params.get("map_template", ""))]
+
+
+def _medclip_prompt_words(model_config: Callable[[str], dict[str, Any]]) -> list[str]:
+    sets = (model_config("medclip").get("params") or {}).get("prompt_sets") or {}
+    return [word for parts in sets.values() for options in parts for word in options]
 
 
 def bert_vocab(size: int, words: Iterable[str] = ()) -> list[str]:
@@ -347,9 +367,27 @@ def _write_gloria(adapter: Any, out: Path) -> None:
     write_tokenizer(out / "Bio_ClinicalBERT", bert_config.vocab_size, config=bert_config, tokenizer_config=False)
 
 
+def _write_biovil(adapter: Any, out: Path) -> None:
+    _save(_state(adapter.image_model), out / "biovil_image_resnet50_proj_size_128.pt")
+    text = out / "BiomedVLP-CXR-BERT-specialized"
+    bert_config = adapter.text_model.bert.config
+    write_tokenizer(text, bert_config.vocab_size)
+    _write_json(text / "config.json", {**bert_config.to_dict(), "model_type": "cxr-bert",
+                                       "architectures": ["CXRBertModel"],
+                                       "projection_size": adapter.text_model.cls_projection_head.dense_to_output.out_features})
+    _save(_state(adapter.text_model), text / "pytorch_model.bin")
+
+
+def _write_medclip(adapter: Any, out: Path) -> None:
+    _save(_state(adapter.network), out / "pytorch_model.bin")
+    bert_config = adapter.network.text_model.model.config
+    write_tokenizer(out / "Bio_ClinicalBERT", bert_config.vocab_size, config=bert_config, tokenizer_config=False)
+
+
 WRITERS: dict[str, Callable[[Any, Path], None]] = {
     "clip": _write_clip, "medklip": _write_medklip, "mavl": _write_mavl, "kad": _write_kad,
     "carzero": _write_carzero, "devide": _write_devide, "chexzero": _write_chexzero, "gloria": _write_gloria,
+    "biovil": _write_biovil, "medclip": _write_medclip,
 }
 
 

@@ -26,7 +26,8 @@ from xbench.spec.registry import model_config
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "standin_weights.py"
 NETWORKS = {  # model -> adapter attributes holding its networks
     "clip": ("model",), "medklip": ("net", "text_encoder"), "mavl": ("net", "text_encoder"),
-    "kad": ("network",), "carzero": ("model",), "devide": ("network",),
+    "kad": ("network",), "carzero": ("model",), "devide": ("network",), "biovil": ("image_model", "text_model"),
+    "medclip": ("network",),
 }
 LABELS = {"devide": "user-checkpoint"}  # DeViDeAdapter labels every checkpoint so (no official release)
 PROMPTS = ["pleural effusion", "pneumothorax"]
@@ -48,7 +49,8 @@ def _random_init(name: str, seed: int):
         return xbench.create_model(name, random_init=True, seed=seed)
 
 
-IN_SUITE = ["clip", "medklip", "kad", "carzero"]  # MAVL (18 s) shares MedKLIP's layout plus two text files, DeViDe
+IN_SUITE = ["clip", "medklip", "kad", "carzero", "biovil", "medclip"]
+# MAVL (18 s) shares MedKLIP's layout plus two text files, DeViDe
 # KAD's containers: both are left out to keep the suite under its time budget. All six loaded from these folders in
 # the GPU benchmark's runs (docs/perf/standin_weights_run_log_h100.json: weights_label "official",
 # DeViDe "user-checkpoint"); this test passed for all six on the CPU when written.

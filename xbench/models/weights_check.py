@@ -77,10 +77,17 @@ def _check_checkpoint(path: Path) -> tuple[str, str]:
 
 
 def _check_tokenizer(folder: Path, source: str | None) -> tuple[str, str]:
-    from .text import load_bert_tokenizer
+    """The folder's tokenizer as its adapter builds it: CXR-BERT folders (``config.json`` of the remote-code type
+    ``cxr-bert``, BioViL) from their ``vocab.txt`` alone, any other with :func:`~xbench.models.text.load_bert_tokenizer`."""
+    from .text import load_bert_tokenizer, read_json
 
     try:
-        tokenizer = load_bert_tokenizer(folder, source=source)
+        if (folder / "config.json").is_file() and read_json(folder / "config.json").get("model_type") == "cxr-bert":
+            from .biovil import cxr_bert_tokenizer
+
+            tokenizer = cxr_bert_tokenizer(folder, source)
+        else:
+            tokenizer = load_bert_tokenizer(folder, source=source)
     except XBenchError as exc:
         return "error", str(exc)
     present = sorted(p.name for p in folder.iterdir() if p.is_file())
