@@ -491,12 +491,12 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     case (``on_missing_image: skip``) is listed in ``<output_dir>/skipped_cases.csv``. ``on_dataset(i)`` is called once
     every pair of ``cfg.datasets[i]`` is in the store without failure (so its evaluation can start).
 
-    With ``check`` (default) :func:`xbench.inference.preflight.preflight` runs first and any problem stops the run before a
+    With ``check`` (default) :func:`xbench.preflight.preflight` runs first and any problem stops the run before a
     model is built. Optional models without weights are left out (logged; noted in ``run_log.json``).
     Returns the output folder and whether this process should evaluate now: false for an independent shard (`xbench
     merge` evaluates once all are present) and for every distributed rank but rank 0.
     """
-    from .preflight import preflight, runnable_models, summary
+    from ..preflight import preflight, runnable_models, summary
 
     run_started = time.perf_counter()  # since_start_seconds in the run log count from here (preflight included)
     started_unix = round(time.time(), 3)  # the same moment on the wall clock: ranks' start-ups can be compared
