@@ -48,7 +48,7 @@ from ..datasets import BaseDataset, open_dataset
 from ..datasets.base import inference_order, largest_first
 from ..core.errors import XBenchError
 from ..core.logs import progress_bar
-from ..preflight import runnable_models
+from ..preflight.checks import runnable_models
 from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers
 from ..store.results import ResultStore, write_table
 from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, ground_truth_file, shippable

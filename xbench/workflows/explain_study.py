@@ -51,7 +51,7 @@ def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequen
     option (the phantom), ``cases`` cases; ``n_boot`` defaults to the config's bootstrap replicates.
     """
     from .run import run
-    from ..inference.runner import open_model
+    from ..inference.builder import open_model
 
     from ..spec.registry import model_config
     from ..explain.methods import EXPLAINERS
