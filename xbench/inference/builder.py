@@ -142,7 +142,7 @@ class ModelBuilder:
                               "allow random-init models (allow_random_init: true, or params: {random_init: true})")
         if mspec.fit_split is None:
             self.built[key] = adapter
-        self.times.ready(key)
+        self.times.note_built(key)
         return adapter
 
     def twins(self, models: Sequence[ModelSpec]) -> dict[int, Adapter]:
@@ -156,7 +156,7 @@ class ModelBuilder:
                     twins[id(m)] = copy
         return twins
 
-    def start(self, models: Sequence[ModelSpec], dspec: DatasetSpec,
+    def launch(self, models: Sequence[ModelSpec], dspec: DatasetSpec,
               twins: dict[int, Adapter]) -> tuple[list[Adapter | None], Building]:
         """Build the models without a twin now, then start the others in the background (:func:`build_behind`).
         Returns every model's adapter (None for those still building) and the builds under way. The background builds

@@ -51,7 +51,7 @@ class BuildTimes:
         self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - began
         return made
 
-    def ready(self, key: int) -> None:
+    def note_built(self, key: int) -> None:
         """Note model ``key`` built (its first time only)."""
         self.ready_at.setdefault(key, self.clock.since_start())
 

@@ -101,7 +101,7 @@ def _infer_dataset(plan: RunPlan, builder: ModelBuilder, stepper: DatasetStepper
     else:
         rows = _fresh_rows(plan, i, overwrite) if plan.decode_ahead else []
         twins = builder.twins(models if rows else [])  # a fresh dataset decodes while its networks are built
-        adapters, building = builder.start(models, dspec, twins)
+        adapters, building = builder.launch(models, dspec, twins)
         try:
             feed = (feeds.new_feed(plan.feed, dataset, [twins[id(m)] if id(m) in twins else a
                                                         for m, a in zip(models, adapters)])

@@ -116,8 +116,9 @@ class PairRun:
         self.feed, self.writer, self.flush = feed, writer, flush or _flush
         self._writes: list[Future] = []
         self.device = knobs.device
+        meta = _meta(knobs, dspec, mspec, dataset, adapter)
         self.store = store = ResultStore(knobs.output_dir)
-        store.prepare(dspec.name, mspec.label, _meta(knobs, dspec, mspec, dataset, adapter), overwrite=overwrite)
+        store.prepare(dspec.name, mspec.label, meta, overwrite=overwrite)
         n_chunks = -(-len(dataset) // knobs.chunk_size)
         mine = sorted(int(k) for k in chunks)
         todo = _rows_to_infer(store, dspec.name, mspec.label, dataset, mine, knobs.chunk_size)
@@ -332,7 +333,7 @@ class DatasetStepper:
         from a feed of its own. ``adapters`` is completed in place, and ``on_built(adapters)`` is called once every
         model is built. A failed build is raised at once (the pairs already running stop; their written chunks stay).
         """
-        return _DatasetRun(self, dspec, dataset, models, adapters, chunks, building or {}, on_built).run(feed, expected)
+        return _DatasetRun(self, dspec, dataset, models, adapters, chunks, building or {}, on_built).infer(feed, expected)
 
 
 class _DatasetRun:
@@ -381,7 +382,7 @@ class _DatasetRun:
         if not self.building and self.on_built is not None:
             self.on_built(self.adapters)
 
-    def run(self, feed: Any, expected: int) -> list[dict[str, Any]]:
+    def infer(self, feed: Any, expected: int) -> list[dict[str, Any]]:
         # chunks are compressed and written in the background while the models run (zlib releases the GIL), in the
         # order they finish (one thread); leaving this block waits for every queued write, so a failure elsewhere
         # loses no chunk
