@@ -2,7 +2,7 @@
 
 The checkpoints are the seeded random-init networks' own state dicts (made before timing, not timed), so the work is
 the same in any version of XBench that has these entry points: compare two trees by running this script with each
-on ``PYTHONPATH`` (docs/performance.md, round 6). Prints JSON: per network the median of ``--repeats`` builds.
+on ``PYTHONPATH`` (docs/performance.md, "How a run is organised for speed"). Prints JSON: per network the median of ``--repeats`` builds.
 
     python benchmarks/bench_builds.py --repeats 3
 """

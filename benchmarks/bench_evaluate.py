@@ -43,8 +43,8 @@ Usage::
     python benchmarks/bench_evaluate.py --models 2                 # 2 of 7 models, extrapolated to 7
     python benchmarks/bench_evaluate.py --models 7                 # the full paper scale
     python benchmarks/bench_evaluate.py --datasets nih_bbox --models 1 --replicates 200   # a quick check
-    python benchmarks/bench_evaluate.py --models 7 --compare --json docs/perf/compare.json   # comparisons' cost
-    python benchmarks/bench_evaluate.py --models 7 --workers 16 --json docs/perf/evaluate_parallel.json  # 16 cores
+    python benchmarks/bench_evaluate.py --models 7 --compare --json docs/perf/compare_paper_scale_cpu.json   # comparisons' cost
+    python benchmarks/bench_evaluate.py --models 7 --workers 16 --json docs/perf/evaluate_paper_scale_16cpu.json  # 16 cores
 """
 from __future__ import annotations
 

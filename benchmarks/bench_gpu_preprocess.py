@@ -13,7 +13,7 @@ target, and compares the kernel on ``--device`` with the CPU reference:
 Work is spread over ``--workers`` processes (each generates its cases from the case seed, runs the CPU reference
 and the kernel, and reports mismatches); the JSON report lists counts per target and every mismatch.
 
-    python benchmarks/bench_gpu_preprocess.py --cases 10000 --workers 16 --device cuda --out docs/perf/x.json
+    python benchmarks/bench_gpu_preprocess.py --cases 10000 --workers 16 --device cuda --out docs/perf/gpu_preprocess_exact_h100.json
 """
 from __future__ import annotations
 

@@ -25,8 +25,8 @@ Layouts, each written from the same arrays of every chunk (all in one run, equal
 Times are the fastest of ``--repeats`` per chunk (the least disturbed on a shared machine), summed over chunks; reads
 are timed round-robin (every layout's chunks in turn, ``--repeats`` rounds), so that a drift of the machine during
 the run (neighbours, the heap's growth) touches every layout alike. ``full_scale_mb`` applies each layout's
-byte ratio to the 257 MB extrapolated for today's layout (docs/performance.md: 20.6 MB at 1,033 cases × 7
-models, × 12.5); ``per_model_ratio`` is the store's layout against today's, per model. Prints JSON and writes
+byte ratio to the 257 MB extrapolated for today's layout (20.6 MB measured at 1,033 cases × 7
+models on one H100 with the uncompressed layout, × 12.5); ``per_model_ratio`` is the store's layout against today's, per model. Prints JSON and writes
 it to ``--json``.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-TODAY_FULL_SCALE_MB = 257.0  # docs/performance.md: 20.6 MB at 1,033 cases x 7 models, x 12.5 to 12,880 cases
+TODAY_FULL_SCALE_MB = 257.0  # 20.6 MB measured at 1,033 cases x 7 models (uncompressed layout), x 12.5 to 12,880
 
 
 def make_phantom(out: Path) -> None:

@@ -195,7 +195,7 @@ def test_a_resumed_dataset_builds_its_models_first(tmp_path, without_twins):
 
 def test_decode_ahead_is_on_for_cuda_runs_unless_turned_off(tmp_path, monkeypatch):
     """``auto`` (the default) decodes ahead only where the models run on CUDA: on the CPU decoding competes with them
-    (docs/performance.md, round 5). ``false`` builds first on any device."""
+    (docs/performance.md). ``false`` builds first on any device."""
     assert RunConfig.from_dict(tiny_run(tmp_path)).decode_ahead == "auto"
     for wrong in ("yes", 1):
         with pytest.raises(FormatError, match="decode_ahead"):

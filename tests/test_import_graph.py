@@ -107,7 +107,7 @@ def test_the_check_sees_a_cycle():
 # The stages of the pipeline, lowest first. A module may import its own folder and any folder of a LOWER rank;
 # folders that share a rank are independent of each other (datasets, models, metrics and the paper's numbers
 # never import one another). The top-level modules (the public face, the command line, the notebook session)
-# sit above everything. README "Layout" describes the same order.
+# sit above everything. docs/layout.md describes the same order.
 LAYERS: dict[str, int] = {
     "core": 0,          # errors, atomic writer, logging
     "spec": 1,          # schema, registry, findings, manifests, run configs

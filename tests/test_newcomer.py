@@ -277,7 +277,7 @@ def test_table2_prints_two_rows_per_model_like_the_paper(tmp_path):
 
 
 def test_papers_table3_underlines_devide_infiltration_though_medklip_is_higher():
-    """README "Known differences": the paper's own Table 3 marks DeViDe's 47.15 second best for Infiltration."""
+    """docs/known-differences.md: the paper's own Table 3 marks DeViDe's 47.15 second best for Infiltration."""
     from xbench.paper import load_reference
 
     ref = load_reference()

@@ -50,7 +50,7 @@ def _random_init(name: str, seed: int):
 
 IN_SUITE = ["clip", "medklip", "kad", "carzero"]  # MAVL (18 s) shares MedKLIP's layout plus two text files, DeViDe
 # KAD's containers: both are left out to keep the suite under its time budget. All six loaded from these folders in
-# the GPU benchmark's runs (docs/perf/round15_h100_profiled_de91cb8_run_log.json: weights_label "official",
+# the GPU benchmark's runs (docs/perf/standin_weights_run_log_h100.json: weights_label "official",
 # DeViDe "user-checkpoint"); this test passed for all six on the CPU when written.
 
 

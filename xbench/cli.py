@@ -210,7 +210,7 @@ def console() -> None:
     Before the interpreter ends, every live object is frozen (:func:`gc.freeze`): its final collection would
     otherwise traverse all of them (tables, datasets, networks) just before the process's memory is returned anyway.
     That sweep took 1.9–2.2 s after a phantom run on a 2-core machine, against 0.3–0.4 s frozen
-    (docs/performance.md, round 14). Objects are still freed by reference counting; only the cycle search is skipped.
+    Objects are still freed by reference counting; only the cycle search is skipped.
     :func:`main` itself never freezes, so code that calls it in-process keeps its collector.
     """
     import gc

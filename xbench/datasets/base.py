@@ -274,8 +274,8 @@ def inference_order(datasets: Sequence[Any]) -> list[int]:
     (:meth:`xbench.inference.cache.InputFeed.then`). While the models work through the lead's many small images, the
     dataset with the most evaluation work, typically also the slowest to decode per case (VinDr-CXR's 3,000² DICOMs),
     is decoded behind them. Its evaluation then runs while the other datasets are inferred. Led by that dataset
-    instead (largest first alone, issue 22 rounds 6-15), the models waited for its decoding once the networks were
-    built (docs/performance.md, issue 22 round 16).
+    instead (largest first alone), the models waited for its decoding once the networks were
+    built (one H200, half-scale stand-ins, cold: 65.7 / 65.8 s with the lead against 67.5 / 68.7 s).
 
     >>> import pandas as pd
     >>> class D(list):

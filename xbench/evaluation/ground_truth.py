@@ -360,7 +360,7 @@ def ground_truth_file(dataset: BaseDataset, grid: tuple[int, int], folder: str |
     with a pool the workers' bit-packed chunks are joined and written as they come. For a 3,000-case stand-in of
     VinDr-CXR at 224² (18,877 masks, 947 MB as bools) the calling process's CPU was 0.66–0.70 s against 4.30–4.55 s
     through :func:`cached_ground_truth` when the file is made, 0.34–0.35 s against 0.85–0.95 s when it is found
-    (2 workers, 2 cores; docs/performance.md, round 14).
+    (2 workers, 2 cores).
     """
     key, path, status, arrays = _look_up(dataset, grid, folder, options)
     if arrays is None:

@@ -1,4 +1,4 @@
-"""Post-hoc explainers as map sources over any adapter (issue 24).
+"""Post-hoc explainers as map sources over any adapter.
 
 ``explained(adapter, "gradcam")`` returns an :class:`ExplainedAdapter` named ``"<model>+gradcam"``; a run config
 chooses one with a model entry ``{name: kad, explainer: gradcam}``. Explainers: :data:`EXPLAINERS`

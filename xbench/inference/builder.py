@@ -78,7 +78,7 @@ def build_behind(jobs: dict[int, tuple[int, Callable[[], Adapter], Adapter]],
     are read. One thread: builds that seed torch's RNG (random-init) never overlap. On a CUDA ``device`` each build
     runs on a stream of its own (:func:`on_own_stream`). Builds from weight files in three threads, and the next
     dataset decoded from the first build on, were measured and dropped: on one H200 both made the models' own passes
-    slower, and neither ended the run sooner (docs/performance.md)."""
+    slower, and neither ended the run sooner."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xbench-build")
     order = sorted(jobs, key=lambda j: (jobs[j][0], j))
     started = {j: (pool.submit(on_own_stream(jobs[j][1], device)), jobs[j][2]) for j in order}
@@ -161,7 +161,7 @@ class ModelBuilder:
         """Build the models without a twin now, then start the others in the background (:func:`build_behind`).
         Returns every model's adapter (None for those still building) and the builds under way. The background builds
         start before the feed is set up (its calibrations) and decoding starts: the first network is read while the
-        feed gets ready (docs/performance.md)."""
+        feed gets ready."""
         now = {id(m): self.build(m, dspec) for m in models if id(m) not in twins}
         building = self._behind({j: (weight_bytes(m), partial(self.build, m, dspec), twins[id(m)])
                                  for j, m in enumerate(models) if id(m) in twins}, self.device) if twins else {}

@@ -2,7 +2,7 @@
 
 Why: every adapter's ``preprocess`` starts from the float image at original size and ends with
 a per-pixel normalisation. Decoding a 1024² PNG or a 3000² DICOM once per *model* dominated the
-GPU run (issue 15). :class:`InputFeed` decodes each case once (parallel workers), runs every
+GPU run. :class:`InputFeed` decodes each case once (parallel workers), runs every
 model's ``preprocess`` on that one decoded image, and keeps the results for the whole run.
 
 Exactness (the parity-proven numerics are kept bit for bit):
@@ -28,7 +28,7 @@ as the CPU path's (``tests/test_gpu_preprocess.py``), so caches and stores do no
 Cache on disk (``cache_dir``; optional — without it the feed lives in memory for the run):
 
 * ``index/<sha1 of the absolute path>.json``: file size, mtime_ns, content hash (SHA-256 of the file
-  bytes; BLAKE2b-128 in records written before issue 22's round 10, still served) and the image's
+  bytes; BLAKE2b-128 in records written by earlier versions, still served) and the image's
   ``(H, W)``; a file whose size or mtime changed is hashed again (git's rule), so an entry is never
   served for changed bytes.
 * ``entries/<transform key>/<hash[:2]>/<hash>.npy``: one model input. The transform key is a
@@ -138,7 +138,7 @@ os.register_at_fork(after_in_child=_forget_levels)
 def _level_pool() -> ThreadPoolExecutor:
     """The process's pool of calibration threads, made on first use (again in a forked child). Four threads: on a
     16-core H100 host they calibrated the six twinned models in 2.35-2.68 s, one thread per core in 2.73-2.76 s and
-    one by one in 3.11-3.66 s (docs/performance.md, round 6)."""
+    one by one in 3.11-3.66 s."""
     with _LEVELS_LOCK:
         if not _LEVELS:
             _LEVELS.append(ThreadPoolExecutor(min(4, os.cpu_count() or 1), thread_name_prefix="xbench-calibrate"))

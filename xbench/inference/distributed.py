@@ -119,7 +119,7 @@ def assign_chunks(costs: Sequence[Sequence[float | Sequence[float]]], ranks: int
     resource is taken as a share of its total over all chunks. Chunks go by decreasing largest share (ties in dataset,
     then chunk order), each to the rank whose largest share would be smallest with it (then the smallest sum of
     shares, then the lowest rank). With one resource this is longest processing time first. Balancing pixels alone
-    gave one of four ranks 1.8 times the cases of another (docs/performance.md).
+    gave one of four ranks 1.8 times the cases of another (4 × H200, half-scale stand-ins).
 
     Deterministic from the costs alone, so independent shards (``--shard i/n``) agree without talking. A chunk is
     written whole by one rank, so stores do not depend on the number of ranks.

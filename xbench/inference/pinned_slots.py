@@ -2,9 +2,9 @@
 
 Why: a decoded native-size source (up to 3,072² 16-bit, 18.9 MB) used to travel from a decoding process to the
 decoding thread as a tensor in named shared memory. The worker copied it into a fresh segment (~5–6 ms for 18 MB on
-the H100 host, ``docs/perf/round17_*``), the thread mapped the segment, copied it into a pinned block, and unmapped
+an H100 host), the thread mapped the segment, copied it into a pinned block, and unmapped
 it again: on one H100 that receiving, copying and unmapping took about a third of the decoding thread's wall
-(docs/performance.md, issue 22 round 9).
+(profiled).
 
 Here one block of ``slots × slot_bytes`` bytes is mapped shared and anonymous before the decoding processes are
 forked, so every worker inherits it, and on CUDA it is page-locked once (``cudaHostRegister``). The decoding thread

@@ -1,6 +1,6 @@
 """Which differences are real: paired model comparisons and rank confidence from bootstrap replicates.
 
-Conventions (README "Metric conventions", "Which differences are real"):
+Conventions (docs/metrics.md: the conventions table and "Which differences are real"):
 
 * **Paired resampling.** Every model of a dataset is bootstrapped on the *same* resamples of the
   cases (images) shared by all of them: replicate ``b`` of model A and replicate ``b`` of model B

@@ -84,7 +84,7 @@ def build_uninitialised(factory: Callable[[], T]) -> T:
       first way cannot, such as open_clip's (``create_model`` moves the model to its device, and CLIP has a causal
       ``attn_mask`` buffer).
 
-    No RNG is drawn either way. Build times are in ``docs/performance.md`` (round 6). ``accelerate``'s
+    No RNG is drawn either way. Build times are in ``docs/performance.md`` ("How a run is organised for speed"). ``accelerate``'s
     ``init_empty_weights`` is the first way without the buffer rules; accelerate is not a dependency.
 
     >>> net = build_uninitialised(lambda: torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))

@@ -397,7 +397,7 @@ def load_state_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor]
     The checkpoint's tensors become the module's (``assign=True``) instead of being copied into the memory the module
     was built with, once each is in the module tensor's dtype and device and contiguous (converted where it is not,
     which is the copy a plain load makes). The module's values are the same bytes either way; the copy of every
-    weight is saved (a build from CARZero's 883 MB checkpoint: docs/performance.md, issue 22 round 16). The
+    weight is saved (883 MB for CARZero's checkpoint). The
     checkpoint's tensors are therefore not to be changed after the load.
     """
     from .checkpoint import require_tensor_state

@@ -90,7 +90,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
     from ..explain.report_section import explain_sections
 
     sections[4:4] = [(title, [{"kind": "p", "text": note}, _frame_table(frame, "explain")])  # after Figures, when
-                     for title, note, frame in explain_sections(run_dir)]  # notebook 11 ran (issue 24)
+                     for title, note, frame in explain_sections(run_dir)]  # notebook 11 ran
     page = render_page(f"XBench report — {run_dir.name}", sections)
     out.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(out, page)

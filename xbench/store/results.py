@@ -18,7 +18,7 @@ a damaged chunk (truncated, emptied, edited) is reported by name and recomputed,
 and a re-run skips every intact chunk. A chunk whose index names other inputs than
 ``meta.json`` is refused (results of different inputs are never mixed).
 
-Chunk layout (issue 22): a zip archive (``.npz``) of ``.npy`` members in a fixed order — ``case_ids``,
+Chunk layout: a zip archive (``.npz``) of ``.npy`` members in a fixed order — ``case_ids``,
 ``scores``, ``probs``, ``maps_shape``, ``maps_z0``, ``maps_z1`` (float32 maps: also ``maps_z2``, ``maps_z3``),
 ``sizes``, ``windows``, ``skipped_ids``, ``skipped_reasons``. The maps are byte-shuffled, as HDF5's / blosc's
 shuffle filter does: byte plane ``k`` holds byte ``k`` (little-endian: 0 is the low byte) of every map value in

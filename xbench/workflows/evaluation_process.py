@@ -4,7 +4,7 @@
 pairs to its worker pool, receives their results and steps the large pairs. In the process that feeds a GPU that
 thread shares the interpreter lock with the models' thread and the decoding thread. On two H200s (2 × 16 decode
 workers, 32 cores) rank 0, which evaluates, took 46.9 and 49.5 s to infer its share against 44.3 and 44.9 s with
-``--no-eval`` (docs/performance.md, issue 22 round 15).
+``--no-eval``.
 
 :class:`EvaluationProcess` runs the same ``RunEvaluation`` in a child process (started like pool workers,
 :func:`xbench.core.workers.start_process`; it ends if this process dies). This process only sends it what happens

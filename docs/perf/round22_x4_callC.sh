@@ -1,2 +1,0 @@
-# As run on the device (round 14): the two 4-GPU arms of call B again, in reverse order (both ran 3bba382: see docs/performance.md, round 14)
-export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PATH=/tmp/site/bin:$PATH; rm -rf /tmp/n4 /tmp/o4; bash .device_carry/exp/r13m.sh o4 old 4 1.0 200 2>&1 | head -4; mv $OUT/o4.json $OUT/o4b.json; bash .device_carry/exp/r13m.sh n4 new 4 1.0 200 2>&1 | head -4; mv $OUT/n4.json $OUT/n4b.json; python3 .device_carry/exp/cmp.py /tmp/n4/multi_4 /tmp/o4/multi_4 | cut -c1-300
