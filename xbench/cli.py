@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 from .core.errors import XBenchError
 
 if TYPE_CHECKING:  # the CLI imports the library (and torch) only once a command needs it
+    import pandas as pd
+
     from .spec.config import RunConfig
 
 
@@ -50,9 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder with models/ and/or datasets/ YAML files of your own (repeatable; "
                              "also $XBENCH_CONFIG_PATH)")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(_commands={})
 
     def add(name: str, **kwargs: object) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], **kwargs)  # type: ignore[arg-type]
+        command = sub.add_parser(name, parents=[common], **kwargs)  # type: ignore[arg-type]
+        parser.get_default("_commands")[name] = command
+        return command
 
     p = add("check", help="preflight: data, images, weights, fit splits and device of a run config; nothing is computed")
     p.add_argument("--config", required=True)
@@ -83,12 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir")
 
     p = add("reproduce", help="run every notebook in order through papermill")
-    p.add_argument("--config", required=True)
-    p.add_argument("--output-dir")
-    p.add_argument("--device")
+    p.add_argument("--config", required=True, help="run config: a YAML path or a shipped name (phantom, paper)")
+    p.add_argument("--output-dir", help="override the config's output_dir (the notebooks' working folder; every "
+                                        "output lands there)")
+    p.add_argument("--device", help="override the config's device (cpu, cuda, auto)")
     p.add_argument("--notebooks", help="folder of notebooks (default: the repository's notebooks/)")
     p.add_argument("--timeout", type=int, default=1800, help="per-cell execution timeout in seconds")
-    p.add_argument("--kernel", default="python3")
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel name to run the notebooks in (default: "
+                                                       "python3, this environment's)")
     p.add_argument("--figures-dir", help="also copy tables/figures here (the repository's figures/ for the phantom default)")
     p.add_argument("--keep-going", action="store_true", help="run the remaining notebooks after a failure; list failures at the end")
     p.add_argument("--no-check", action="store_true", help="skip the preflight before the notebooks")
@@ -162,8 +169,6 @@ def _score_or_report(args: argparse.Namespace) -> int:
 
         print(f"report in {build_report(args.run, args.out, grid=args.grid, max_cases_per_class=args.cases_per_class)}")
         return 0
-    import yaml
-
     from .workflows.score import evaluate_maps, read_chexlocalize
 
     options = {}
@@ -171,24 +176,51 @@ def _score_or_report(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep:
             raise XBenchError(f"--option takes KEY=VALUE, got {item!r}")
-        options[key] = yaml.safe_load(value)
+        options[key] = _yaml_value(value, f"--option {key}")
     maps = read_chexlocalize(args.maps, classes=args.classes) if args.chexlocalize else args.maps
     tables = evaluate_maps(maps, dataset=args.dataset, split=args.split, root=args.root,
                            classes=None if args.chexlocalize else args.classes, name=args.name,
                            output_dir=args.output_dir, grid=tuple(args.grid), bootstrap=args.bootstrap,
                            dataset_options=options, pointing_margins=args.margin, progress=not args.quiet,
                            compare_with=args.compare_with)
-    from .metrics import DATASET_LEVEL
-
-    level = tables["metrics"][tables["metrics"]["finding"] == DATASET_LEVEL]
-    print(level[["metric", "value", "ci_low", "ci_high", "n_pairs", "n_cases", "n_classes"]].to_string(index=False))
+    print(_score_summary(tables["metrics"], args.name))
     out = args.output_dir or f"results/{args.name}-{args.dataset}"
     print(f"tables in {out}/tables")
     return 0
 
 
+def _score_summary(metrics: pd.DataFrame, name: str) -> str:
+    """`xbench score`'s printout: the dataset-level rows, one per model × metric, the scored maps (``name``) first,
+    with a ``model`` column (with ``--compare-with`` the run's models follow, each row named)."""
+    import pandas as pd
+
+    from .metrics import DATASET_LEVEL
+
+    level = metrics[metrics["finding"] == DATASET_LEVEL]
+    order = [name, *sorted(set(level["model"]) - {name})]
+    level = level.assign(model=pd.Categorical(level["model"], order, ordered=True)).sort_values(["model"], kind="stable")
+    cols = ["model", "metric", "value", "ci_low", "ci_high", "n_pairs", "n_cases", "n_classes"]
+    return level[cols].astype({"model": str}).to_string(index=False)
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse; an unknown option is reported with its command's usage (not the top-level one) and a close match."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        import difflib
+
+        command = parser.get_default("_commands")[args.command]
+        options = [o for action in command._actions for o in action.option_strings]
+        close = difflib.get_close_matches(extra[0], options, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        command.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    del args._commands
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     from .core.logs import setup_logging
 
     setup_logging(-1 if args.quiet else 1 if args.verbose else 0)
@@ -200,8 +232,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             add_search_dir(folder)
         return _dispatch(args)
     except XBenchError as exc:
-        print(f"xbench: error: {exc}", file=sys.stderr)
+        print(f"xbench: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except MemoryError:  # a reader that did not bound its work: still one line, never a traceback
+        print("xbench: error: out of memory (an input asked for more memory than this machine gives; run with -v "
+              "for the command's inputs)", file=sys.stderr)
+        return 2
+
+
+def _one_line(text: str, limit: int = 2000) -> str:
+    """An error message on one line: line breaks joined, other control and bidi characters shown as ``\\uXXXX``
+    (:func:`xbench.core.summary.visible`), at most ``limit`` characters."""
+    import re
+
+    from .core.summary import visible
+
+    return visible(re.sub(r"\s*\n\s*", " ", text.strip()), limit)
 
 
 def console() -> None:
@@ -240,9 +286,19 @@ def _debug_context(args: argparse.Namespace) -> None:
 
 def _parameters(pairs: list[list[str]]) -> dict[str, object]:
     """``-p NAME VALUE`` pairs → notebook parameters (values parsed as YAML scalars, like papermill's ``-y``)."""
+    return {name: _yaml_value(value, f"-p {name}") for name, value in pairs}
+
+
+def _yaml_value(text: str, where: str) -> object:
+    """A command-line value read as YAML (aliases refused); malformed → :class:`XBenchError` naming ``where``."""
     import yaml
 
-    return {name: yaml.safe_load(value) for name, value in pairs}
+    from .spec.registry import load_yaml_text
+
+    try:
+        return load_yaml_text(text)
+    except yaml.YAMLError as exc:
+        raise XBenchError(f"{where}: invalid YAML value ({exc})") from None
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -261,6 +317,19 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _without_path(text: str, path: str) -> str:
+    """``text`` with the repetitions of ``path`` (already at the start of the line) taken out.
+
+    >>> _without_path("unreadable: FormatError: /d/a.png: not a PNG (/d/a.png)", "/d/a.png")
+    'unreadable: FormatError: not a PNG'
+    """
+    if not path:
+        return text
+    for form in (f"{path}: ", f" ({path})", f"'{path}'", path):
+        text = text.replace(form, "")
+    return text
+
+
 def _deep_check(cfg: "RunConfig") -> int:
     """Decode every present image of every dataset of ``cfg``; print the unreadable ones; 1 if any."""
     from .datasets import checks
@@ -276,7 +345,7 @@ def _deep_check(cfg: "RunConfig") -> int:
         print(f"dataset {spec.name} [{ds.split}]: decoded {decoded} of {decoded + len(bad)} present images, "
               f"{len(bad)} unreadable")
         for row in bad:
-            print(f"  UNREADABLE {row['case_id']} {row['file']}: {row['reason']}: {row['message']}")
+            print(f"  UNREADABLE {row['case_id']} {row['file']}: {_without_path(row['reason'] + ': ' + row['message'], row['file'])}")
     return 1 if bad_total else 0
 
 
@@ -315,8 +384,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         report = preflight(cfg, hashes=not args.no_hash)
         print(report.format())
-        if not report.ok:
-            print("problems:\n  - " + "\n  - ".join(report.problems), file=sys.stderr)
+        if not report.ok:  # each is listed once, in the report above (PROBLEM lines)
+            print(f"{len(report.problems)} problem(s), listed above as PROBLEM", file=sys.stderr)
         deep = _deep_check(cfg) if args.deep else 0
         return 0 if report.ok and not deep else 1
     if args.command == "run":

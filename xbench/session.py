@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from .core.errors import XBenchError
 from .spec.config import RunConfig
 
 
@@ -85,7 +86,15 @@ def open_run(config: str | Path | RunConfig, *, output_dir: str | Path | None = 
 
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_yaml(
         config, output_dir=None if output_dir is None else str(output_dir), device=device)
-    tables = load_tables(cfg.output_dir)
+    try:
+        tables = load_tables(cfg.output_dir)
+    except XBenchError as exc:
+        if Path(cfg.output_dir).is_absolute():
+            raise
+        raise XBenchError(f"{exc}. The notebooks' default paths (config, output_dir) are relative to the "
+                          "notebooks/ folder: run a notebook from there after notebook 00 (or `make reproduce`) has "
+                          "filled the run, e.g. `cd notebooks && papermill 01_table1_grounding.ipynb /tmp/01.ipynb`, "
+                          "or pass absolute paths: `papermill NB OUT -p config ABS_YAML -p output_dir ABS_DIR`.") from exc
     log_path = Path(cfg.output_dir) / "tables" / "evaluation_log.json"
     log = json.loads(log_path.read_text()) if log_path.is_file() else []
     compared = load_comparisons(cfg.output_dir)

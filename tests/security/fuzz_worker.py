@@ -21,6 +21,7 @@ from xbench.models.base import load_checkpoint
 from xbench.spec.registry import read_yaml
 from xbench.store.results import read_chunk_file
 from xbench.workflows.score import load_maps, read_chexlocalize_pickle
+from xbench.datasets.images import read_image
 
 #: meta.json of the fuzzed results-store chunk (test_fuzz_inputs.py's "store chunk" seed): 4 cases, 3 findings, 5 × 7
 CHUNK_META = {"findings": ["Nodule", "Effusion", "Mass"], "grid": [5, 7], "chunk_size": 4}
@@ -37,6 +38,7 @@ READERS = {
     "config": RunConfig.from_yaml,
     "manifest": _manifest,
     "chunk": lambda p: read_chunk_file(p, CHUNK_META),
+    "image": read_image,
 }
 
 

@@ -3,7 +3,8 @@
 
 Seeds (written here): a torch zip checkpoint holding numpy data and a placeholder payload, a legacy checkpoint,
 a safetensors file, a cheXlocalize map pickle with a nested legacy storage, ``.npy`` / ``.npz`` map files, a
-run config, a dataset manifest and a results-store chunk (zstd layout). Hypothesis mutates their bytes (overwrites, truncation, insertion; derandomized,
+run config (and one with a model's mapping parameter), a dataset manifest, a results-store chunk (zstd layout), a
+protocol-4 (framed) map pickle, a PNG with text chunks and a deflated DICOM. Hypothesis mutates their bytes (overwrites, truncation, insertion; derandomized,
 so CI is reproducible). Each file is read by a worker subprocess (``fuzz_worker.py``) whose address space is capped
 (``RLIMIT_AS`` = its size after imports + 1 GiB) with a per-file time limit; a crash, a non-XBench exception, a
 ``MemoryError`` or a time-out fails the test, naming the file and the mutation."""
@@ -16,6 +17,7 @@ import pickle
 import select
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save as save_safetensors
 
+import hostile
+import xbench
 from xbench.store.results import encode_chunk
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(xbench.__file__).resolve().parents[1]  # the checkout whose xbench the tests import
 TIME_LIMIT_S = 20
 EXAMPLES = 25
 
@@ -73,7 +77,22 @@ def _seeds() -> dict[str, tuple[str, str, bytes]]:
         "run config": ("config", "run.yaml", config_text.read_bytes() if config_text else b"datasets: [phantom]\n"),
         "manifest": ("manifest", "chestx_det.yaml", manifest),
         "store chunk": ("chunk", "chunk-00000.npz", chunk),
+        "chexlocalize pickle protocol 4": ("pickle", "p1_Edema_map.pkl", pickle.dumps(
+            {"map": np.linspace(0, 1, 16, dtype=np.float32).reshape(1, 1, 4, 4), "prob": 0.25}, protocol=4)),
+        "png image": ("image", "case.png", hostile.png(hostile.png_chunk(b"tEXt", b"Comment\x00hello")
+                                                        + hostile.png_chunk(b"zTXt", b"k\x00\x00" + zlib.compress(b"z" * 64)),
+                                                        width=16, height=16)),
+        "deflated dicom": ("image", "case.dcm", _dicom_bytes()),
+        "model params config": ("config", "run.yaml", b"output_dir: out\ndatasets: [phantom]\nmodels:\n  - name: clip\n"
+                                b"    params: {templates: {positive: 'a {}', negative: 'no {}'}}\ngrid: [32, 32]\n"),
     }
+
+
+def _dicom_bytes() -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        return hostile.deflated_dicom(Path(folder) / "seed.dcm", filler=256).read_bytes()
 
 
 SEEDS = _seeds()

@@ -118,7 +118,14 @@ class LineProgress:
             self.log.info("%s: %d/%d %s (%.1f %s/s)", self.desc, self.n, self.total, self.unit, rate, self.unit)
 
     def close(self) -> None:
-        if self.total:
+        """The last line, unless nothing was counted: a run stopped before its first item (a failed inference under
+        ``--keep-going``) prints no "0/4 pair" line that reads as if work had been done.
+
+        Examples
+        --------
+        >>> LineProgress(4, "evaluate", "pair").close()  # prints nothing
+        """
+        if self.total and self.n:
             self._line()
 
     def __iter__(self):  # pragma: no cover - not used as an iterator wrapper
@@ -126,8 +133,12 @@ class LineProgress:
 
 
 def progress_bar(*, total: int, desc: str = "", unit: str = "it", disable: bool = False) -> Any:
-    """A tqdm bar on a terminal, :class:`LineProgress` elsewhere, a silent tqdm when ``disable``."""
-    from tqdm.auto import tqdm
+    """A tqdm bar on a terminal, :class:`LineProgress` elsewhere, a silent tqdm when ``disable``.
+
+    The console tqdm, never ``tqdm.auto``: in a notebook kernel without ipywidgets that one warns "IProgress not
+    found" on every bar, disabled ones included.
+    """
+    from tqdm import tqdm
 
     if disable:
         return tqdm(total=total, disable=True)

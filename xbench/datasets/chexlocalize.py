@@ -61,6 +61,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.errors import FormatError, MissingFileError, UnknownNameError
+from ..core.summary import brief
 from .base import BaseDataset, Box, EncodedMask, Polygon, Region
 from .images import image_size
 from .records import csv_records
@@ -214,7 +215,7 @@ class CheXlocalize(BaseDataset):
                     continue
                 size = _size(rle.get("size") if isinstance(rle, dict) else None)
                 if size is None or not isinstance(rle.get("counts"), str):
-                    self.fail(path, f"{cxr_id}/{task}: expected {{'size': [h, w], 'counts': str}}, got {rle!r:.80}",
+                    self.fail(path, f"{cxr_id}/{task}: expected {{'size': [h, w], 'counts': str}}, got {brief(rle)}",
                               line=record, field=task, reason="malformed RLE")
                     continue
                 if sizes.setdefault(cxr_id, size) != size:

@@ -40,7 +40,9 @@ SamplesPerPixel) is checked against ``max_pixels`` (default :data:`MAX_PIXELS`
 = 100 million, e.g. 10000²; the environment variable ``XBENCH_MAX_PIXELS``
 overrides it). A larger claim (a decompression bomb) raises
 :class:`~xbench.core.errors.FormatError`, which the runner counts as a skip under
-``on_missing_image: skip``.
+``on_missing_image: skip``. A deflated DICOM (transfer syntax 1.2.840.10008.1.2.1.99) is inflated in pieces and
+counted before pydicom reads it (:func:`_check_deflated`). Any other decoder failure (Pillow's text-chunk limits,
+a forged chunk length, ...) is a ``FormatError`` too.
 A file is read as DICOM when its suffix is ``.dcm`` / ``.dicom`` or it has the
 ``DICM`` marker at byte 128; otherwise with Pillow.
 
@@ -218,6 +220,7 @@ def image_size(path: str | Path) -> tuple[int, int]:
         import pydicom
 
         try:
+            _check_deflated(path, None)
             ds = pydicom.dcmread(path, stop_before_pixels=True)
             _check_dicom_pixels(path, ds, None)
             return int(ds.Rows), int(ds.Columns)
@@ -234,6 +237,8 @@ def image_size(path: str | Path) -> tuple[int, int]:
         raise _bomb(path, exc, None) from exc
     except (UnidentifiedImageError, OSError) as exc:
         raise FormatError(path, f"not a readable image: {exc}") from exc
+    except Exception as exc:  # Pillow's text-chunk limits (ValueError), forged chunk lengths, ...
+        raise FormatError(path, f"not a readable image ({type(exc).__name__}: {exc})") from exc
     _check_pixels(path, width * height, f"{width} x {height}", None)
     return int(height), int(width)
 
@@ -305,10 +310,15 @@ def _read_pillow(path: Path, limit: int | None = None, source: bool = False) -> 
             if source:
                 return SourceImage(np.array(grey, dtype=np.uint8), _LEVELS8)
             return np.asarray(grey, dtype=np.float32) / np.float32(255.0)
+    except FormatError:
+        raise
     except Image.DecompressionBombError as exc:
         raise _bomb(path, exc, limit) from exc
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise FormatError(path, f"not a readable image: {exc}") from exc
+    except Exception as exc:  # any other decoder failure: Pillow's text-chunk limits (ValueError), a forged chunk
+        # length (MemoryError, struct.error, ...) — the file is unreadable, never the run
+        raise FormatError(path, f"not a readable image ({type(exc).__name__}: {exc})") from exc
 
 
 def _bomb(path: Path, exc: Exception, limit: int | None) -> FormatError:
@@ -324,6 +334,39 @@ def _check_dicom_pixels(path: Path, ds, limit: int | None) -> None:
     frames, samples = int(ds.get("NumberOfFrames", 1) or 1), int(ds.get("SamplesPerPixel", 1) or 1)
     _check_pixels(path, rows * cols * frames * samples,
                   f"Rows x Columns x NumberOfFrames x SamplesPerPixel = {rows} x {cols} x {frames} x {samples}", limit)
+
+
+#: Bytes a deflated DICOM dataset may inflate to beyond 8 bytes per pixel of the bound (its other elements).
+DEFLATED_OVERHEAD = 16 * 2**20
+
+
+def _check_deflated(path: Path, limit: int | None) -> None:
+    """A DICOM with the Deflated Explicit VR Little Endian transfer syntax: pydicom inflates the whole dataset (pixel
+    data included) into memory before a header can be read, so the stream is first inflated here in 4 MiB pieces,
+    counted and dropped; more than 8 bytes a pixel of the bound + :data:`DEFLATED_OVERHEAD` is a
+    :class:`FormatError` before pydicom sees the file."""
+    import zlib
+
+    from pydicom.filereader import _read_file_meta_info, read_preamble
+    from pydicom.uid import DeflatedExplicitVRLittleEndian
+
+    with open(path, "rb") as fh:
+        try:
+            read_preamble(fh, force=True)
+            meta = _read_file_meta_info(fh)
+        except Exception:  # not a DICOM with file meta: pydicom's own reading reports it
+            return
+        if meta.get("TransferSyntaxUID") != DeflatedExplicitVRLittleEndian:
+            return
+        bound = 8 * (max_pixels() if limit is None else int(limit)) + DEFLATED_OVERHEAD
+        inflate, total = zlib.decompressobj(-zlib.MAX_WBITS), 0
+        while not inflate.eof and (data := fh.read(2**20)):
+            while data and not inflate.eof:
+                total += len(inflate.decompress(data, 4 * 2**20))
+                if total > bound:
+                    raise FormatError(path, f"the deflated dataset inflates to more than {bound:,} bytes (8 bytes a "
+                                            "pixel of the bound max_pixels / XBENCH_MAX_PIXELS, + 16 MiB); not decoded")
+                data = inflate.unconsumed_tail
 
 
 def _voi_range(arr: np.ndarray, ds) -> tuple[float, float]:
@@ -356,6 +399,7 @@ def _read_dicom(path: Path, limit: int | None = None, source: bool = False) -> A
     from pydicom.pixels import apply_modality_lut, apply_voi_lut
 
     try:
+        _check_deflated(path, limit)
         ds = pydicom.dcmread(path)  # pixel data stays encoded until pixel_array
         _check_dicom_pixels(path, ds, limit)
         samples = int(ds.get("SamplesPerPixel", 1))

@@ -449,7 +449,9 @@ def load_tables(output_dir: str | Path) -> dict[str, pd.DataFrame]:
     """The tables of an evaluated run: ``metrics``, ``pairs``, ``curves``, ``models``."""
     folder = Path(output_dir) / "tables"
     if not (folder / "metrics.parquet").exists():
-        raise XBenchError(f"{folder} has no metrics table: run `xbench run` (or `xbench evaluate`) first")
+        where = "" if folder.is_absolute() else f" ({str(folder)!r} read from the working folder {Path.cwd()})"
+        raise XBenchError(f"{folder.resolve()} has no metrics table{where}: run `xbench run` (or `xbench evaluate`) "
+                          "first")
     return {
         "metrics": pd.read_parquet(folder / "metrics.parquet"),
         "pairs": pd.read_parquet(folder / "pairs.parquet"),

@@ -23,7 +23,7 @@ running the resizes; this process uploads it once and computes every ported mode
 of equal-size images at a time (:class:`~xbench.inference.device_stage.DeviceStage`).
 A model gets this path only when its kernel reproduces its own ``preprocess`` on probe images and its
 code table equals :class:`ModelInput`'s (checked once per adapter); its codes are then the same bytes
-as the CPU path's (``tests/test_gpu_preprocess.py``), so caches and stores do not depend on the path.
+as the CPU path's (``tests/inference/test_gpu_preprocess.py``), so caches and stores do not depend on the path.
 
 Cache on disk (``cache_dir``; optional — without it the feed lives in memory for the run):
 
@@ -171,7 +171,7 @@ def model_input(adapter: Any, candidate: np.ndarray | None = None) -> ModelInput
     plan's, :func:`~xbench.inference.gpu_preprocess.code_table`), and kept only when it equals the constant images'
     values at the :data:`_CHECKED_LEVELS`; otherwise the 256 constant images are run (a pool of threads: the work is
     Pillow, numpy and torch, which release the GIL). For the six paper models the table and key are those of the 256
-    constant images (``tests/test_cache.py``), so decode caches stay valid. A table is never trusted blindly: an input
+    constant images (``tests/inference/test_cache.py``), so decode caches stay valid. A table is never trusted blindly: an input
     is stored as codes only where the table rebuilds it exactly (:meth:`ModelInput.encode`), and a GPU plan is used
     only when its own table equals it.
     """

@@ -73,16 +73,18 @@ class RunPlan:
     allow_random_init: bool
 
 
-def plan_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, check: bool = True) -> RunPlan:
+def plan_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, check: bool = True,
+             keep_going: bool = False) -> RunPlan:
     """Check and resolve ``cfg`` into a :class:`RunPlan` (the module docstring says what is done, in that order).
 
-    ``check``: run the preflight first; any problem stops the run here, before a model is built. Optional models
+    ``check``: run the preflight first; any problem stops the run here, before a model is built (with ``keep_going``
+    the error also says how to record each failing pair instead). Optional models
     without weights are left out (logged). An unwritable output folder, a shard index outside ``0 <= i < n`` and a
     dataset without cases are errors naming them.
     """
     report = preflight(cfg) if check else None
     if report is not None:
-        report.raise_for_problems()
+        report.raise_for_problems(keep_going=keep_going)
     images = summary(report) if report is not None else None
     models, left_out = runnable_models(cfg, report.left_out if report is not None else None)
     for mspec in models:  # the stores' fingerprints need every weight file's sha256: read while the run starts up

@@ -9,6 +9,7 @@ here (after the pair's own counts, :meth:`xbench.inference.stepper.PairRun.finis
 """
 from __future__ import annotations
 
+import csv
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..core.atomic import atomic_write_bytes
+from ..core.errors import FormatError
 from .skips import write_skips_csv
 
 T = TypeVar("T")
@@ -125,3 +127,36 @@ class RunRecorder:
         suffix = "" if self.shard == (0, 1) else f".shard{self.shard[0]}of{self.shard[1]}"
         atomic_write_bytes(self.output_dir / f"run_log{suffix}.json", json.dumps(self.log, indent=1, default=str).encode())
         write_skips_csv(self.output_dir / f"skipped_cases{suffix}.csv", self.skipped_rows)
+
+
+def merge_run_logs(output_dir: Path, sources: Sequence[str | Path]) -> tuple[Path, Path] | None:
+    """Join the shards' ``run_log.shardIofN.json`` and ``skipped_cases.shardIofN.csv`` (from ``output_dir`` and
+    each of ``sources``) into ``output_dir``'s ``run_log.json`` and ``skipped_cases.csv``, as one unsharded run
+    writes them; each log entry gains ``shard`` (``"IofN"``). A source without shard files contributes its plain
+    ``run_log.json`` / ``skipped_cases.csv``. Returns the two paths, or None when no source has a log."""
+    out = Path(output_dir).resolve()
+    log: list[dict[str, Any]] = []
+    skipped: dict[tuple, dict[str, str]] = {}
+    folders = list(dict.fromkeys([out, *(Path(s).resolve() for s in sources)]))
+    for folder in folders:
+        logs = sorted(folder.glob("run_log.shard*.json"))
+        if not logs and folder != out and (folder / "run_log.json").is_file():
+            logs = [folder / "run_log.json"]
+        for path in logs:
+            shard = path.name[len("run_log."):-len(".json")].removeprefix("shard") if path.name != "run_log.json" else None
+            try:
+                entries = json.loads(path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise FormatError(f"{path}: not a run log ({exc})") from exc
+            log += [{**e, "shard": shard} if shard else dict(e) for e in entries]
+        csvs = sorted(folder.glob("skipped_cases.shard*.csv"))
+        if not csvs and folder != out and (folder / "skipped_cases.csv").is_file():
+            csvs = [folder / "skipped_cases.csv"]
+        for path in csvs:
+            with open(path, newline="", encoding="utf-8") as fh:
+                for row in csv.DictReader(fh):
+                    skipped[tuple(row.get(c, "") for c in ("dataset", "model", "case_id"))] = row
+    if not log and not skipped:
+        return None
+    atomic_write_bytes(out / "run_log.json", json.dumps(log, indent=1, default=str).encode())
+    return out / "run_log.json", write_skips_csv(out / "skipped_cases.csv", list(skipped.values()))

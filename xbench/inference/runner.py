@@ -32,7 +32,7 @@ from .builder import on_own_stream as _on_own_stream
 from .distributed import barrier, with_index
 from .distributed import assign_chunks, chunk_costs
 from .plan import RunPlan, plan_run
-from .recorder import BuildTimes, RunClock, RunRecorder
+from .recorder import BuildTimes, RunClock, RunRecorder, merge_run_logs
 from .stepper import DatasetStepper, PairRun, _flush
 
 # open_model, input_twin, _build_behind and _flush are read from this module when infer_run builds its parts, so a
@@ -59,7 +59,7 @@ def infer_run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite
     merge` evaluates once all are present) and for every distributed rank but rank 0.
     """
     clock = RunClock()  # since_start_seconds in the run log count from here (preflight included)
-    plan = plan_run(cfg, shard=shard, check=check)
+    plan = plan_run(cfg, shard=shard, check=check, keep_going=keep_going)
     knobs, times = plan.knobs, BuildTimes(clock)
     builder = ModelBuilder(plan.device, knobs.output_dir, times, overwrite=overwrite,
                            allow_random_init=plan.allow_random_init, open_model=open_model, input_twin=input_twin,
@@ -152,4 +152,5 @@ def merge_shards(cfg: RunConfig, sources: Sequence[str | Path]) -> Path:
     target = ResultStore(check_writable(cfg.output_dir, "output_dir"))
     for src in sources:
         target.merge_from(src)
+    merge_run_logs(Path(cfg.output_dir), sources)  # the shards' run logs and skipped cases, joined
     return Path(cfg.output_dir)

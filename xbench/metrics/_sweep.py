@@ -1,7 +1,8 @@
 """Chunked engine behind the grounding metrics: upsample, normalise, count.
 
 Bilinear resizing is ``Wy @ map @ Wx.T`` with cached 1-D weight matrices
-(:func:`bilinear_weights`, :func:`upsample_chunk`). One pass over each
+(:func:`bilinear_weights`, :func:`upsample_chunk`), taken in float64 so that the
+result is the same bits under every BLAS kernel and thread count. One pass over each
 (map, mask) pair gives every count the public functions in
 :mod:`xbench.metrics.grounding` need: the pointing-game hit, ``|B(τ) ∩ G|`` and
 ``|B(τ)|`` for a whole threshold grid, and ``|G|``. Pairs are processed
@@ -152,18 +153,35 @@ def bilinear_weights(n_in: int, n_out: int) -> np.ndarray:
     return w
 
 
+@functools.lru_cache(maxsize=32)
+def _weights64(n_in: int, n_out: int) -> np.ndarray:
+    """:func:`bilinear_weights` as float64 (the same values: every float32 is a float64), read-only."""
+    w = bilinear_weights(n_in, n_out).astype(np.float64)
+    w.flags.writeable = False
+    return w
+
+
 def upsample_chunk(x: np.ndarray, size: tuple[int, int], out: np.ndarray | None = None) -> np.ndarray:
     """Bilinear (``align_corners=False``) resize of float32 ``(k, h, w)`` to ``(k, H, W)``.
 
-    ``out[i] = Wy @ x[i] @ Wx.T`` with ``Wy = bilinear_weights(h, H)`` and
-    ``Wx = bilinear_weights(w, W)``: separable bilinear interpolation as two
-    float32 matrix products (NumPy ``matmul``; every map is one pair of
-    fixed-shape products, so its result does not depend on the other maps of
-    the chunk). Identity (a copy) when the size already matches. A map constant
-    on its native grid is returned exactly constant (float32 rounding of
-    ``c·(1 - λ) + c·λ`` could otherwise leave ulp-level ripples that min–max
-    normalisation would blow up); a resized map holding NaN or inf is all NaN.
-    ``out``, if given, is a C-contiguous float32 ``(k, H, W)`` buffer to fill.
+    ``out[i] = fl32(Wy @ fl32(x[i] @ Wx.T))`` with ``Wy = bilinear_weights(h, H)`` and
+    ``Wx = bilinear_weights(w, W)``, both products taken in **float64** and each rounded
+    to float32 once. The result is the same bits on every machine, whatever the BLAS
+    kernel (Haswell, SkylakeX, …), its thread count or its blocking, by construction:
+    both factors of every product are float32 values, so each product is exact in
+    float64 (24 + 24 significand bits ≤ 53), and every output sums at most two non-zero
+    products (a row of ``W`` has at most two non-zeros), so any summation order, any
+    fused multiply–add and any number of added exact zeros give one correctly rounded
+    float64 sum. A float32 matrix product has neither property (its products round,
+    and kernels differ in FMA use and order), which made results depend on the BLAS
+    configuration by up to 2.4e-7. The same holds per map, so a map's result does not
+    depend on the chunk it is in.
+
+    Identity (a copy) when the size already matches. A map constant on its native grid
+    is returned exactly constant (the float32 weights of a row need not sum to exactly 1,
+    and min–max normalisation would blow up ulp-level ripples); a resized map holding
+    NaN or inf is all NaN. ``out``, if given, is a C-contiguous float32 ``(k, H, W)``
+    buffer to fill.
     """
     if x.shape[1:] == tuple(size):
         if out is None:
@@ -176,10 +194,13 @@ def upsample_chunk(x: np.ndarray, size: tuple[int, int], out: np.ndarray | None 
     bad = ~(np.isfinite(lo) & np.isfinite(hi))
     if bad.any():
         x = np.where(bad[:, None, None], np.float32(0.0), x)  # no 0 · inf in the products
-    wy = bilinear_weights(x.shape[1], size[0])
-    wx = bilinear_weights(x.shape[2], size[1])
+    wy = _weights64(x.shape[1], size[0])
+    wx = _weights64(x.shape[2], size[1])
     # each output is a convex combination of finite inputs: no inf, no NaN
-    out = np.matmul(wy, np.matmul(x, wx.T), out=out)
+    half = np.matmul(x.astype(np.float64), wx.T).astype(np.float32).astype(np.float64)  # exact float32 values
+    if out is None:
+        out = np.empty((len(x), *size), np.float32)
+    out[...] = np.matmul(wy, half)  # the one rounding to float32
     const = lo == hi
     if const.any():
         out[const] = lo[const, None, None]

@@ -12,9 +12,15 @@ Conventions shared by every function here (stated once, tested in
   interpolation, ``align_corners=False`` (:func:`upsample_maps`), before anything
   else — the cheXlocalize rule (``eval.py``/``heatmap_to_segmentation.py`` resize
   to the image with ``F.interpolate(..., 'bilinear', align_corners=False)``);
-  XBench evaluates that formula as two float32 matrix products per map, which
-  is about 4× faster than torch's CPU kernel and equal to it up to float32
-  rounding.
+  XBench evaluates that formula as two float64 matrix products per map, each
+  rounded to float32 once, which is faster than torch's CPU kernel, equal to it up
+  to float32 rounding, and the same bits on every machine (below).
+* **Same bits everywhere.** Upsampling, normalisation, the threshold sweep
+  (integer counts), the pointing-game argmax and the best-τ choice (exact
+  fractions) give identical bits whatever the CPU, the BLAS kernel and its thread
+  count: no result here depends on a summation order. Values that come out of a
+  network forward pass do not have this property (see the README, "What
+  identical means").
 * **Normalise.** Per-map min–max to [0, 1] in float32 (:func:`normalize_maps`);
   a constant map becomes all zeros.
 * **Binarise.** ``B(τ) = {u : v_u ≥ τ}`` on the normalised map ``v`` with ``≥``
@@ -97,15 +103,18 @@ def upsample_maps(maps, size: tuple[int, int] = DEFAULT_GRID) -> np.ndarray:
     Bilinear interpolation with ``align_corners=False`` (half-pixel centres)
     and border clamping — the ``torch.nn.functional.interpolate(mode="bilinear",
     align_corners=False)`` formula that cheXlocalize uses — computed as a
-    separable linear map: ``out[i] = Wy @ maps[i] @ Wx.T`` in float32, where
+    separable linear map: ``out[i] = fl32(Wy @ fl32(maps[i] @ Wx.T))`` with the
+    products in float64, where
     ``Wy`` ``(H, h)`` and ``Wx`` ``(W, w)`` hold the 1-D interpolation weights
     (:func:`xbench.metrics._sweep.bilinear_weights`: at most two non-zeros per
     row, ``1 − λ`` and ``λ``, with source positions and ``λ`` rounded as torch
     rounds them). This is the library's single definition of the resize: every
     metric, and the brute-force references in the tests and the benchmark, go
     through it. Results may differ from torch's own kernel by float32 rounding
-    (a few ulps; ≤ 1.2e-7 on maps in [0, 1] in the tests); a map's result does
-    not depend on the other maps passed with it. When ``(h, w)`` already equals
+    (a few ulps; ≤ 1.2e-7 on maps in [0, 1] in the tests). The bits do not depend
+    on the machine, the BLAS kernel or its threads, nor on the other maps passed
+    with it: every float64 product is exact and each output sums at most two of
+    them (:func:`xbench.metrics._sweep.upsample_chunk` gives the argument). When ``(h, w)`` already equals
     ``size`` the maps are returned unchanged (a copy). A map that is constant on
     its native grid is returned exactly constant (the float32 weights of a row
     need not sum to exactly 1). When resized, a map holding any NaN or inf is

@@ -37,6 +37,7 @@ import argparse
 import collections
 import functools
 import io
+import os
 import pickle
 import struct
 import warnings
@@ -52,6 +53,7 @@ import torch
 
 from ..core.errors import CheckpointError, MissingFileError, XBenchWarning
 from ..core.safe_arrays import array_from_bytes, plain_dtype
+from ..core.summary import brief, visible
 
 __all__ = [
     "CheckpointWarning",
@@ -115,6 +117,153 @@ def _placeholder(qualified: str) -> type[Placeholder]:
 # -- limits that hold for every pickle XBench opens ------------------------------------------------------
 #: Deepest nesting of containers / objects a pickle may build (deeper → :class:`CheckpointError`).
 MAX_DEPTH = 100
+#: Bytes of objects a pickle may build, per byte of the pickle (:data:`BUILD_MIN` more): every object made by a
+#: call (``REDUCE`` / ``NEWOBJ`` / ``BUILD``) is charged its size (text and byte length, 8 bytes a container slot,
+#: an array's or a storage's bytes) and every memo reference 8 bytes. A pickle that reuses one memoised value to
+#: build many copies of it (``_codecs.encode`` / ``bytearray`` / ``list`` applied K times) is refused by the name
+#: of the call that went over, before its memory grows past the budget.
+BUILD_FACTOR = 8
+BUILD_MIN = 16 * 2**20
+#: Parts of one dict key / set member (a tuple's items, counted without sharing): hashing walks them all, so a
+#: key of shared nested tuples (2**60 leaves in 850 bytes) is refused rather than hashed.
+MAX_KEY_PARTS = 256
+#: Tensor dtypes a pickle may name: plain bool / int / uint / float / complex. Quantized, bit-packed, sub-byte and
+#: float8 dtypes are refused when named (not later, when a network is loaded).
+PLAIN_TORCH_DTYPES = frozenset({
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+    torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128})
+
+
+class _Budget:
+    """Bytes a pickle may still build (:data:`BUILD_FACTOR`); :meth:`charge` refuses naming what went over."""
+
+    def __init__(self, size: int):
+        self.size, self.limit, self.used = size, BUILD_FACTOR * size + BUILD_MIN, 0
+
+    def charge(self, nbytes: int, what: str) -> None:
+        self.used += nbytes
+        if self.used > self.limit:
+            raise pickle.UnpicklingError(
+                f"{what} would make the objects built exceed {self.limit:,} bytes ({BUILD_FACTOR} × the "
+                f"pickle's {self.size:,} bytes + {BUILD_MIN // 2**20} MiB): a pickle reusing memoised data "
+                "to build more than it holds is refused")
+
+
+def _cost(obj: Any) -> int:
+    """Bytes charged for a newly built object (its own memory, not what it shares)."""
+    if isinstance(obj, str | bytes | bytearray):
+        return len(obj) + 64
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes + 128 if obj.base is None else 128
+    if isinstance(obj, torch.Tensor):
+        return 128  # a view of a storage charged (or read from the archive) already
+    if isinstance(obj, torch.storage.TypedStorage):
+        return obj._untyped_storage.nbytes() + 128
+    if isinstance(obj, torch.UntypedStorage):
+        return obj.nbytes() + 128
+    if isinstance(obj, list | tuple | set | frozenset | dict | collections.deque):
+        return 8 * len(obj) + 64
+    return 64
+
+
+def _check_key(key: Any, what: str = "key") -> None:
+    """Refuse a dict key / set member whose hash would walk more than :data:`MAX_KEY_PARTS` parts."""
+    if not isinstance(key, tuple | frozenset):
+        return
+    todo, parts = [key], 0
+    while todo:
+        item = todo.pop()
+        parts += 1
+        if parts > MAX_KEY_PARTS:
+            raise pickle.UnpicklingError(f"a {what} made of more than {MAX_KEY_PARTS} nested parts is not admitted "
+                                         "(hashing it would walk every shared part)")
+        if isinstance(item, tuple | frozenset):
+            todo.extend(item)
+
+
+def _keyed(ctor: Any, pairs: bool) -> Any:
+    """``ctor`` (a set / dict type) admitted on members / keys that :func:`_check_key` accepts."""
+    def build(*args: Any) -> Any:
+        if args:
+            items = args[0].keys() if isinstance(args[0], Mapping) else args[0]
+            if not isinstance(items, list | tuple | set | frozenset | str | bytes | type({}.keys())):
+                raise pickle.UnpicklingError(f"{ctor.__name__} from a {type(items).__name__} is not admitted")
+            for item in items:
+                if pairs and not isinstance(args[0], Mapping):
+                    if not (isinstance(item, tuple | list) and len(item) == 2):
+                        raise pickle.UnpicklingError(f"{ctor.__name__} needs (key, value) pairs")
+                    item = item[0]
+                _check_key(item)
+        return ctor(*args)
+
+    build.__name__ = ctor.__name__
+    return build
+
+
+def _str(*args: Any) -> str:
+    """``str`` of text, bytes (with an encoding) or a number only: ``str`` of a container would walk all of it."""
+    if args and not isinstance(args[0], str | bytes | bytearray | int | float | bool):
+        raise pickle.UnpicklingError(f"str() of a {type(args[0]).__name__} is not admitted")
+    return str(*args)
+
+
+def _storage_elements(storage: Any, dtype: torch.dtype) -> int:
+    if isinstance(storage, torch.storage.TypedStorage):
+        return storage._untyped_storage.nbytes() // _element_size(dtype)
+    if isinstance(storage, torch.UntypedStorage):
+        return storage.nbytes() // _element_size(dtype)
+    raise pickle.UnpicklingError(f"a tensor over a {type(storage).__name__} (not a storage) is not admitted")
+
+
+def _checked_view(storage: Any, offset: Any, size: Any, stride: Any, dtype: torch.dtype) -> None:
+    """A tensor view (offset, sizes, strides) must lie in its storage's bytes and hold at most as many elements as
+    the storage has (a zero-stride 1×1×20000×20000 view of 4 bytes is refused before anything is allocated)."""
+    if dtype not in PLAIN_TORCH_DTYPES:
+        raise pickle.UnpicklingError(f"tensor dtype {dtype} is not admitted (plain bool/int/float/complex only)")
+    if not (type(offset) is int and offset >= 0 and isinstance(size, tuple) and isinstance(stride, tuple)
+            and len(size) == len(stride) <= 32 and all(type(n) is int and n >= 0 for n in (*size, *stride))):
+        raise pickle.UnpicklingError(f"tensor view offset {brief(offset, 20)}, size {brief(size, 60)}, stride "
+                                     f"{brief(stride, 60)} is malformed (non-negative ints, one stride per dimension)")
+    elements = _storage_elements(storage, dtype)
+    numel = 1
+    for n in size:
+        numel *= n
+    if numel == 0:
+        return
+    extent = offset + 1 + sum((n - 1) * st for n, st in zip(size, stride))
+    if numel > elements or extent > elements:
+        raise pickle.UnpicklingError(f"tensor view of size {tuple(size)}, stride {tuple(stride)} at offset {offset} "
+                                     f"needs {max(numel, extent):,} elements; its storage holds {elements:,}")
+
+
+def _rebuild_tensor(storage: Any, storage_offset: Any, size: Any, stride: Any) -> torch.Tensor:
+    dtype = getattr(storage, "dtype", torch.uint8)
+    _checked_view(storage, storage_offset, size, stride, dtype)
+    return torch._utils._rebuild_tensor(storage, storage_offset, size, stride)
+
+
+def _rebuild_tensor_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *rest: Any) -> torch.Tensor:
+    dtype = getattr(storage, "dtype", torch.uint8)
+    _checked_view(storage, storage_offset, size, stride, dtype)
+    return torch._utils._rebuild_tensor_v2(storage, storage_offset, size, stride, *rest)
+
+
+def _rebuild_tensor_v3(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any,
+                       backward_hooks: Any, dtype: Any, *rest: Any) -> torch.Tensor:
+    if not isinstance(dtype, torch.dtype):
+        raise pickle.UnpicklingError(f"tensor dtype {brief(dtype, 40)} is not a torch dtype")
+    _checked_view(storage, storage_offset, size, stride, dtype)
+    return torch._utils._rebuild_tensor_v3(storage, storage_offset, size, stride, requires_grad, backward_hooks,
+                                           dtype, *rest)
+
+
+class _Refused:
+    """A pickled name XBench knows and refuses with a reason (quantized / bit-packed tensor types)."""
+
+    def __init__(self, name: str, why: str):
+        self.name, self.why = name, why
+
+
 class _Pending:
     """A numpy dtype or array under reconstruction; it becomes the real object at its ``BUILD`` (stack and memo).
 
@@ -136,7 +285,7 @@ def _np_dtype(spec: Any, align: Any = False, copy: Any = False) -> _Pending:
     def finish(state: Any) -> np.dtype:
         if not (isinstance(state, tuple) and len(state) >= 2 and isinstance(state[1], str) and state[1] in "<>|="
                 and all(x is None for x in state[2:5])):
-            raise pickle.UnpicklingError(f"numpy dtype state {state!r:.80} is not a plain dtype's")
+            raise pickle.UnpicklingError(f"numpy dtype state {brief(state)} is not a plain dtype's")
         return base.newbyteorder(state[1]) if state[1] in "<>" and base.itemsize > 1 else base
 
     return _Pending(f"numpy dtype {spec}", finish)
@@ -147,7 +296,7 @@ def _np_reconstruct(subtype: Any, shape: Any, typecode: Any) -> _Pending:
     state ``(version, shape, dtype, is_fortran, raw bytes)`` by :func:`array_from_bytes` (never numpy's
     ``__setstate__``, which would accept object arrays)."""
     if subtype is not _NDARRAY:
-        raise pickle.UnpicklingError(f"numpy array of subtype {subtype!r} is not admitted")
+        raise pickle.UnpicklingError(f"numpy array of subtype {brief(subtype)} is not admitted")
 
     def finish(state: Any) -> np.ndarray:
         if not (isinstance(state, tuple) and len(state) == 5 and isinstance(state[2], np.dtype)):
@@ -227,10 +376,10 @@ def _rebuild_parameter(data: Any, requires_grad: Any, backward_hooks: Any, *rest
     return torch.nn.Parameter(data, requires_grad=bool(requires_grad))
 
 
-_TENSOR_REBUILDS = {
-    "torch._utils._rebuild_tensor": torch._utils._rebuild_tensor,
-    "torch._utils._rebuild_tensor_v2": torch._utils._rebuild_tensor_v2,
-    "torch._utils._rebuild_tensor_v3": torch._utils._rebuild_tensor_v3,
+_TENSOR_REBUILDS = {  # torch's rebuilds behind a check of the view against its storage (:func:`_checked_view`)
+    "torch._utils._rebuild_tensor": _rebuild_tensor,
+    "torch._utils._rebuild_tensor_v2": _rebuild_tensor_v2,
+    "torch._utils._rebuild_tensor_v3": _rebuild_tensor_v3,
 }
 
 
@@ -269,22 +418,22 @@ def _allowed_globals() -> dict[str, Any]:
         "torch.nn.parameter.Parameter": _PARAMETER,
         "torch.Size": torch.Size,
         "torch.device": torch.device,
-        "collections.OrderedDict": collections.OrderedDict,
-        "collections.Counter": collections.Counter,
+        "collections.OrderedDict": _keyed(collections.OrderedDict, pairs=True),
+        "collections.Counter": _keyed(collections.Counter, pairs=False),
         "collections.defaultdict": collections.defaultdict,
         "collections.deque": collections.deque,
         "argparse.Namespace": argparse.Namespace,
-        "builtins.set": set,
-        "builtins.frozenset": frozenset,
+        "builtins.set": _keyed(set, pairs=False),
+        "builtins.frozenset": _keyed(frozenset, pairs=False),
         "builtins.slice": slice,
         "builtins.list": list,
-        "builtins.dict": dict,
+        "builtins.dict": _keyed(dict, pairs=True),
         "builtins.tuple": tuple,
         "builtins.int": int,
         "builtins.float": float,
         "builtins.complex": complex,
         "builtins.bool": bool,
-        "builtins.str": str,
+        "builtins.str": _str,
         "builtins.bytearray": _bytearray,
         "_codecs.encode": _codecs_encode,
         "numpy.dtype": _np_dtype,
@@ -293,7 +442,14 @@ def _allowed_globals() -> dict[str, Any]:
     for name in dir(torch):
         value = getattr(torch, name, None)
         if isinstance(value, torch.dtype):
-            out[f"torch.{name}"] = value
+            out[f"torch.{name}"] = value if value in PLAIN_TORCH_DTYPES else _Refused(
+                f"torch.{name}", f"tensor dtype torch.{name} (quantized, bit-packed, sub-byte or float8) is not "
+                "supported: XBench reads plain bool/int/float/complex tensors only")
+        elif name.startswith("Q") and name.endswith("Storage"):
+            out[f"torch.{name}"] = _Refused(f"torch.{name}", f"torch.{name} holds a quantized tensor, which is not "
+                                            "supported: XBench reads plain bool/int/float/complex tensors only")
+    out["torch._utils._rebuild_qtensor"] = _Refused("torch._utils._rebuild_qtensor", "quantized tensors are not "
+                                                    "supported: XBench reads plain bool/int/float/complex tensors only")
     for core in ("numpy.core", "numpy._core"):
         out[f"{core}.multiarray.scalar"] = _np_scalar
         out[f"{core}.multiarray._reconstruct"] = _np_reconstruct
@@ -316,12 +472,17 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: ever
 
     dispatch: ClassVar[dict[int, Any]] = dict(pickle._Unpickler.dispatch)
 
-    def __init__(self, file: Any, *, encoding: str = "utf-8", extra: Mapping[str, Any] | None = None, **kwargs: Any):
+    def __init__(self, file: Any, *, encoding: str = "utf-8", extra: Mapping[str, Any] | None = None,
+                 size: int | None = None, **kwargs: Any):
         kwargs = {k: v for k, v in kwargs.items() if k in ("fix_imports", "errors")}
+        size = _bytes_left(file) if size is None else size
+        file = _BoundedReader(file, size)
         super().__init__(file, encoding=encoding, **kwargs)
         self.replaced: list[str] = []
         self._allowed = {**allowed_globals(), **(extra or {})}
+        self._names = {id(v): k for k, v in self._allowed.items()}
         self._made: dict[str, type[Placeholder]] = {}
+        self.budget = _Budget(size)
 
     def find_class(self, module: str, name: str) -> Any:
         if self.proto < 3 and self.fix_imports:  # Python 2 names, as pickle maps them (nothing is imported)
@@ -329,11 +490,79 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: ever
             module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         qualified = f"{module}.{name}"
         if qualified in self._allowed:
-            return self._allowed[qualified]
+            value = self._allowed[qualified]
+            if isinstance(value, _Refused):
+                raise pickle.UnpicklingError(value.why)
+            return value
         if qualified not in self._made:
             self._made[qualified] = _placeholder(qualified)
             self.replaced.append(qualified)
         return self._made[qualified]
+
+    def _name(self, func: Any) -> str:
+        return self._names.get(id(func)) or getattr(func, "qualname", None) or type(func).__name__
+
+    def load_reduce(self) -> None:
+        func = self.stack[-2]
+        super().load_reduce()
+        self.budget.charge(_cost(self.stack[-1]), f"calling {self._name(func)}")
+
+    def load_newobj(self) -> None:
+        cls = self.stack[-2]
+        super().load_newobj()
+        self.budget.charge(_cost(self.stack[-1]), f"building {self._name(cls)}")
+
+    def load_get(self) -> None:
+        super().load_get()
+        self.budget.charge(8, "a memo reference")
+
+    def load_binget(self) -> None:
+        super().load_binget()
+        self.budget.charge(8, "a memo reference")
+
+    def load_long_binget(self) -> None:
+        super().load_long_binget()
+        self.budget.charge(8, "a memo reference")
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+    dispatch[pickle.NEWOBJ[0]] = load_newobj
+    dispatch[pickle.GET[0]] = load_get
+    dispatch[pickle.BINGET[0]] = load_binget
+    dispatch[pickle.LONG_BINGET[0]] = load_long_binget
+
+    def load_setitem(self) -> None:
+        _check_key(self.stack[-2])
+        super().load_setitem()
+
+    def load_setitems(self) -> None:
+        for key in self._marked()[::2]:
+            _check_key(key)
+        super().load_setitems()
+
+    def load_dict(self) -> None:
+        for key in self._marked()[::2]:
+            _check_key(key)
+        super().load_dict()
+
+    def load_additems(self) -> None:
+        for item in self._marked():
+            _check_key(item, "set member")
+        super().load_additems()
+
+    def load_frozenset(self) -> None:
+        for item in self._marked():
+            _check_key(item, "set member")
+        super().load_frozenset()
+
+    def _marked(self) -> list[Any]:
+        """The items pushed since the last MARK: the pure-Python unpickler starts a fresh ``stack`` at each MARK."""
+        return self.stack
+
+    dispatch[pickle.SETITEM[0]] = load_setitem
+    dispatch[pickle.SETITEMS[0]] = load_setitems
+    dispatch[pickle.DICT[0]] = load_dict
+    dispatch[pickle.ADDITEMS[0]] = load_additems
+    dispatch[pickle.FROZENSET[0]] = load_frozenset
 
     def load_build(self) -> None:
         inst = self.stack[-2]  # below the state
@@ -343,6 +572,7 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: ever
                 real = inst.finish(state)
             except ValueError as exc:
                 raise pickle.UnpicklingError(str(exc)) from None
+            self.budget.charge(_cost(real), f"building {inst.what}")
             self.stack[-1] = real
             for key in inst.memo_keys:
                 if self.memo.get(key) is inst:
@@ -350,6 +580,11 @@ class RestrictedUnpickler(pickle._Unpickler):  # the pure-Python unpickler: ever
             return
         if not isinstance(inst, _BUILD_TYPES):
             raise pickle.UnpicklingError(f"BUILD on a {type(inst).__name__} is not admitted")
+        state = self.stack[-1]
+        for part in (state if isinstance(state, tuple) else (state,)):
+            if isinstance(part, Mapping):
+                for key in part:
+                    _check_key(key, "state key")
         super().load_build()
 
     dispatch[pickle.BUILD[0]] = load_build
@@ -413,6 +648,44 @@ def check_tree(obj: Any, where: str, max_depth: int = MAX_DEPTH) -> None:
         todo.extend((c, depth + 1) for c in children)
 
 
+def _bytes_left(file: Any) -> int:
+    """Bytes from ``file``'s position to its end (an in-memory buffer or a regular file)."""
+    if isinstance(file, io.BytesIO):
+        return file.getbuffer().nbytes - file.tell()
+    try:
+        return os.fstat(file.fileno()).st_size - file.tell()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        raise CheckpointError(f"{brief(file)}: a pickle is read from a buffer or a regular file only") from None
+
+
+class _BoundedReader:
+    """``file`` seen through the pickle's own length: a length read from the pickle (``FRAME``, ``BINUNICODE8``,
+    ``BINBYTES8``, ...) longer than the bytes left is refused before anything of that length is allocated."""
+
+    def __init__(self, file: Any, size: int):
+        self.file, self.end = file, file.tell() + size
+
+    def read(self, n: int = -1) -> bytes:
+        left = self.end - self.file.tell()
+        if n < 0:
+            n = left
+        if n > left:
+            raise pickle.UnpicklingError(f"a length of {n:,} bytes at offset {self.file.tell():,} passes the end "
+                                         f"of the pickle ({left:,} bytes left)")
+        return self.file.read(n)
+
+    def readinto(self, buf: Any) -> int:
+        data = self.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def readline(self) -> bytes:
+        return self.file.readline(max(0, self.end - self.file.tell()))
+
+    def peek(self, n: int = 0) -> bytes:  # pickle's _Unframer does not need it; kept for a file-like surface
+        return b""
+
+
 def load_pickle(file: Any, where: str, *, persistent_load: Any = None,
                 extra: Mapping[str, Any] | None = None) -> tuple[Any, list[str]]:
     """THE pickle reader of XBench (checkpoints, TorchScript data, cheXlocalize maps): :class:`RestrictedUnpickler`
@@ -428,8 +701,8 @@ def load_pickle(file: Any, where: str, *, persistent_load: Any = None,
     except RecursionError:
         raise CheckpointError(f"{where}: nesting too deep; refused") from None
     except Exception as exc:
-        raise CheckpointError(f"{where}: refused by the restricted unpickler ({type(exc).__name__}: {exc}); "
-                              "no code from the file was run") from None
+        raise CheckpointError(f"{where}: refused by the restricted unpickler ({type(exc).__name__}: "
+                              f"{visible(str(exc), 400)}); no code from the file was run") from None
     check_tree(obj, where)
     return obj, unpickler.replaced
 
@@ -448,10 +721,10 @@ def _typed_storage(raw: bytearray | np.ndarray, dtype: torch.dtype) -> Any:
 
 def _storage_pid(pid: Any, size: int) -> tuple[_Marker, str, int]:
     if not (isinstance(pid, tuple) and len(pid) == size and pid[0] in ("storage", b"storage")):
-        raise pickle.UnpicklingError(f"persistent id {pid!r:.80} is not a torch storage reference")
+        raise pickle.UnpicklingError(f"persistent id {brief(pid)} is not a torch storage reference")
     stype, key, numel = pid[1], pid[2], pid[4]
     if not isinstance(stype, _Marker) or stype.dtype is None:
-        raise pickle.UnpicklingError(f"storage type {stype!r:.80} is not admitted")
+        raise pickle.UnpicklingError(f"storage type {brief(stype)} is not admitted")
     if not isinstance(key, str) or type(numel) is not int or numel < 0:
         raise pickle.UnpicklingError("storage key / size is malformed")
     return stype, key, numel
@@ -581,7 +854,7 @@ def _read_legacy(data: bytes, where: str) -> tuple[Any, list[str]]:
 
     obj, replaced = load_pickle(fh, where, persistent_load=persistent_load)
     keys = load_pickle(fh, where)[0]
-    if not isinstance(keys, list) or sorted(keys) != sorted(storages):
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or sorted(keys) != sorted(storages):
         raise CheckpointError(f"{where}: legacy storage list does not match the storages the pickle uses")
     for key in keys:
         storage, numel = storages[key]
@@ -721,8 +994,8 @@ def require_tensor_state(state: Any, where: str) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{where}: expected a state dict (mapping of names to tensors), got {type(state).__name__}")
     for key, value in state.items():
         if not isinstance(key, str):
-            raise CheckpointError(f"{where}: key {key!r} is a {type(key).__name__}, not a string")
+            raise CheckpointError(f"{where}: key {brief(key)} is a {type(key).__name__}, not a string")
         if not isinstance(value, torch.Tensor):
-            raise CheckpointError(f"{where}: entry {key!r} is a {type(value).__name__}, not a tensor")
+            raise CheckpointError(f"{where}: entry {brief(key)} is a {type(value).__name__}, not a tensor")
     return dict(state)
 

@@ -50,7 +50,9 @@ Deviations
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,23 @@ LOGIT_SCALE = 100.0  # OpenAI's zero-shot scale (exp of the released logit_scale
 
 
 # -- network and weights ---------------------------------------------------------------
+class _RandomInitNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No pretrained weights loaded")
+
+
+@contextlib.contextmanager
+def _no_random_init_notice() -> Iterator[None]:
+    """Drop open_clip's root-logger line "No pretrained weights loaded for model …": XBench always builds the network
+    without weights (``pretrained=None``) and loads them itself, or labels the model ``random_init``."""
+    root, notice = logging.getLogger(), _RandomInitNotice()
+    root.addFilter(notice)
+    try:
+        yield
+    finally:
+        root.removeFilter(notice)
+
+
 def build_clip(seed: int | None = 0) -> torch.nn.Module:
     """The full-size open_clip ``ViT-B-16-quickgelu`` network in eval mode: with seeded random weights, or with
     ``seed=None`` uninitialised for a strict load (:func:`~xbench.models._common.build_uninitialised`).
@@ -80,7 +99,8 @@ def build_clip(seed: int | None = 0) -> torch.nn.Module:
     Seeded by :func:`~xbench.models._common.seeded_build`, so the global RNG state is left untouched.
     """
     def network() -> torch.nn.Module:
-        return open_clip.create_model(ARCHITECTURE, pretrained=None, device=torch.get_default_device())
+        with _no_random_init_notice():
+            return open_clip.create_model(ARCHITECTURE, pretrained=None, device=torch.get_default_device())
 
     return seeded_or_uninitialised(network, seed).eval()
 

@@ -157,11 +157,18 @@ def _paper_tables_blocks(run_dir: Path) -> list[dict]:
     ``.md``): value [CI] cells for :func:`xbench.outputs.tables.write_table` tables, the CSV's cells as text otherwise
     (:meth:`xbench.outputs.tables.PaperTable.write`). Their ``.html`` files are never pasted into the page."""
     blocks: list[dict] = []
+    same: dict[bytes, list[str]] = {}  # one table written under several names (tables/paper/, notebooks) shows once
+    for path in sorted((run_dir / "tables").rglob("*.csv")):
+        if path.with_suffix(".md").exists():
+            same.setdefault(path.read_bytes(), []).append(str(path.relative_to(run_dir / "tables").with_suffix("")))
     for path in sorted((run_dir / "tables").rglob("*.csv")):
         if not path.with_suffix(".md").exists():
             continue
+        names = same[path.read_bytes()]
+        if names[0] != str(path.relative_to(run_dir / "tables").with_suffix("")):
+            continue
         frame = pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False)
-        name = str(path.relative_to(run_dir / "tables").with_suffix(""))
+        name = names[0] + (f" (also written as {', '.join(names[1:])})" if len(names) > 1 else "")
         cells = [c.rsplit(" / ", 1)[0] for c in frame.columns if c.endswith(" / value")]
         rows = []
         if cells:
@@ -400,13 +407,19 @@ def _raise_unknown(kind: str) -> None:
 
 
 def render_page(title: str, sections: list[tuple[str, list[dict]]]) -> str:
-    """The report page from ``sections`` (name, blocks) through the autoescaping :data:`_TEMPLATE`, with a
+    """The report page from ``sections`` (name, blocks) through the autoescaping :data:`_TEMPLATE` (control and bidi
+    characters of every value shown as ``\\uXXXX``: :func:`xbench.core.summary.visible`), with a
     Content-Security-Policy that admits only the page's own inline script and stylesheet (by hash) and
     ``data:`` images: no other script, no network."""
     import jinja2
     from markupsafe import Markup
 
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    from ..core.summary import visible
+
+    def shown(value: Any) -> Any:  # control and bidi characters of run data shown as \uXXXX, never applied
+        return visible(value, keep="\n\t") if isinstance(value, str) and not isinstance(value, Markup) else value
+
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, finalize=shown)
     digest = lambda text: base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()  # noqa: E731
     csp = (f"default-src 'none'; script-src 'sha256-{digest(_JS)}'; style-src 'sha256-{digest(_CSS)}'; "
            "img-src data:; base-uri 'none'; form-action 'none'")

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.atomic import atomic_write_text, write_frame
+from ..core.summary import visible
 from ..metrics import DICE_BEST, IOU_BEST, POINTING
 from ..metrics import table as metric_table
 
@@ -93,6 +94,22 @@ def _mark(name: str, baselines: Sequence[str], unverified: Sequence[str], notes:
     return f"{text} ({notes[name]})" if name in notes else text
 
 
+_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*[]|"})  # ``_`` only emphasises at word edges: kept
+
+
+def md_text(text: Any) -> str:
+    """``text`` (a class, model or dataset name from a file) as literal Markdown table text: HTML special characters
+    as entities (a trusted notebook output renders HTML inside Markdown), Markdown's ``\\ ` * [ ] |``
+    backslash-escaped, control and bidi characters shown as ``\\uXXXX``.
+
+    >>> md_text("Nodule <img src=x onerror=alert(1)> | *x*")
+    'Nodule &lt;img src=x onerror=alert(1)&gt; \\\\| \\\\*x\\\\*'
+    >>> md_text("Pleural Effusion")
+    'Pleural Effusion'
+    """
+    return visible(html.escape(str(text), quote=False).translate(_MD_SPECIAL))
+
+
 def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unverified: Sequence[str] = (),
            models_on: str = "rows", notes: Mapping[str, str] | None = None, digits: int = 3,
            counts: pd.DataFrame | None = None) -> str:
@@ -151,9 +168,9 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
     if models_on == "rows":
         cells.index = [_mark(i, baselines, unverified, notes) for i in cells.index]
     if fmt == "md":
-        head = "| " + " | ".join([table.index.name or "", *cells.columns]) + " |"
+        head = "| " + " | ".join(md_text(c) for c in [table.index.name or "", *cells.columns]) + " |"
         sep = "|" + "---|" * (len(cells.columns) + 1)
-        body = ["| " + " | ".join([str(idx), *row]) + " |" for idx, row in zip(cells.index, cells.to_numpy())]
+        body = ["| " + " | ".join([md_text(idx), *row]) + " |" for idx, row in zip(cells.index, cells.to_numpy())]
         note = "\n\nBold: best; underlined: second best (baselines not ranked). [95 % bootstrap CI]."
         if counts is not None:
             note += f" n = n_pairs, the positive pairs behind the value; cells with n < {MIN_PAIRS_TO_RANK} are not ranked."
@@ -341,25 +358,27 @@ class PaperTable:
         cells = self._cells("**{}**", "<u>{}</u>", with_n=True)
         if self.wrap:
             return self._wrapped_markdown(cells)
-        heads = [" ".join(str(p) for p in c) if isinstance(c, tuple) else str(c) for c in cells.columns]
-        lines = [f"**{self.caption}**", "", "| Method | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+        heads = [md_text(" ".join(str(p) for p in c) if isinstance(c, tuple) else c) for c in cells.columns]
+        lines = [f"**{md_text(self.caption)}**", "", "| Method | " + " | ".join(heads) + " |",
+                 "|---" * (len(heads) + 1) + "|"]
         for idx, row in cells.iterrows():
             if idx == self.separator:
                 lines.append("| *other models and baselines* |" + " |" * len(heads))
-            lines.append(f"| {idx} | " + " | ".join(row) + " |")
+            lines.append(f"| {md_text(idx)} | " + " | ".join(row) + " |")
         return "\n".join(lines + ["", self._legend(), *self.notes]) + "\n"
 
     def _wrapped_markdown(self, cells: pd.DataFrame) -> str:
         """Each model over several rows, as the paper prints Table 2; later header rows in italics."""
         blocks = self._blocks(cells)
         width = len(blocks[0][0])
-        lines = [f"**{self.caption}**", "", "| Method | " + " | ".join(blocks[0][0]) + " |", "|---" * (width + 1) + "|"]
-        lines += ["| | " + " | ".join(f"*{h}*" if h else "" for h in heads) + " |" for heads, _ in blocks[1:]]
+        lines = [f"**{md_text(self.caption)}**", "", "| Method | " + " | ".join(map(md_text, blocks[0][0])) + " |",
+                 "|---" * (width + 1) + "|"]
+        lines += ["| | " + " | ".join(f"*{md_text(h)}*" if h else "" for h in heads) + " |" for heads, _ in blocks[1:]]
         for i, idx in enumerate(cells.index):
             if idx == self.separator:
                 lines.append("| *other models and baselines* |" + " |" * width)
             for k, (_, rows) in enumerate(blocks):
-                lines.append(f"| {idx if k == 0 else ''} | " + " | ".join(rows[i]) + " |")
+                lines.append(f"| {md_text(idx) if k == 0 else ''} | " + " | ".join(rows[i]) + " |")
         return "\n".join(lines + ["", self._legend(), *self.notes]) + "\n"
 
     def to_latex(self) -> str:

@@ -1,7 +1,7 @@
 """Transcription of the paper's Tables 1–5 from its extracted text into the tidy reference CSV.
 
 ``python -m xbench.paper.transcribe PAPER_TXT OUT_CSV`` rewrites ``reference.csv``;
-``tests/test_paper.py`` re-runs it on ``../shared/research/paper_2510.19599.txt``
+``tests/paper/test_paper.py`` re-runs it on ``../shared/research/paper_2510.19599.txt``
 and asserts the committed CSV is exactly its output.
 
 How each table is read (line numbers are those of the extracted text):

@@ -58,7 +58,7 @@ class DatasetCheck:
 @dataclass
 class ModelCheck:
     name: str
-    status: str  # "weights", "fitted", "none-needed", "random_init", "missing", "left-out"
+    status: str  # "weights", "fits on split '…' when the run starts", "none-needed", "random_init", "missing", "left-out"
     folder: str | None = None
     missing: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -112,10 +112,15 @@ class PreflightReport:
         lines.append(f"device {self.device}: " + (f"PROBLEM: {self.device_problem}" if self.device_problem else "available"))
         return "\n".join(lines)
 
-    def raise_for_problems(self) -> None:
+    def raise_for_problems(self, *, keep_going: bool = False) -> None:
+        """A :class:`PreflightError` listing the problems; with ``keep_going`` (``--keep-going``) it also says that
+        the preflight runs before it and how to let each failing pair be recorded instead (``--no-check``)."""
         if self.problems:
+            hint = ("\n`--keep-going` acts once inference has started; the preflight stops a run before it. Fix the "
+                    "problems above, or add `--no-check` to skip the preflight and let `--keep-going` record each "
+                    "failure (a pair: `failed` in run_log.json) and go on.") if keep_going else ""
             raise PreflightError("preflight found problem(s); nothing was computed:\n  - " + "\n  - ".join(self.problems)
-                                 + "\n(`xbench check --config CONFIG` prints the full report)")
+                                 + "\n(`xbench check --config CONFIG` prints the full report)" + hint)
 
 
 # -- datasets ----------------------------------------------------------------------------------
@@ -170,7 +175,7 @@ def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], sp
         return
     out.images_present, out.images_missing = report.images_present, report.images_missing
     if out.images_missing:
-        _missing_images(spec.name, len(ds), cfg.on_missing_image, out)
+        _missing_images(ds, spec.name, split, cfg.on_missing_image, out)
     if decode and out.images_present:
         _decode_one(ds, manifest, out)
 
@@ -208,14 +213,16 @@ def _fit_split_files(file_status: Any, models: Sequence[ModelSpec], manifest: di
     return problems
 
 
-def _missing_images(name: str, cases: int, on_missing_image: str, out: DatasetCheck) -> None:
-    """Missing image files: a problem when none is present or the run raises on them, else a counted note."""
+def _missing_images(ds: Any, name: str, split: str, on_missing_image: str, out: DatasetCheck) -> None:
+    """Missing image files, named as the files looked for (:func:`_first_missing`): a problem when none is present or
+    the run raises on them, else a counted note."""
+    cases = len(ds)
     source = ((dataset_manifest(name).get("files") or {}).get("images") or {}).get("source")
-    where = f" (images: {source})" if source else ""
-    first = ", ".join(out.images_missing[:5])
+    where = f" (from {_with_split(source, split)})" if source else ""
+    first = _first_missing(ds, out.images_missing, out.root)
     if not out.images_present:
-        out.problems.append(f"none of the {cases} image files is present (first missing: {first}); "
-                            f"images are expected under {out.root}{where}")
+        out.problems.append(f"none of the {cases} image files is present; first missing: {first}. Place "
+                            f"them there{where}")
     elif on_missing_image == "raise":
         out.problems.append(f"{len(out.images_missing)} of {cases} image files are missing (first: {first}); "
                             f"place them{where}, or set on_missing_image: skip to evaluate the present ones (counted)")
@@ -277,10 +284,30 @@ def model_weights(spec: ModelSpec) -> tuple[Path | None, list[str], list[str]]:
     return folder, present, missing
 
 
+def _with_split(text: str, split: str) -> str:
+    """A manifest's source text with its ``{split}`` placeholder filled in (as its file paths are)."""
+    return text.replace("{split}", split)
+
+
+def _first_missing(ds: Any, missing: list[str], root: str, n: int = 3) -> str:
+    """The first ``n`` missing images as the files looked for (subfolder and extension, relative to ``root``), then
+    their case ids: "test_data/36199.png, … under /data/cxd (cases 36199, …)"."""
+    paths = dict(zip(ds.cases["case_id"].astype(str), ds.cases["image_path"].astype(str)))
+    base = Path(root).resolve() if root else None
+    shown = []
+    for case in missing[:n]:
+        path = Path(paths.get(case, case))
+        inside = base is not None and path.is_absolute() and base in path.resolve().parents
+        shown.append(str(path.resolve().relative_to(base)) if inside else str(path))
+    under = f" under {base}" if base is not None and any(not Path(p).is_absolute() for p in shown) else ""
+    more = f" and {len(missing) - n} more" if len(missing) > n else ""
+    return f"{', '.join(shown)}{more}{under} (cases {', '.join(missing[:n])})"
+
+
 def check_model(cfg: RunConfig, spec: ModelSpec) -> ModelCheck:
     mc = model_config(spec.name)
-    if spec.fit_split is not None:
-        return ModelCheck(spec.label, "fitted", None)
+    if spec.fit_split is not None:  # fitted when the run starts (or a stored fit of the same inputs reused)
+        return ModelCheck(spec.label, f"fits on split {spec.fit_split!r} when the run starts", None)
     if not (mc.get("weights") or {}):
         return ModelCheck(spec.label, "none-needed", None)
     folder, _, missing = model_weights(spec)

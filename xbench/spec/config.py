@@ -66,10 +66,14 @@ from typing import Any
 import torch
 
 from ..core.errors import FormatError, XBenchError
+from ..core.summary import brief
 from .registry import EXPLAINERS, dataset_manifest, import_target, model_config, read_yaml
 from .schema import check_type, check_value, did_you_mean, fields_of, load as load_schema, unknown_keys
 
 _DEVICE = re.compile(r"^(cpu|auto|mps|cuda(:\d+)?)$")
+#: Largest side of the evaluation grid: maps are held as (cases × classes × height × width) arrays in memory and in
+#: the store; 4096² float16 maps are already 32 MiB per class and case.
+MAX_GRID_SIDE = 4096
 
 
 @dataclass
@@ -113,8 +117,26 @@ def dataset_options(name: str) -> dict[str, inspect.Parameter]:
 
 
 def _typed_like(where: str, field_name: str, value: Any, default: Any) -> None:
-    """A value must have the type of a declared default (bool ↔ bool, int ↔ int, number ↔ number, str ↔ str)."""
-    if default is None or value is None or isinstance(default, (list, dict)):
+    """A value must have the type of a declared default (bool ↔ bool, int ↔ int, number ↔ number, str ↔ str); a
+    mapping default takes a mapping of its own keys, each value typed like the default's; a list default takes a
+    list whose items are typed like the default's first item."""
+    if default is None or value is None:
+        return
+    if isinstance(default, dict):
+        if not isinstance(value, dict):
+            raise FormatError(where, f"must be a mapping like {default!r}, got a {type(value).__name__}",
+                              field=field_name)
+        unknown = sorted(map(str, set(value) - set(default)))
+        if unknown:
+            raise unknown_keys(where, f"key(s) of {field_name}:", unknown, sorted(map(str, default)), field_name)
+        for k, v in value.items():
+            _typed_like(where, f"{field_name}.{k}", v, default[k])
+        return
+    if isinstance(default, (list, tuple)):
+        if not isinstance(value, list):
+            raise FormatError(where, f"must be a list, got a {type(value).__name__}", field=field_name)
+        for i, v in enumerate(value):
+            _typed_like(where, f"{field_name}[{i}]", v, default[0] if default else None)
         return
     kind = "bool" if isinstance(default, bool) else "int" if isinstance(default, int) else \
         "float" if isinstance(default, float) else "str" if isinstance(default, str) else None
@@ -141,8 +163,14 @@ def _entry(where: str, item: Any, field_name: str) -> dict[str, Any]:
     return item
 
 
-def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
-    key = f"datasets[{index}]"
+def check_dataset_options(name: str, options: dict[str, Any], where: str) -> None:
+    """Keyword ``options`` of dataset ``name`` checked as a run config's dataset entry is (names, types);
+    :class:`FormatError` naming ``where`` and the option."""
+    _dataset_spec(where, {"name": name, **options}, 0, key="")
+
+
+def _dataset_spec(where: str, item: Any, index: int, key: str | None = None) -> DatasetSpec:
+    key = f"datasets[{index}]" if key is None else key
     item = _entry(where, item, "datasets")
     name = check_type(where, f"{key}.name", item["name"], "str")
     dataset_manifest(name)  # unknown name → UnknownNameError with "did you mean"
@@ -155,10 +183,10 @@ def _dataset_spec(where: str, item: Any, index: int) -> DatasetSpec:
     hints = _loader_hints(name)
     for k, v in options.items():
         try:
-            check_value(where, f"{key}.{k}", v, hints[k])
+            check_value(where, f"{key}.{k}".lstrip("."), v, hints[k])
         except (KeyError, TypeError):  # no usable annotation: the default's type
             default = declared[k].default
-            _typed_like(where, f"{key}.{k}", v, None if default is inspect.Parameter.empty else default)
+            _typed_like(where, f"{key}.{k}".lstrip("."), v, None if default is inspect.Parameter.empty else default)
     spec = load_schema(DatasetSpec, {k: v for k, v in item.items() if k in keys}, where, key)
     splits = dataset_manifest(name).get("splits") or {}
     if spec.split is not None and spec.split not in splits:
@@ -257,7 +285,8 @@ class RunConfig:
             (self.eval_process in (True, False, "auto"), "eval_process", "must be auto, true or false"),
             (self.on_missing_image in ("raise", "skip"), "on_missing_image", "must be 'raise' or 'skip'"),
             (0.0 <= self.fixed_threshold <= 1.0, "fixed_threshold", "must lie in [0, 1]"),
-            (len(self.grid) == 2 and min(self.grid) > 0, "grid", "must be [height, width] > 0"),
+            (len(self.grid) == 2 and 0 < min(self.grid) and max(self.grid) <= MAX_GRID_SIDE, "grid",
+             f"must be [height, width], each in 1..{MAX_GRID_SIDE}"),
             (self.batch_size > 0, "batch_size", "must be > 0"),
             (self.chunk_size > 0, "chunk_size", "must be > 0"),
             (self.num_workers >= 0, "num_workers", "must be >= 0"),
@@ -266,9 +295,15 @@ class RunConfig:
             (bool(_DEVICE.match(self.device)), "device", "must be cpu, cuda, cuda:N, mps or auto"),
             (self.bootstrap_replicates >= 0, "bootstrap_replicates", "bootstrap replicates must be >= 0"),
         ]
+        for key in ("output_dir", "cache_dir"):
+            value = getattr(self, key)
+            if value is not None and "\x00" in str(value):
+                checks.append((False, key, "a path may not hold a NUL character"))
+        if self.cache_dir is not None and Path(self.cache_dir).exists() and not Path(self.cache_dir).is_dir():
+            checks.append((False, "cache_dir", "must name a folder (or a path to create one); it is not a folder"))
         for ok, key, msg in checks:
             if not ok:
-                raise FormatError(where, f"{msg}, got {getattr(self, key)!r}", field=key)
+                raise FormatError(where, f"{msg}, got {brief(getattr(self, key))}", field=key)
 
     def resolved_device(self) -> torch.device:
         """The torch device; ``cuda`` asked for on a machine without CUDA is a clear :class:`XBenchError`."""

@@ -245,8 +245,31 @@ def _scan(dirs: list[Path]) -> dict[str, Path]:
     return found
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases (``*name``, ``<<: *name``): an alias repeats a node without its bytes,
+    so a few hundred bytes can stand for billions of values ("billion laughs"). XBench's files never need one."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"found the alias *{event.anchor[:40]}: YAML aliases are not admitted in XBench files "
+                "(write the value out)", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml_text(text: str) -> Any:
+    """``yaml.safe_load`` without aliases (:class:`_NoAliasLoader`); ``yaml.YAMLError`` for malformed text."""
+    loader = _NoAliasLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; a malformed file raises :class:`FormatError` naming it."""
+    """Read a YAML mapping (aliases refused: :func:`load_yaml_text`); a malformed file raises :class:`FormatError`
+    naming it."""
     path = Path(path)
     raw = path.read_bytes()
     try:
@@ -256,7 +279,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise FormatError(path, f"not UTF-8 text (byte {raw[exc.start:exc.start + 1]!r} at offset {exc.start}); "
                           "save the file as UTF-8", line=line) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_text(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise FormatError(path, f"invalid YAML: {exc}", line=mark.line + 1 if mark else None) from exc

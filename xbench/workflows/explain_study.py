@@ -8,6 +8,7 @@ grounding metrics as every run does, computes the per-case faithfulness table
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..core.atomic import write_frame
+from ..core.errors import StoreError, XBenchWarning
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig, dataset_options
 from ..datasets import open_dataset
 from ..evaluation.evaluate import load_tables
@@ -42,13 +44,35 @@ def _limited(spec: DatasetSpec, cases: int | None) -> DatasetSpec:
     return replace(spec, options={**spec.options, "cases": int(cases)})
 
 
+_DROPPED = "undefined bootstrap replicates dropped"
+
+
+def _replay_combined(caught: list[warnings.WarningMessage], cases: int | None) -> None:
+    """Warn again what the study's run warned, with the per-variant "undefined bootstrap replicates dropped" notes
+    (expected on a few cases: a resample without a positive of a class) joined into one warning."""
+    dropped = list(dict.fromkeys(str(w.message) for w in caught if _DROPPED in str(w.message)))
+    registry: dict = {}  # a warning repeated in the run shows once, as it would have
+    for w in caught:
+        if _DROPPED not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, registry=registry)
+    if dropped:
+        detail = "; ".join(m.split(": ", 1)[0].removeprefix("score_table") + ": " + m.rsplit("): ", 1)[-1]
+                           for m in dropped)
+        warnings.warn(f"explainer study{f' ({cases} cases)' if cases else ''}: {_DROPPED} in {len(dropped)} "
+                      f"variant(s), expected on few cases (a resample without a positive of a class; per class): "
+                      f"{detail}", XBenchWarning, stacklevel=3)
+
+
 def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequence[str], output_dir: str | Path,
                     cases: int | None = None, steps: int = 10, road: bool = False, n_boot: int | None = None,
-                    progress: bool = False) -> Study:
+                    progress: bool = False, overwrite: bool = False) -> Study:
     """Run and score ``models`` × (own maps + ``explainers``) on ``cfg``'s datasets (module docstring).
 
     The study's run config is ``cfg`` with these model entries, ``output_dir`` and, for datasets with a ``cases``
     option (the phantom), ``cases`` cases; ``n_boot`` defaults to the config's bootstrap replicates.
+    ``overwrite``: recompute a study whose store in ``output_dir`` was made with other settings (another
+    ``cases``, say); without it such a store is an error that says how to recompute (notebook 11 declares
+    an ``overwrite`` parameter: ``xbench reproduce -p overwrite true``).
     """
     from .run import run
     from ..inference.builder import open_model
@@ -63,7 +87,19 @@ def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequen
     specs += [replace(s, explainer=e) for s in specs for e in explainers if f"{s.name}+{e}" not in skipped]
     study_cfg = replace(cfg, output_dir=str(output_dir), models=specs,
                         datasets=[_limited(d, cases) for d in cfg.datasets])
-    run(study_cfg, progress=progress)
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # the caller's filters still apply
+            run(study_cfg, progress=progress, overwrite=overwrite)
+    except StoreError as exc:
+        if "different configuration" not in str(exc):
+            raise
+        raise StoreError(f"{str(exc).split('; use another')[0]}. The explainer study in "
+                         f"{Path(output_dir).resolve()} was made with other settings (e.g. another `cases`). To "
+                         "recompute it: `xbench reproduce ... -p overwrite true` (notebook "
+                         "11), `explainer_study(..., overwrite=True)`, or delete that folder.") from exc
+    finally:
+        _replay_combined(caught, cases)
     tables = load_tables(study_cfg.output_dir)
     dspec = study_cfg.datasets[0]
     dataset = open_dataset(dspec)

@@ -9,7 +9,8 @@ before a model is built). A failing notebook stops the run with an error naming
 the notebook, the cell and the exception; with ``keep_going`` the remaining
 notebooks run and every failure is listed at the end (still an error). With
 ``figures_dir`` the tables (CSV/Markdown/LaTeX) and figures (PNG/PDF) are copied
-there as well.
+there as well, unless that folder holds a committed set whose tables agree with the run's within the
+tolerances of :mod:`xbench.outputs.agreement` (:func:`copy_outputs`).
 
 Every output lands under ``output_dir``: the notebooks run with it as their working folder (a relative
 path a notebook writes cannot reach the notebooks' folder, which is inside ``site-packages`` for an
@@ -84,6 +85,15 @@ def _kernel_manager_class() -> type:
             folder.mkdir(parents=True, exist_ok=True)
             return str(folder / name)
 
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client sends SIGINT before every shutdown request; a kernel busy in a message handler then
+            # logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." to the console. A notebook is done
+            # when papermill stops its kernel, so the shutdown request alone is sent (interrupts on a cell timeout
+            # go through ``interrupt_kernel``, which is not this method, and still happen).
+            if getattr(self, "shutting_down", False):
+                return
+            await super()._async_interrupt_kernel()
+
     return LocalKernelManager
 
 
@@ -122,7 +132,7 @@ def reproduce(config: str | Path, *, output_dir: str | Path, device: str = "cpu"
 
         report = preflight(RunConfig.from_yaml(config, output_dir=str(output_dir), device=device))
         log.info("preflight of %s:\n%s", config, report.format())
-        report.raise_for_problems()
+        report.raise_for_problems(keep_going=keep_going)
     out = Path(output_dir).resolve()
     executed = out / "notebooks"
     executed.mkdir(parents=True, exist_ok=True)
@@ -181,11 +191,33 @@ def _check_parameters(paths: list[Path], extra: Mapping[str, Any]) -> None:
 
 
 def copy_outputs(output_dir: Path, figures_dir: Path) -> list[Path]:
-    """Copy ``tables/*.{csv,md,tex}`` and ``figures/*.{png,pdf}`` of a run into ``figures_dir``."""
+    """Copy ``tables/*.{csv,md,tex}`` and ``figures/*.{png,pdf}`` of a run into ``figures_dir``; returns what was written.
+
+    When ``figures_dir`` already holds every one of these files (a committed set) and the run's CSV tables
+    agree with the committed ones within the tolerances of :mod:`xbench.outputs.agreement`, nothing is
+    written and one line says so with the largest differences: CPU network inference differs by
+    instruction set in the last bits, so a byte-for-byte copy would dirty a checkout on another machine
+    with numbers that mean the same. Otherwise every file is copied and each table that differs beyond
+    tolerance is named (with its cells) in a warning.
+    """
+    from ..outputs.agreement import BOOTSTRAP_ATOL, VALUE_ATOL, compare_tables
+
+    sources = [f for sub, suffixes in (("tables", {".md", ".tex", ".csv"}), ("figures", {".png", ".pdf"}))
+               for f in sorted((output_dir / sub).glob("*")) if f.suffix in suffixes]
+    committed = {p.name: p for p in figures_dir.glob("*.csv")} if figures_dir.is_dir() else {}
+    if committed:
+        agreement = compare_tables(committed, {f.name: f for f in sources if f.suffix == ".csv"})
+        missing = [f.name for f in sources if not (figures_dir / f.name).exists()]
+        if agreement.ok and not missing:
+            log.warning("%s: kept the committed tables and figures: this run's %d tables agree with them within "
+                        "tolerance (largest |difference| %.3g for values, tolerance %g; %.3g for bootstrap CI "
+                        "bounds/p-values/ranks, tolerance %g; %d rounded cells moved by one unit of their last "
+                        "digit)", figures_dir, agreement.n_tables, agreement.max_value_diff, VALUE_ATOL,
+                        agreement.max_bootstrap_diff, BOOTSTRAP_ATOL, agreement.n_rounded_moved)
+            return []
+        if agreement.problems:
+            log.warning("%s: this run's tables differ from the committed ones beyond tolerance (values %g, "
+                        "bootstrap quantities %g); writing the new files:\n  - %s", figures_dir, VALUE_ATOL,
+                        BOOTSTRAP_ATOL, "\n  - ".join(agreement.problems))
     figures_dir.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for sub, suffixes in (("tables", {".md", ".tex", ".csv"}), ("figures", {".png", ".pdf"})):
-        for f in sorted((output_dir / sub).glob("*")):
-            if f.suffix in suffixes:
-                copied.append(Path(shutil.copy2(f, figures_dir / f.name)))
-    return copied
+    return [Path(shutil.copy2(f, figures_dir / f.name)) for f in sources]

@@ -46,6 +46,7 @@ from ..core.errors import CheckpointError, FormatError, XBenchError, XBenchWarni
 from ..metrics import ACCURACY, AUC, AUPRC, F1, HAMMING_ACCURACY
 from ..store.results import ResultStore
 from ..core.safe_arrays import read_npy, read_npz, read_safetensors
+from ..core.summary import brief
 
 __all__ = ["MapSet", "load_maps", "read_chexlocalize", "evaluate_maps", "RECOGNITION_METRICS"]
 
@@ -63,12 +64,14 @@ class MapSet:
     probs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        self.maps = np.asarray(_numpy(self.maps), dtype=np.float32)
+        self.maps = _numeric(self.maps, "maps")
         self.case_ids = [str(c) for c in self.case_ids]
         self.classes = [str(c) for c in self.classes]
         if self.maps.ndim != 4:
             raise XBenchError(f"maps must have shape (N, C, h, w); got {self.maps.shape}")
-        n, c = self.maps.shape[:2]
+        n, c, h, w = self.maps.shape
+        if h == 0 or w == 0:
+            raise XBenchError(f"maps have an empty {h} x {w} grid; each map needs at least one pixel")
         if len(self.case_ids) != n:
             raise XBenchError(f"{n} maps but {len(self.case_ids)} case ids")
         if len(self.classes) != c:
@@ -77,16 +80,36 @@ class MapSet:
             dup = sorted({x for x in names if names.count(x) > 1})
             if dup:
                 raise XBenchError(f"duplicate {what}(s): {dup[:5]}")
+        bad = ~np.isfinite(self.maps)
+        if bad.any():
+            i, j = (int(k) for k in np.argwhere(bad.any(axis=(2, 3)))[0])
+            raise XBenchError(f"the map of case {self.case_ids[i]!r}, class {self.classes[j]!r} holds NaN or inf "
+                              f"({int(bad[i, j].sum())} pixels); scoring needs finite maps: replace them (e.g. "
+                              "numpy.nan_to_num) or leave the case out")
         if self.probs is not None:
-            self.probs = np.asarray(_numpy(self.probs), dtype=np.float32)
+            self.probs = _numeric(self.probs, "probs")
             if self.probs.shape != (n, c):
                 raise XBenchError(f"probs must have shape {(n, c)} (cases × classes); got {self.probs.shape}")
 
 
 def _numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # torch tensor
+        from ..models.checkpoint import PLAIN_TORCH_DTYPES
+
+        if x.dtype not in PLAIN_TORCH_DTYPES:
+            raise XBenchError(f"a tensor of dtype {x.dtype} (quantized / bit-packed) cannot be scored; "
+                              "convert it to float first")
         return x.detach().float().cpu().numpy()
     return np.asarray(x)
+
+
+def _numeric(x: Any, what: str) -> np.ndarray:
+    """``x`` as a float32 array; a non-numeric dtype (text, object, ...) is an :class:`XBenchError` naming ``what``."""
+    arr = _numpy(x)
+    if arr.dtype.kind not in "biuf":
+        raise XBenchError(f"{what} have dtype {arr.dtype} ({'text' if arr.dtype.kind in 'US' else 'not numbers'}); "
+                          "numeric maps are needed")
+    return arr.astype(np.float32, copy=False)
 
 
 # -- reading maps ---------------------------------------------------------------------------------------------
@@ -119,7 +142,7 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
     maps, names = [], list(classes) if classes is not None else None
     for p in files:
         if p.suffix == ".npy":
-            arr = read_npy(p)
+            arr = _numeric_file(read_npy(p), p, None)
             if arr.ndim != 3 or arr.shape[0] != len(names):
                 raise FormatError(p, f"expected a ({len(names)}, h, w) array (one map per class); got {arr.shape}")
         else:
@@ -128,9 +151,12 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
             absent = [c for c in names if c not in table]
             if absent:
                 raise FormatError(p, f"no map for class(es) {absent}; the file holds {sorted(table)}")
-            arr = np.stack([np.asarray(table[c], np.float32) for c in names])
-            if arr.ndim != 3:
-                raise FormatError(p, f"each class map must be 2-D (h, w); got {arr.shape[1:]}")
+            planes = [_numeric_file(table[c], p, c) for c in names]
+            for c, plane in zip(names, planes):
+                if plane.ndim != 2 or plane.shape != planes[0].shape:
+                    raise FormatError(p, f"each class map must be 2-D (h, w) and all of one shape; this one is "
+                                         f"{plane.shape}, {names[0]!r}'s is {planes[0].shape}", field=c)
+            arr = np.stack(planes)
         if maps and arr.shape != maps[0].shape:
             raise FormatError(p, f"map shape {arr.shape} differs from {files[0].name}'s {maps[0].shape}: "
                                  "all cases need one native grid")
@@ -140,12 +166,23 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
     return MapSet(np.stack(maps), ids, names, probs)
 
 
+def _numeric_file(arr: np.ndarray, path: Path, field: str | None) -> np.ndarray:
+    """A map array read from ``path`` as float32; text arrays are a :class:`FormatError` naming the file."""
+    if arr.dtype.kind not in "biuf":
+        raise FormatError(path, f"holds {'text' if arr.dtype.kind in 'US' else 'non-numeric'} values (dtype "
+                                f"{arr.dtype}), not a map", field=field)
+    return arr.astype(np.float32, copy=False)
+
+
 def _read_named_arrays(path: Path) -> dict[str, np.ndarray]:
     return read_npz(path) if path.suffix == ".npz" else read_safetensors(path)
 
 
 def _read_probs(path: Path, case_ids: list[str], classes: list[str]) -> np.ndarray:
-    table = pd.read_csv(path, dtype={"case_id": str})
+    try:
+        table = pd.read_csv(path, dtype={"case_id": str})
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise FormatError(path, f"not a readable CSV table ({type(exc).__name__}: {exc})") from None
     if "case_id" not in table.columns:
         raise FormatError(path, "needs a case_id column and one column per class", field="case_id")
     absent = [c for c in classes if c not in table.columns]
@@ -155,7 +192,16 @@ def _read_probs(path: Path, case_ids: list[str], classes: list[str]) -> np.ndarr
     missing = [c for c in case_ids if c not in table.index]
     if missing:
         raise FormatError(path, f"no row for case(s) {missing[:5]} ({len(missing)} in all)", field="case_id")
-    return table.loc[case_ids, classes].to_numpy(np.float32)
+    table = table.loc[case_ids, classes]
+    for c in classes:
+        values = pd.to_numeric(table[c], errors="coerce")
+        wrong = values.isna() & table[c].notna()
+        if wrong.any():
+            case = wrong.index[int(np.argmax(wrong.to_numpy()))]
+            raise FormatError(path, f"case {case!r}: {brief(table[c][wrong].iloc[0], 40)} is not a number",
+                              field=c)
+        table[c] = values
+    return table.to_numpy(np.float32)
 
 
 #: CheXpert's 14 labels in their standard order (index of a 14-vector ``prob`` in cheXlocalize pickles).
@@ -186,6 +232,15 @@ def read_chexlocalize_pickle(path: str | Path) -> dict[str, Any]:
                                 f"({', '.join(replaced)}; kept as inert placeholders, never called)")
     if not isinstance(out, dict) or "map" not in out:
         raise FormatError(path, "expected a dict with a 'map' entry (cheXlocalize layout)")
+    import torch
+
+    prob = out.get("prob")
+    if isinstance(prob, list | tuple) and len(prob) <= 64 and all(isinstance(p, float | int) for p in prob):
+        out["prob"] = np.asarray(prob, np.float32)  # a plain list of probabilities (at most 14 in cheXlocalize)
+    for key, kinds in (("map", (torch.Tensor, np.ndarray)), ("prob", (torch.Tensor, np.ndarray, np.generic, float, int))):
+        if key in out and not isinstance(out[key], kinds):
+            raise FormatError(path, f"must be a tensor or an array{' or a number' if key == 'prob' else ''}, got a "
+                                    f"{type(out[key]).__name__} ({brief(out[key], 60)})", field=key)
     return out
 
 
@@ -285,6 +340,10 @@ def evaluate_maps(
     from ..spec.names import check_name
 
     check_name(name, "model")  # becomes a folder name: xbench.spec.names.SAFE_NAME, no '..'
+    if dataset_options:
+        from ..spec.config import check_dataset_options
+
+        check_dataset_options(dataset, dict(dataset_options), "dataset options (--option)")
     data = load_dataset(dataset, root=root, split=split, **(dataset_options or {}))
     mapset = _as_mapset(maps, case_ids=case_ids, classes=classes if classes is not None else data.findings, probs=probs)
     index = _class_index(data, mapset.classes)

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the console bar: tqdm.auto warns 'IProgress not found' in a kernel without ipywidgets
 
 from ..core.atomic import atomic_write, atomic_write_text
 from ..datasets import load_dataset
