@@ -62,8 +62,9 @@ DATASETS: dict[str, dict[str, Any]] = {  # name -> stand-in spec (cases = the pa
     "nih_bbox": {"cases": 880, "format": "png", "sizes": [(1024, 1024)]},
     "vindr_cxr": {"cases": 3000, "format": "dicom16", "sizes": [(3072, 3072), (2836, 2336), (2880, 2304), (2500, 2048)]},
 }
-MODELS = ["clip", "medklip", "kad", "mavl", "carzero", "devide", "center_prior"]
-RANDOM_INIT = {"clip", "medklip", "kad", "mavl", "carzero", "devide", "biomedclip"}
+MODELS = ["clip", "medklip", "kad", "mavl", "carzero", "devide", "chexzero", "gloria", "center_prior"]  # chexzero,
+# gloria: beyond the paper
+RANDOM_INIT = {"clip", "medklip", "kad", "mavl", "carzero", "devide", "biomedclip", "chexzero", "gloria"}
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 

@@ -2,7 +2,8 @@
 
 A real run builds a model from its weights folder (``xbench.create_model(name, weights=DIR)`` ->
 ``Adapter.from_config`` -> the adapter's ``_load``); a random-init run builds the network in the process instead.
-:func:`write_weight_folders` writes, for clip, medklip, mavl, kad, carzero and devide, ``<folder>/<name>/`` holding
+:func:`write_weight_folders` writes, for clip, medklip, mavl, kad, carzero, devide, chexzero and gloria,
+``<folder>/<name>/`` holding
 the files that model's YAML ``weights:`` section lists (``xbench/configs/models/<name>.yaml``), in the layout the
 published files have, so that ``create_model(name, weights=<folder>/<name>)`` builds from files (label
 ``"official"``; DeViDe, which has no official release, ``"user-checkpoint"``) and its networks equal, tensor for
@@ -27,6 +28,11 @@ carzero    ``CARZero_best_model.ckpt``: Lightning ``{"state_dict": {"CARZero.<ke
            ``config.json``).
 devide     ``devide.pt``: KAD's containers with ``vit.*`` image keys (the layout ``xbench/models/devide.py``
            documents); ``Med-KEBERT/`` as KAD's.
+chexzero   ``chexzero.pt``: the plain state dict of OpenAI's ViT-B/32 CLIP (``torch.save(model.state_dict())``, as
+           each checkpoint of the published ensemble).
+gloria     ``chexpert_resnet50.ckpt``: Lightning ``{"state_dict": {"gloria.<key>": ...}, "epoch", "global_step",
+           "pytorch-lightning_version"}``; ``Bio_ClinicalBERT/`` (``config.json``, ``vocab.txt``: the tokenizer the
+           official code fetches from the hub; the BERT weights are in the checkpoint).
 =========  ====================================================================================================
 
 Tokenizer and text files are synthesised (nothing is downloaded): a BERT ``vocab.txt`` has exactly the text
@@ -42,7 +48,7 @@ another seed or format is rewritten; an existing folder without the marker is ne
 Files are ``torch.save`` zip archives of tensors, strings and ints only, so the safe reader
 (:mod:`xbench.models.checkpoint`) reads them without placeholders or warnings.
 
-    python benchmarks/standin_weights.py --out DIR --models clip,medklip,mavl,kad,carzero,devide [--seed 0]
+    python benchmarks/standin_weights.py --out DIR --models clip,medklip,mavl,kad,carzero,devide,chexzero,gloria [--seed 0]
 
 prints ``{model: {"folder", "bytes", "seconds", "reused"}}`` as JSON.
 """
@@ -64,7 +70,7 @@ from typing import Any
 
 import torch
 
-MODELS = ("clip", "medklip", "mavl", "kad", "carzero", "devide")
+MODELS = ("clip", "medklip", "mavl", "kad", "carzero", "devide", "chexzero", "gloria")
 MARKER = ".standin_complete"
 FORMAT = 1  # bump when a layout changes: folders of another format are rewritten
 BERT_SPECIALS = ["[PAD]", *(f"[unused{i}]" for i in range(1, 100)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0-103
@@ -76,7 +82,7 @@ PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 
 # -- public entry ------------------------------------------------------------------------------
 def write_weight_folders(models: Sequence[str], folder: Path, *, seed: int = 0) -> dict[str, Path]:
-    """For each model name (of clip, medklip, mavl, kad, carzero, devide; others, e.g. center_prior / ref_* /
+    """For each model name (of clip, medklip, mavl, kad, carzero, devide, chexzero, gloria; others, e.g. center_prior / ref_* /
     biomedclip: skipped, not in the result), write into ``folder/<name>/`` the files its YAML ``weights:`` section
     lists, in the layout its ``_load`` reads, holding the weights of its seeded random-init network (the network
     ``xbench.create_model(name, random_init=True, seed=seed)`` builds). Returns ``{name: folder/name}``.
@@ -328,9 +334,22 @@ def _write_carzero(adapter: Any, out: Path) -> None:
     write_tokenizer(out / "BioClinicalMPBERT", bert_config.vocab_size, config=bert_config)
 
 
+def _write_chexzero(adapter: Any, out: Path) -> None:
+    """``chexzero.pt``: the plain state dict (OpenAI's key names, which open_clip's CLIP shares)."""
+    _save(_state(adapter.model), out / "chexzero.pt")
+
+
+def _write_gloria(adapter: Any, out: Path) -> None:
+    model = adapter.model
+    _save({"state_dict": _state(model, "gloria."), "epoch": 0, "global_step": 0,
+           "pytorch-lightning_version": "1.1.4"}, out / "chexpert_resnet50.ckpt")
+    bert_config = model.text_encoder.model.config
+    write_tokenizer(out / "Bio_ClinicalBERT", bert_config.vocab_size, config=bert_config, tokenizer_config=False)
+
+
 WRITERS: dict[str, Callable[[Any, Path], None]] = {
     "clip": _write_clip, "medklip": _write_medklip, "mavl": _write_mavl, "kad": _write_kad,
-    "carzero": _write_carzero, "devide": _write_devide,
+    "carzero": _write_carzero, "devide": _write_devide, "chexzero": _write_chexzero, "gloria": _write_gloria,
 }
 
 

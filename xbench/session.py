@@ -5,7 +5,6 @@ flags); the notebooks then only call the library and plot.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,16 +72,16 @@ class Run:
 
     def path(self, kind: str, name: str) -> Path:
         """``<output_dir>/<kind>/<name>`` (``kind``: ``tables`` or ``figures``), its folder created."""
-        folder = self.output_dir / kind
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder / name
+        from .core.files import contained_folder
+
+        return contained_folder(self.output_dir, kind) / name  # a real folder inside the output folder, no link
 
 
 def open_run(config: str | Path | RunConfig, *, output_dir: str | Path | None = None, device: str | None = None) -> Run:
     """The evaluated run of ``config`` (a run YAML or a :class:`RunConfig`): its tables must exist
     (``xbench run`` / ``xbench evaluate`` or notebook 00 wrote them)."""
     from .evaluation.comparisons import load_comparisons
-    from .evaluation.evaluate import load_tables
+    from .evaluation.evaluate import load_tables, read_evaluation_log
 
     cfg = config if isinstance(config, RunConfig) else RunConfig.from_yaml(
         config, output_dir=None if output_dir is None else str(output_dir), device=device)
@@ -96,7 +95,7 @@ def open_run(config: str | Path | RunConfig, *, output_dir: str | Path | None = 
                           "filled the run, e.g. `cd notebooks && papermill 01_table1_grounding.ipynb /tmp/01.ipynb`, "
                           "or pass absolute paths: `papermill NB OUT -p config ABS_YAML -p output_dir ABS_DIR`.") from exc
     log_path = Path(cfg.output_dir) / "tables" / "evaluation_log.json"
-    log = json.loads(log_path.read_text()) if log_path.is_file() else []
+    log = read_evaluation_log(log_path) or []
     compared = load_comparisons(cfg.output_dir)
     return Run(cfg, tables["metrics"], tables["pairs"], tables["curves"], tables["models"], log,
                None if compared is None else compared[0])

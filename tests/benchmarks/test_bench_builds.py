@@ -10,7 +10,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_builds.py"
 
 
 def test_builds_from_checkpoints_are_timed(capsys):
-    pytest.importorskip("open_clip")
+    pytest.importorskip("open_clip", reason="open_clip_torch (a core dependency) is not installed")
     spec = importlib.util.spec_from_file_location("bench_builds", BENCH)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

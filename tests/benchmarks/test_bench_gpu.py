@@ -27,7 +27,7 @@ def bench(monkeypatch):
 
 
 def test_tiny_cpu_benchmark(bench, tmp_path, monkeypatch):
-    pytest.importorskip("pydicom")
+    pytest.importorskip("pydicom", reason="pydicom (a core dependency) is not installed")
     # the bench points XBENCH_MANIFESTS at its stand-ins; set here so that monkeypatch removes it afterwards
     monkeypatch.setenv("XBENCH_MANIFESTS", str(tmp_path / "data" / "manifests"))
     r = bench.main(["--tiny", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--workers", "2",
@@ -116,3 +116,20 @@ def test_the_environment_record_names_the_cpu_and_its_sha_extensions(bench, tmp_
     info.write_text("model name\t: Older CPU\nflags\t\t: fpu avx2 sha\n")  # "sha" alone is not sha_ni
     assert bench.cpu_info(str(info)) == {"cpu_model": "Older CPU", "sha_ni": False}
     assert bench.cpu_info(str(tmp_path / "absent")) == {}
+
+
+@pytest.mark.slow
+def test_tiny_benchmark_runs_the_models_beyond_the_paper(bench, tmp_path, monkeypatch):
+    """CheXzero and GLoRIA are in the benchmark's model list and load from their stand-in weight folders."""
+    pytest.importorskip("pydicom")
+    monkeypatch.setenv("XBENCH_MANIFESTS", str(tmp_path / "data" / "manifests"))
+    beyond = ["chexzero", "gloria"]
+    assert set(beyond) <= set(bench.MODELS) and set(beyond) <= bench.RANDOM_INIT
+    r = bench.main(["--tiny", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--workers", "0",
+                    "--gen-workers", "2", "--phases", "default", "--models", ",".join(beyond), "--bootstrap", "0"])
+    assert "errors" not in r, r.get("errors")
+    assert r["weights"]["models"] == sorted(beyond)
+    cases = sum(r["generate"]["per_dataset"].values())
+    assert r["default"]["image_model_passes"] == len(beyond) * cases
+    log = json.loads((tmp_path / "out" / "default" / "run_log.json").read_text())
+    assert {e["model"] for e in log} == set(beyond) and {e["weights_label"] for e in log} == {"official"}

@@ -43,24 +43,27 @@ def test_explainers_on_reference_model(ref_xattn, method):
 
 def test_gradcam_matches_pytorch_grad_cam(ref_xattn):
     """Shared-forward Grad-CAM / Grad-CAM++ equal pytorch-grad-cam's own call (one class at a time), after its
-    resize to the input and per-image min-max."""
+    resize to the input and per-image min-max; Grad-CAM++ on a post-ReLU layer (where both are defined)."""
     from pytorch_grad_cam import GradCAM, GradCAMPlusPlus
     from pytorch_grad_cam.utils.image import scale_cam_image
     from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
     class Logits(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, adapter):
             super().__init__()
-            self.net = ref_xattn.model  # pytorch-grad-cam reads the device from the parameters
+            self.adapter, self.net = adapter, adapter.model  # pytorch-grad-cam reads the device from the parameters
 
         def forward(self, x):
-            return forward_logits(ref_xattn, x, PROMPTS)[1]
+            return forward_logits(self.adapter, x, PROMPTS)[1]
 
     px = _pixels(ref_xattn)
-    for method, cls in (("gradcam", GradCAM), ("gradcampp", GradCAMPlusPlus)):
-        ours = explained(ref_xattn, method).predict(px, PROMPTS).maps.numpy()
+    post_relu = create_model("ref_xattn")  # Grad-CAM++ is defined on post-ReLU layers: its conv body's output
+    post_relu.config = {**post_relu.config, "explain_layer": "model.image.body"}
+    for method, cls, adapter, layer in (("gradcam", GradCAM, ref_xattn, ref_xattn.model.image),
+                                        ("gradcampp", GradCAMPlusPlus, post_relu, post_relu.model.image.body)):
+        ours = explained(adapter, method).predict(px, PROMPTS).maps.numpy()
         for c in range(len(PROMPTS)):
-            with gradients_through_adapters(), cls(Logits(), [ref_xattn.model.image]) as cam:
+            with gradients_through_adapters(), cls(Logits(adapter), [layer]) as cam:
                 theirs = cam(px.clone(), targets=[ClassifierOutputTarget(c)] * len(px))
             expected = scale_cam_image(scale_cam_image(ours[:, c], (128, 128)))  # its __call__ normalises twice
             np.testing.assert_allclose(expected, theirs, atol=2e-4)
@@ -74,7 +77,12 @@ def test_gradient_x_input_matches_captum(ref_xattn):
     with gradients_through_adapters():
         ixg = InputXGradient(lambda x: forward_logits(ref_xattn, x, PROMPTS)[1])
         theirs = torch.stack([ixg.attribute(px.clone(), target=c).sum(1) for c in range(2)], 1)
-    torch.testing.assert_close(ours, theirs.detach(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(_unit(ours), _unit(theirs.detach()), rtol=1e-4, atol=1e-6)  # maps scaled by 2^k
+
+
+def _unit(maps: torch.Tensor) -> torch.Tensor:
+    """Each map divided by its largest |value| (explainer maps come scaled by a power of two per map)."""
+    return maps / maps.abs().flatten(2).amax(-1).clamp(min=1e-30)[..., None, None]
 
 
 def test_prior_has_zero_gradient_maps_and_no_layer():
@@ -130,3 +138,110 @@ def test_run_config_explainer_entries(tmp_path):
     with pytest.raises(FormatError, match="unknown explainer 'gradcma'.*did you mean 'gradcam'"):
         RunConfig.from_dict({**base, "models": [{"name": "kad", "explainer": "gradcma"}]})
     assert set(EXPLAINERS) == {"gradcam", "gradcampp", "gradxinput", "ig", "attngrad"}
+
+
+@pytest.mark.usefixtures("phantom_cache")
+@pytest.mark.parametrize("scale", [30.0, 100.0])
+def test_saturated_probabilities_keep_the_gradient_of_the_logit(scale):
+    """ref_patchsim with its similarity scale raised on phantom images: (image, class) probabilities sit outside
+    [1e-6, 1 − 1e-6] (where a clamp has no gradient) or round to 0 / 1; gradient × input still equals direct
+    autograd of the pre-sigmoid logit, non-zero on every (image, class)."""
+    from xbench.datasets import load_dataset
+
+    adapter = create_model("ref_patchsim")
+    with torch.no_grad():
+        adapter.model.log_scale.fill_(float(np.log(scale)))
+    phantom = load_dataset("phantom", split="test", cases=6)
+    px = torch.stack([adapter.preprocess(phantom[i].image()) for i in range(6)])
+    probs = adapter.predict(px, PROMPTS).scores
+    saturated = (probs < 1e-6) | (probs > 1 - 1e-6)
+    assert saturated.sum() >= 2, probs  # the clamp's flat region is reached
+    ours = explained(adapter, "gradxinput", pool=1).predict(px, PROMPTS).maps
+    x = px.clone().requires_grad_(True)
+    pos = adapter.model.class_embeddings(PROMPTS, adapter_templates("POSITIVE_TEMPLATES"))
+    neg = adapter.model.class_embeddings(PROMPTS, adapter_templates("NEGATIVE_TEMPLATES"))
+    logits = adapter.model.forward_features(x, pos.detach(), neg.detach())[0]
+    direct = torch.stack([(torch.autograd.grad(logits[:, c].sum(), x, retain_graph=True)[0] * px).sum(1)
+                          for c in range(len(PROMPTS))], 1)
+    torch.testing.assert_close(_unit(ours), _unit(direct), rtol=1e-4, atol=1e-5)
+    assert (ours.abs().flatten(2).amax(-1) > 0).all()
+
+
+def adapter_templates(name: str):
+    from xbench.models import reference
+
+    return getattr(reference, name)
+
+
+def test_probability_not_followable_to_logits_is_refused(ref_xattn):
+    """A probability computed by an operation the log-odds tracking does not follow (here 1 − (1 − p)) is
+    refused, not differentiated through its rounding."""
+    class Odd(type(ref_xattn)):
+        def predict(self, pixels, prompts):
+            pred = super().predict(pixels, prompts)
+            return type(pred)(1 - (1 - pred.scores), pred.maps)
+
+    odd = Odd.from_checkpoint(ref_xattn.model.state_dict())
+    with pytest.raises(XBenchError, match="not a sigmoid / softmax output"):
+        explained(odd, "gradxinput").predict(_pixels(odd, 1), PROMPTS)
+
+
+def _layer_tensors(adapter, px):
+    """The explain_layer's activations and each class's logit gradients at it, as (B, K, h, w) arrays."""
+    from xbench.explain.base import class_gradients, module_at, tokens_to_grid
+
+    captured = []
+    handle = module_at(adapter, adapter.config["explain_layer"]).register_forward_hook(
+        lambda m, a, out: captured.append(out))
+    try:
+        with gradients_through_adapters():
+            _, logits = forward_logits(adapter, px.clone(), PROMPTS)
+            grads = [tokens_to_grid(g, len(px)).numpy() for (g,) in class_gradients(logits, captured)]
+    finally:
+        handle.remove()
+    return tokens_to_grid(captured[0].detach(), len(px)).numpy(), grads
+
+
+def test_gradcampp_is_well_conditioned_on_signed_layers(ref_xattn):
+    """ref_xattn's layer has signed activations: a 1e-6 relative change of the gradient moves no Grad-CAM++ map by
+    more than 0.1 % of its maximum, also where a channel sum makes pytorch-grad-cam's Eq. 19 denominator vanish
+    (ΣA = −2, g = 1: 2g² + ΣA·g³ = 0); every map is finite in the store's float16."""
+    from pytorch_grad_cam import GradCAMPlusPlus as Library
+
+    from xbench.explain.base import float16_ready
+    from xbench.explain.methods import GradCAMPlusPlus
+
+    method = GradCAMPlusPlus()
+    act, grads = _layer_tensors(ref_xattn, _pixels(ref_xattn, 4, seed=3))
+    assert (act.sum(axis=(2, 3)) < 0).mean() > 0.2  # signed: many negative channel sums
+    rng = np.random.default_rng(0)
+    singular_act = np.full((1, 2, 4, 4), -2.0 / 16)
+    singular_act[0, 1] = rng.random((4, 4))
+    singular_grad = np.ones((1, 2, 4, 4))
+    cases = [(act, g) for g in grads] + [(singular_act, singular_grad)]
+    for a, g in cases:
+        base = method.cam(a, g)
+        moved = method.cam(a, g * (1 + 1e-6 * rng.uniform(-1, 1, g.shape)))
+        assert np.abs(moved - base).max() <= 1e-3 * np.abs(base).max(), np.abs(moved - base).max() / base.max()
+        stored = float16_ready(torch.from_numpy(base[:, None])).numpy().astype(np.float16)
+        assert np.isfinite(stored).all()
+    # the library's weights on the raw activations are what blows up there
+    raw = Library.get_cam_weights(None, None, None, None, singular_act, singular_grad)
+    assert np.abs(raw).max() > 1e3 * np.abs(method.cam(singular_act, singular_grad)).max()
+
+
+def test_explainer_maps_survive_the_float16_store_within_its_bound(ref_xattn):
+    """Raw gradient × input / IG maps are tiny (below float16's normal range); the maps an explainer returns are
+    scaled by a power of two per map, so the store's float16 holds every value within 2^-11 relative (values below
+    2^-28 of the map's largest: within 2^-25 of it absolutely), and no metric can tell (scaling commutes with the
+    per-map min–max)."""
+    px = _pixels(ref_xattn)
+    for method in ("gradxinput", "ig", "gradcam", "gradcampp"):
+        maps = explained(ref_xattn, method, **({"n_steps": 4} if method == "ig" else {})).predict(px, PROMPTS).maps
+        m = maps.numpy().astype(np.float64)
+        half = maps.numpy().astype(np.float16).astype(np.float64)
+        top = np.abs(m).reshape(*m.shape[:2], -1).max(-1)[..., None, None]
+        assert np.isfinite(half).all() and (top > 0).all()
+        big = np.abs(m) >= top * 2.0**-28
+        assert (np.abs(half - m)[big] <= 2.0**-11 * np.abs(m)[big]).all(), method
+        assert (np.abs(half - m)[~big] <= 2.0**-25 * np.broadcast_to(top, m.shape)[~big]).all(), method

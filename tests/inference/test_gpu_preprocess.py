@@ -203,6 +203,7 @@ def test_plans_shared_and_absent():
     assert plan_for(ads["kad"]) == plan_for(ads["devide"])  # bicubic
     assert plan_for(ads["medklip"]).resample != plan_for(ads["kad"]).resample
     assert plan_for(ads["kad_512"]) != plan_for(ads["kad"])
+    assert plan_for(ads["gloria"]) == plan_for(ads["carzero"])  # one pipeline, two normalisations (tables)
     assert plan_for(CenterPrior()) is None
     wrong = CodePlan("square", 223, 223, int(Image.BICUBIC), "linear")  # a plan that is not the adapter's
     assert check_plan(ads["medklip"], wrong, DEVICE) is None
@@ -218,7 +219,7 @@ def test_every_builtin_model_declares_its_plan():
     declared = {name: import_target(model_config(name)["class"]).gpu_preprocess for name in list_models()}
     assert {name: plan for name, plan in declared.items() if plan is not None} == {
         "medklip": "square", "mavl": "square", "kad": "square", "kad_512": "square", "kad_1024": "square",
-        "devide": "square", "carzero": "carzero", "clip": "open_clip", "biomedclip": "open_clip"}
+        "devide": "square", "carzero": "carzero", "gloria": "gloria", "clip": "open_clip", "biomedclip": "open_clip"}
     for name, adapter in _adapters().items():
         assert adapter.gpu_preprocess == declared[name], name
         assert check_plan(adapter, plan_for(adapter), DEVICE) is not None, name

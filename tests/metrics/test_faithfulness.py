@@ -8,7 +8,9 @@ import torch
 from xbench.metrics.faithfulness import (deletion_auc, insertion_auc, noisy_linear_imputation, perturbation_curve,
                                          randomisation_similarity, road_curve, road_gap)
 
-quantus = pytest.importorskip("quantus")  # a dev dependency (pyproject [dev]); CI installs it
+quantus = pytest.importorskip(
+    "quantus", reason="the Quantus cross-checks need quantus==0.6.0: `make setup` installs it; after `pip install -e .[dev]` run "
+    "`pip install --no-deps quantus==0.6.0` (--no-deps: it declares opencv-python, the GUI build; pyproject.toml [dev])")
 
 
 class Toy(torch.nn.Module):

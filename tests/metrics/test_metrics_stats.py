@@ -19,7 +19,7 @@ from xbench.metrics import (
     recognition_scores,
     score_table,
 )
-from xbench.metrics.stats import _best_weighted
+from xbench.metrics.stats import _best_weighted, _draw_weights, bootstrap_batches, scored_table
 
 T3 = np.array([0.0, 0.5, 1.0])
 
@@ -68,6 +68,38 @@ def test_best_weighted_with_unit_weights_equals_best_threshold():
     best = best_threshold(d, j, T3)
     assert out[2] == best.tau
     assert out[0] == pytest.approx(best.dice) and out[1] == pytest.approx(best.iou)
+
+
+def test_replicates_break_exact_best_tau_ties_like_the_point_value():
+    """Columns τ = 0.2 and 0.7 tie exactly (pair 0 gains 1/806 what pair 1 loses) but their float sums favour 0.7:
+    the point value takes 0.2 (exact rule), and so must every replicate that keeps the tie (w0 == w1) — in the
+    table's bootstrap (scored_table) as in the weighted chooser."""
+    from fractions import Fraction
+
+    d = np.array([[0.5769230769230769, 0.5781637717121588], [0.9354838709677419, 0.93424317617866],
+                  [0.2708333333333333, 0.2708333333333333], [0.8378378378378378, 0.8378378378378378],
+                  [0.6875, 0.6875], [0.0, 0.0]])
+    exact = [sum(Fraction(x).limit_denominator(10**7) for x in d[:, c]) for c in range(2)]
+    assert exact[0] == exact[1] and (np.ones(6) @ d)[1] > (np.ones(6) @ d)[0]  # the float trap
+    t = np.array([0.2, 0.7])
+    assert best_threshold(d, d, t).tau == 0.2
+    rng = np.random.default_rng(5)
+    w = rng.integers(0, 4, size=(300, 6)).astype(float)
+    w[:, 1] = w[:, 0]  # the tie holds in every row
+    w[0] = 1.0
+    taus = _best_weighted(w, d, d, t)[:, 2]
+    assert (taus[w[:, 0] > 0] == 0.2).all(), np.unique(taus, return_counts=True)
+    pairs = pd.DataFrame({"case_id": [f"c{i}" for i in range(6)], "finding": "A", "pointing": 1.0, "dice_fixed": 0.5,
+                          "iou_fixed": 0.5, "dice_curve": list(d), "iou_curve": list(d)})
+    # two cases only: a resample that draws both c0 and c1 equally often keeps the tie; all others do not
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        scored = scored_table(pairs, model="m", dataset="d", thresholds=t, n_boot=400, seed=1)
+    tau_row = scored.table.index[(scored.table.finding == "A") & (scored.table.metric == "best_tau")][0]
+    rng = np.random.default_rng(1)  # the table's draws, batch by batch
+    weights = np.concatenate([_draw_weights(rng, b, 6) for _, b in bootstrap_batches(400)])
+    tied = weights[:, 0] == weights[:, 1]
+    assert tied.sum() > 50 and (scored.replicates[tied, tau_row] == 0.2).all()
 
 
 # -- score_table -----------------------------------------------------------------------

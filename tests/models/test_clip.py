@@ -235,7 +235,7 @@ def test_openai_torchscript_archive(adapter, tmp_path):
 
 def test_truncated_checkpoint_lists_missing_key(adapter, monkeypatch):
     # the strict check fails before anything is loaded, so the module's network can stand in for a fresh build
-    monkeypatch.setattr(clip_module, "build_clip", lambda seed=0: adapter.model)
+    monkeypatch.setattr(clip_module, "build_clip", lambda seed=0, architecture=None: adapter.model)
     state = dict(adapter.model.state_dict())
     del state["visual.ln_post.weight"]
     state["visual.extra"] = torch.zeros(1)

@@ -106,7 +106,7 @@ def test_other_threads_initialise_as_usual():
 
 
 def test_clip_keeps_its_causal_mask():
-    pytest.importorskip("open_clip")
+    pytest.importorskip("open_clip", reason="open_clip_torch (a core dependency) is not installed")
     from xbench.models.clip import build_clip
 
     mask = build_clip(None).attn_mask  # non-persistent: no checkpoint holds it

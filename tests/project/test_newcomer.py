@@ -58,13 +58,13 @@ def test_shipped_configs_by_name_and_unknown_name_lists_them(tmp_path, capsys, m
     assert RunConfig.from_yaml("paper").datasets
     # the README's path, typed outside a checkout, is the shipped config
     assert Path(RunConfig.from_yaml("xbench/configs/runs/phantom.yaml").source).samefile(cfg.source)
-    with pytest.raises(UnknownNameError, match=r"Did you mean 'phantom'\? Available: paper, phantom\."):
+    with pytest.raises(UnknownNameError, match=r"Did you mean 'phantom'\? Available: beyond, paper, phantom\."):
         RunConfig.from_yaml("phantm")
     assert main(["check", "--config", "nonesuch"]) == 2
-    assert "Unknown run config 'nonesuch'. Available: paper, phantom." in capsys.readouterr().err
+    assert "Unknown run config 'nonesuch'. Available: beyond, paper, phantom." in capsys.readouterr().err
     assert main(["evaluate", "--config", str(tmp_path / "absent.yaml")]) == 2
     err = capsys.readouterr().err
-    assert "Missing run config" in err and "Shipped configs, usable by name (--config NAME): paper, phantom." in err
+    assert "Missing run config" in err and "Shipped configs, usable by name (--config NAME): beyond, paper, phantom." in err
 
 
 # -- 3: list tables, sources in missing-file messages -----------------------------------------------------------------

@@ -188,7 +188,7 @@ def test_the_command_freezes_live_objects_before_exiting_with_mains_code(monkeyp
 
 
 def test_the_installed_command_and_the_module_run_the_console_entry():
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11+")
     scripts = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["xbench"] == "xbench.cli:console"
     source = (Path(__file__).parents[2] / "xbench" / "cli.py").read_text()

@@ -39,7 +39,7 @@ import numpy as np
 
 from .errors import FormatError
 
-__all__ = ["EXPANSION", "PLAIN_KINDS", "TEXT_KINDS", "array_from_bytes", "plain_dtype", "MIN_EXPANDED_BYTES", "max_expanded_bytes", "read_npy", "read_npz", "read_safetensors"]
+__all__ = ["EXPANSION", "PLAIN_KINDS", "TEXT_KINDS", "array_from_bytes", "plain_dtype", "MIN_EXPANDED_BYTES", "max_expanded_bytes", "read_npy", "read_npy_bytes", "read_npz", "read_safetensors"]
 
 EXPANSION = 100  #: default bound on (decompressed bytes) / (archive bytes) of an .npz (``XBENCH_MAX_EXPANSION``)
 MIN_EXPANDED_BYTES = 64 * 2**20  #: an .npz may always expand to this many bytes (``XBENCH_MIN_EXPANDED_BYTES``)
@@ -133,6 +133,12 @@ def read_npy(path: str | Path) -> np.ndarray:
     path = Path(path)
     with open(path, "rb") as fh:
         return _read_npy_stream(fh, path.stat().st_size, path, None)
+
+
+def read_npy_bytes(data: bytes | memoryview, where: str | Path) -> np.ndarray:
+    """An ``.npy`` held whole in ``data`` (bytes read from the file ``where``), checked as :func:`read_npy` checks a
+    file: plain dtype, shape × itemsize equal to the bytes present (before anything is allocated)."""
+    return _npy_from_bytes(data, Path(where), None)
 
 
 def _member_name(filename: str) -> str:

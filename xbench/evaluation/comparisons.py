@@ -7,7 +7,7 @@ usual case: the same case order, replicate count and seed give the same resample
 models' evaluated cases differ (cases skipped at inference for one model only), every model is
 bootstrapped again on the cases all of them share, so the comparison stays paired.
 
-Conventions (paired resampling, bootstrap p-value, Holm family, rank intervals): see
+Conventions (paired resampling, permutation p-value, Holm family, rank intervals): see
 :mod:`xbench.metrics.compare`.
 """
 from __future__ import annotations
@@ -64,17 +64,25 @@ def compare_dataset(dataset: str, evaluated: Mapping[str, Any], *, threshold: fl
         with warnings.catch_warnings():  # dropped replicates were already reported for the metric table
             warnings.simplefilter("ignore", XBenchWarning)
             scored = {n: evaluated[n].rescore(cases=shared) for n in names}
+    scored = {n: _with_statistic(s, evaluated[n]) for n, s in scored.items()}
     return compare_models(scored, dataset=dataset, metrics=metrics or compared_metrics(threshold))
 
 
+def _with_statistic(scored: ScoredTable, evaluation: Any) -> ScoredTable:
+    """``scored`` with its statistic (the permutation test's input), rebuilt without a bootstrap by ``rescore``
+    when the table was finished without it (worker processes drop it)."""
+    if scored.statistic is not None or getattr(evaluation, "rescore", None) is None:
+        return scored
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        return scored._replace(statistic=evaluation.rescore(cases=scored.cases, n_boot=0).statistic)
+
+
 def for_comparison(evaluated: Mapping[str, Any]) -> dict[str, Any]:
-    """What :func:`compare_dataset` reads of each evaluation, to ship to a worker: its ``scored`` table, and its
-    ``rescore`` only when the models' cases differ (the only case where it is called). The rest (per-pair rows,
-    curves, and ``rescore``'s grounding rows: tens of megabytes for a large dataset) is left out."""
-    names = list(evaluated)
-    first = evaluated[names[0]].scored.cases
-    same = all(evaluated[n].scored.cases.equals(first) for n in names[1:])
-    return {n: _ForComparison(evaluated[n].scored, None if same else evaluated[n].rescore) for n in names}
+    """What :func:`compare_dataset` reads of each evaluation, to ship to a worker: its ``scored`` table and its
+    ``rescore`` (the permutation test recomputes the statistic from the per-pair rows and curves it holds). The
+    rest (per-pair rows of the report, curves at the best τ) is left out."""
+    return {n: _ForComparison(evaluated[n].scored, evaluated[n].rescore) for n in evaluated}
 
 
 class _ForComparison(NamedTuple):

@@ -57,7 +57,7 @@ from .steps import MOST_STEPS, Steps, finding_groups, pair_steps
 from .worker_state import State
 
 __all__ = ["GroundTruth", "PairEvaluation", "PairError", "ground_truth", "check_annotations", "evaluate_pair",
-           "evaluate_run", "RunEvaluation", "load_tables"]
+           "evaluate_run", "RunEvaluation", "load_tables", "read_evaluation_log"]
 
 
 def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
@@ -73,15 +73,19 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     one BLAS thread (workers and this one alike): OpenBLAS may split a matrix product's sums over its threads, so
     with more threads the last bits of bootstrap CIs would depend on the machine's core count. Progress: at most
     one line per finished pair. :class:`RunEvaluation` is the same work, started while inference still runs. When
-    each step ran is written to ``<output_dir>/evaluation_timing.json`` (timings only, outside ``tables/``).
+    each step ran is written to ``<output_dir>/evaluation_timing.json`` (timings only, outside ``tables/``). The
+    output folder's lock (:func:`xbench.core.lock.output_lock`) is held throughout.
     """
-    evaluation = RunEvaluation(cfg, progress=progress)
-    try:
-        table = evaluation.finish()
-        evaluation.write_timing()
-        return table
-    finally:
-        evaluation.close()
+    from ..core.lock import output_lock
+
+    with output_lock(cfg.output_dir, "evaluate"):  # one XBench process per output folder
+        evaluation = RunEvaluation(cfg, progress=progress)
+        try:
+            table = evaluation.finish()
+            evaluation.write_timing()
+            return table
+        finally:
+            evaluation.close()
 
 
 class RunEvaluation:
@@ -402,7 +406,9 @@ class RunEvaluation:
         finally:
             blas.restore_original_limits()
         self.mark("gathered")
-        out = Path(cfg.output_dir) / "tables"
+        from ..core.files import contained_folder
+
+        out = contained_folder(cfg.output_dir, "tables")  # a real folder inside the output folder, no link
         table = pd.concat(tidy, ignore_index=True)
         write_table(table, out / "metrics")
         pair_table = (pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs)
@@ -443,6 +449,46 @@ class RunEvaluation:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
         self.bar.close()
+
+
+_LOG_COUNTS = ("evaluated", "missing_prediction", "positive_without_region")
+
+
+def read_evaluation_log(path: str | Path) -> list[dict[str, Any]] | None:
+    """A run's ``evaluation_log.json`` (None when absent), read as a regular file inside its folder
+    (:func:`xbench.core.files.read_regular`) and checked: a list of entries with ``dataset`` and ``model`` texts,
+    ``cases`` / ``cases_skipped_at_inference`` counts and per-finding ``pairs`` counts. Anything else is one
+    :class:`~xbench.core.errors.FormatError` naming the file, the entry and the field."""
+    from ..core.errors import FormatError
+    from ..core.files import read_regular
+
+    path = Path(path)
+    try:
+        log = json.loads(read_regular(path, within=path.parent, limit=64 << 20).decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(path, f"not JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+    def count(value: Any) -> bool:
+        return type(value) is int and value >= 0
+
+    if not isinstance(log, list):
+        raise FormatError(path, f"must be a list of entries, not {type(log).__name__}")
+    for i, entry in enumerate(log, 1):
+        if not isinstance(entry, dict):
+            raise FormatError(path, f"entry {i} must be an object, not {type(entry).__name__}")
+        for field in ("dataset", "model"):
+            if not isinstance(entry.get(field), str):
+                raise FormatError(path, f"entry {i} must name its {field} (a text)", field=field)
+        for field in ("cases", "cases_skipped_at_inference"):
+            if field in entry and not count(entry[field]):
+                raise FormatError(path, f"entry {i}: must be a count (an integer ≥ 0)", field=field)
+        pairs = entry.get("pairs", {})
+        if not isinstance(pairs, dict) or not all(isinstance(c, dict) and all(count(c.get(k, 0)) for k in _LOG_COUNTS)
+                                                  for c in pairs.values()):
+            raise FormatError(path, f"entry {i}: must map each finding to counts {list(_LOG_COUNTS)}", field="pairs")
+    return log
 
 
 def load_tables(output_dir: str | Path) -> dict[str, pd.DataFrame]:

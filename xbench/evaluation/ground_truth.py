@@ -13,7 +13,10 @@ Conventions
   split, options, grid, manifest classes, annotation files' sha256, the case table's digest and the source of the
   rasterising code) and a sha256 of the payload. A file is served only when its key equals the current key and
   its payload hashes to the stored digest; otherwise it is *stale* or *damaged*, and is recomputed and
-  rewritten (atomically, :mod:`xbench.core.atomic`), never served.
+  rewritten (atomically, :mod:`xbench.core.atomic`), never served. It is read only as a regular file inside its
+  folder, with bounded decompression (:func:`xbench.core.safe_arrays.read_npz`: a member that declares more than
+  the archive may expand to is refused before anything is allocated); a damaged file is one warning line, counted
+  in :data:`DAMAGED`.
 """
 from __future__ import annotations
 
@@ -35,7 +38,9 @@ import pandas as pd
 from ..core.atomic import atomic_write
 from ..core.logs import progress_bar, progress_iter
 from ..core.version import __version__
-from ..core.errors import XBenchError
+from ..core.errors import FormatError, XBenchError
+from ..core.files import regular_size
+from ..core.safe_arrays import read_npz
 from ..core.workers import capture_warnings, replay_warnings, round_trips
 from ..datasets import BaseDataset
 from ..datasets.regions import Region, rasterize
@@ -46,6 +51,8 @@ __all__ = ["GroundTruth", "ground_truth", "rasterize_stack", "shippable", "groun
 
 log = logging.getLogger("xbench.evaluation")
 
+#: damaged ground-truth cache files met by this process (each logged as a warning, recomputed and rewritten)
+DAMAGED: list[str] = []
 CACHE_FORMAT = 1  #: layout of the cache file; a change makes every older file stale
 MIN_CHUNK = 64  #: fewest positive cases per pool job (smaller datasets are rasterised in the calling process)
 
@@ -287,11 +294,14 @@ def read_cache(path: str | Path, key: Mapping[str, Any], findings: Iterable[str]
 def load_cache(path: str | Path, key: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The arrays of the cache file at ``path``, masks still bit-packed, once its key and payload digest are
     checked (:func:`read_cache`'s errors); :func:`unpack_cache` makes ground truth of them."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {name: z[name] for name in z.files}
+    path = Path(path)
+    try:  # a regular file inside its folder, read with bounded decompression (a bomb is refused from its header)
+        regular_size(path, within=path.parent)
+        data = read_npz(path)
     except FileNotFoundError:
         raise
+    except FormatError as exc:
+        raise CacheUnusable("damaged", f"unreadable ({exc})") from None
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise CacheUnusable("damaged", f"unreadable ({type(exc).__name__}: {exc})") from exc
     if "key" not in data or "digest" not in data or "findings" not in data:
@@ -384,8 +394,10 @@ def _look_up(dataset: BaseDataset, grid: tuple[int, int], folder: str | Path,
         return key, path, "hit", arrays
     except FileNotFoundError:
         return key, path, "miss", None
-    except CacheUnusable as exc:
-        log.info("ground-truth cache %s is %s; recomputing it", path, exc)
+    except CacheUnusable as exc:  # stale: made from other inputs (expected); damaged: a warning line, counted
+        (log.warning if exc.reason == "damaged" else log.info)("ground-truth cache %s is %s; recomputing it", path, exc)
+        if exc.reason == "damaged":
+            DAMAGED.append(str(path))
         return key, path, exc.reason, None
 
 

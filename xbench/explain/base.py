@@ -5,10 +5,22 @@ preprocessing, input window and score rule, returns the wrapped model's scores u
 by the explainer's. Its name is ``"<model>+<explainer>"`` (``"kad+gradcam"``), so the results store, every table,
 figure, the report, ``xbench score`` and the exports treat it as one more model variant.
 
-What is explained: the class *logit* of the adapter's score (``log p - log(1 - p)`` for ``score_rule:
-probability``, clamped to ``p`` in [1e-6, 1 - 1e-6]; the score itself for ``logit`` / ``constant`` / ``random``
-rules), so that saturated probabilities do not flatten the gradients. A score that does not depend on the pixels
-(the prior baselines) has no gradient: its explanation is an all-zero map, by definition.
+What is explained: the class *logit* of the adapter's score — the score itself for ``logit`` / ``constant`` /
+``random`` rules; for ``score_rule: probability`` the log-odds ``log p − log(1 − p)`` computed from the model's own
+pre-sigmoid / pre-softmax values, never from the rounded probability: while the adapter's ``predict`` runs,
+:class:`_LogOdds` (a torch function mode) follows each ``sigmoid`` / ``softmax`` output through selections
+(indexing, ``float``/``cpu``/``to``, reshapes, ``stack``/``cat``, ``where``) and means, carrying
+``(log p, log(1 − p))`` from the logits: ``logsigmoid(±z)`` for a sigmoid; ``log_softmax`` and the log-sum-exp of
+the other classes for a softmax (``z₁ − z₀`` for two classes); a mean of probabilities by log-mean-exp of both. So
+a probability that rounds to 1.0 in float32 still has the logit's gradient (a clamp of ``p`` would have none).
+A probability score reached by any other operation is refused with an error naming the model. A score that does
+not depend on the pixels (the prior baselines) has no gradient: its explanation is an all-zero map, by
+definition.
+
+Map scale: an explainer's maps are returned multiplied per map by a power of two that puts their largest
+|value| in [2^14, 2^15) (:func:`float16_ready`): the metrics min–max normalise each map, so nothing they compute
+changes, while the results store's float16 then holds every value within 2^-11 relative (raw gradient maps
+would fall below float16's normal range or overflow it).
 
 Gradients through adapters: adapters run their forward pass under ``torch.no_grad`` (decorator or block). While an
 explainer runs, :func:`gradients_through_adapters` makes ``torch.no_grad`` keep the current grad mode (and leaves
@@ -25,12 +37,111 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..core.errors import XBenchError
 from ..models.base import Adapter, Prediction
 
-_LOGIT_EPS = 1e-6
+_LO = "_xbench_log_odds"  # tensor attribute: the lazy (log p, log(1 − p)) of a probability tensor
+
+
+class _LogOddsNode:
+    """How to compute ``(log p, log(1 − p))`` of one probability tensor from the logits it came from (lazy: only the
+    score's chain is ever computed, not every attention softmax of the forward pass)."""
+
+    def __init__(self, kind: str, *parts: Any):
+        self.kind, self.parts = kind, parts
+
+    def pair(self) -> tuple[torch.Tensor, torch.Tensor]:
+        kind, parts = self.kind, self.parts
+        if kind == "sigmoid":
+            z = parts[0]
+            return F.logsigmoid(z), F.logsigmoid(-z)
+        if kind == "softmax":
+            z, dim = parts
+            zs = z.movedim(dim, -1)
+            c = zs.shape[-1]
+            others = zs.unsqueeze(-2).expand(*zs.shape[:-1], c, c)
+            others = others.masked_fill(torch.eye(c, dtype=torch.bool, device=z.device), float("-inf"))
+            lse = torch.logsumexp(zs, -1, keepdim=True)
+            return (zs - lse).movedim(-1, dim), (torch.logsumexp(others, -1) - lse).movedim(-1, dim)
+        if kind == "apply":  # a selection: the same call on log p and on log(1 − p)
+            func, args, kwargs, node = parts
+            lp, lq = node.pair()
+            return func(lp, *args[1:], **kwargs), func(lq, *args[1:], **kwargs)
+        if kind == "join":  # stack / cat of probability tensors
+            func, nodes, rest, kwargs = parts
+            pairs = [n.pair() for n in nodes]
+            return func([p for p, _ in pairs], *rest, **kwargs), func([q for _, q in pairs], *rest, **kwargs)
+        if kind == "where":
+            cond, a, b = parts
+            (ap, aq), (bp, bq) = a.pair(), b.pair()
+            return torch.where(cond, ap, bp), torch.where(cond, aq, bq)
+        if kind == "mean":  # 1 − mean(p) = mean(1 − p): both by log-mean-exp
+            node, dims, keepdim, count = parts
+            lp, lq = node.pair()
+            return (torch.logsumexp(lp, dims, keepdim) - np.log(count), torch.logsumexp(lq, dims, keepdim) - np.log(count))
+        raise AssertionError(kind)
+
+
+_SELECTIONS = {
+    torch.Tensor.__getitem__, torch.Tensor.float, torch.Tensor.double, torch.Tensor.to, torch.Tensor.cpu,
+    torch.Tensor.cuda, torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.squeeze, torch.squeeze,
+    torch.Tensor.unsqueeze, torch.unsqueeze, torch.Tensor.permute, torch.permute, torch.Tensor.transpose,
+    torch.transpose, torch.Tensor.contiguous, torch.Tensor.clone, torch.clone, torch.Tensor.expand,
+    torch.Tensor.expand_as, torch.Tensor.flatten, torch.flatten, torch.Tensor.narrow, torch.narrow,
+    torch.Tensor.select, torch.select, torch.Tensor.index_select, torch.index_select, torch.Tensor.movedim,
+    torch.movedim, torch.Tensor.type_as,
+}
+_SIGMOIDS = {torch.sigmoid, torch.Tensor.sigmoid, torch.special.expit, F.sigmoid}
+_SOFTMAXES = {torch.softmax, torch.Tensor.softmax, F.softmax, torch.special.softmax}
+
+
+def _softmax_dim(args: tuple, kwargs: dict) -> int:
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    if dim is None:
+        raise XBenchError("softmax without dim: XBench cannot tell which axis holds the classes")
+    return int(dim)
+
+
+class _LogOdds(TorchFunctionMode):
+    """Tags every probability tensor made during the block with its lazy log-odds (module docstring)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not isinstance(out, torch.Tensor) or not args:
+            return out
+        first = args[0]
+        node = None
+        if func in _SIGMOIDS:
+            node = _LogOddsNode("sigmoid", first)
+        elif func in _SOFTMAXES and kwargs.get("dtype") is None:
+            node = _LogOddsNode("softmax", first, _softmax_dim(args, kwargs))
+        elif isinstance(first, torch.Tensor) and hasattr(first, _LO):
+            if out is first:
+                return out
+            if func in _SELECTIONS:
+                node = _LogOddsNode("apply", func, args, kwargs, getattr(first, _LO))
+            elif func in (torch.mean, torch.Tensor.mean) and not first.is_complex():
+                dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
+                dims = tuple(range(first.ndim)) if dims is None else (dims if isinstance(dims, (tuple, list)) else (dims,))
+                count = int(np.prod([first.shape[d] for d in dims]))
+                node = _LogOddsNode("mean", getattr(first, _LO), tuple(dims),
+                                    bool(kwargs.get("keepdim", args[2] if len(args) > 2 else False)), count)
+            elif getattr(func, "__name__", "").endswith("_"):  # changed in place: no longer the probability
+                delattr(first, _LO)
+        elif func in (torch.stack, torch.cat) and isinstance(first, (list, tuple)) and first \
+                and all(isinstance(t, torch.Tensor) and hasattr(t, _LO) for t in first):
+            node = _LogOddsNode("join", func, [getattr(t, _LO) for t in first], args[1:], kwargs)
+        elif func is torch.where and len(args) == 3 and all(isinstance(t, torch.Tensor) and hasattr(t, _LO)
+                                                            for t in args[1:]):
+            node = _LogOddsNode("where", args[0], getattr(args[1], _LO), getattr(args[2], _LO))
+        if node is not None:
+            setattr(out, _LO, node)
+        return out
 
 
 @contextmanager
@@ -51,11 +162,20 @@ def gradients_through_adapters() -> Iterator[None]:
 
 
 def score_logits(adapter: Adapter, scores: torch.Tensor) -> torch.Tensor:
-    """The quantity explained: the logit of probability scores, else the score itself (module docstring)."""
-    if adapter.score_rule == "probability":
-        p = scores.clamp(_LOGIT_EPS, 1 - _LOGIT_EPS)
-        return torch.log(p) - torch.log1p(-p)
-    return scores
+    """The quantity explained: the log-odds of probability scores from the logits they were computed from (the
+    scores of a ``predict`` run under :class:`_LogOdds`, as :func:`forward_logits` does), else the score itself
+    (module docstring)."""
+    if adapter.score_rule != "probability" or not scores.requires_grad:
+        return scores
+    node = getattr(scores, _LO, None)
+    if node is None:
+        raise XBenchError(f"{adapter.name}: its probability score is not a sigmoid / softmax output that XBench can "
+                          "follow back to the model's logits (through indexing, dtype/device moves, reshapes, "
+                          "stack/cat, where and means); explaining it would differentiate a rounded probability. "
+                          "Give the adapter score_rule 'logit' with raw logits, or compute the probability by "
+                          "those operations")
+    log_p, log_q = node.pair()
+    return log_p - log_q
 
 
 def explain_fact(adapter: Adapter, key: str, explainer: str) -> str:
@@ -127,7 +247,8 @@ class Explainer(ABC):
 def forward_logits(adapter: Adapter, pixels: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """The adapter's scores (detached) and the differentiable logits ``(B, C)`` of ``pixels``; call inside
     :func:`gradients_through_adapters`."""
-    scores = adapter.predict(pixels, prompts).scores
+    with _LogOdds():
+        scores = adapter.predict(pixels, prompts).scores
     return scores.detach(), score_logits(adapter, scores)
 
 
@@ -141,6 +262,34 @@ def class_gradients(logits: torch.Tensor, wrt: Sequence[torch.Tensor]) -> Iterat
             continue
         grads = torch.autograd.grad(logits[:, c].sum(), list(wrt), retain_graph=c < n - 1, allow_unused=True)
         yield [torch.zeros_like(t) if g is None else g for g, t in zip(grads, wrt)]
+
+
+#: Explainer maps are scaled per map so that their largest |value| lies in [2^14, 2^15) (module docstring).
+FLOAT16_TOP = 14
+
+
+def float16_ready(maps: torch.Tensor) -> torch.Tensor:
+    """``maps (B, C, h, w)`` each multiplied by the power of two that puts its largest finite |value| in
+    ``[2^14, 2^15)`` (all-zero and non-finite maps unchanged).
+
+    Why: raw explainer maps (gradient × input, IG) have magnitudes anywhere from 1e-9 to 1e5; cast to the store's
+    float16 as they are, values fall below its normal range (relative error up to 100 %, flushed to 0) or above
+    65,504 (inf). A power of two changes no metric (every metric min–max normalises each map, and scaling by 2^k is
+    exact in floating point), and after it the float16 cast errs by ≤ 2^-11 relative for every value ≥ 2^-28 of
+    the map's largest (absolutely by ≤ 2^-25 of the largest below that).
+
+    Examples
+    --------
+    >>> m = torch.tensor([[[[3e-7, -1e-9], [0.0, 1.5e-7]]]])
+    >>> out = float16_ready(m)
+    >>> round(float(out.abs().max()) / 2**14, 4), bool(torch.equal(out / out.abs().max(), m / m.abs().max()))
+    (1.2583, True)
+    """
+    finite = torch.where(torch.isfinite(maps), maps.abs(), torch.zeros_like(maps))
+    top = finite.flatten(2).amax(-1)  # (B, C)
+    _, exponent = torch.frexp(top)  # top = mantissa · 2^exponent, mantissa in [0.5, 1)
+    shift = torch.where(top > 0, FLOAT16_TOP + 1 - exponent, torch.zeros_like(exponent))
+    return torch.ldexp(maps, shift[..., None, None].to(maps.dtype)) if maps.numel() else maps
 
 
 class ExplainedAdapter(Adapter):
@@ -172,7 +321,7 @@ class ExplainedAdapter(Adapter):
             self._warm.add(key)
         with gradients_through_adapters():
             pred = self.explainer.explain(self.inner, pixels.clone(), prompts)  # a clone: not an inference tensor
-        maps = pred.maps.detach().float().cpu()
+        maps = float16_ready(pred.maps.detach().float().cpu())
         if tuple(maps.shape[2:]) != tuple(self.grid):
             raise XBenchError(f"{self.name}: the explainer gave maps of grid {tuple(maps.shape[2:])}, expected "
                               f"{self.grid} (check explain_layer in the model's YAML)")

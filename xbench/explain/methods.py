@@ -6,7 +6,13 @@ passes of their own).
 
 * ``gradcam`` — Grad-CAM (Selvaraju et al., ICCV 2017) on the layer named by the model YAML's ``explain_layer``
   (the image encoder's last spatial layer): ``relu(sum_k w_k A_k)``, ``w_k`` = spatial mean of the gradient.
-* ``gradcampp`` — Grad-CAM++ (Chattopadhay et al., WACV 2018), same layer, weights of its Eq. 19.
+* ``gradcampp`` — Grad-CAM++ (Chattopadhay et al., WACV 2018), same layer, weights of its Eq. 19, computed on the
+  **positive part of the activations** ``A⁺ = max(A, 0)`` (weights and map). Eq. 19 is derived for post-ReLU
+  activations (``A ≥ 0``): there ``A⁺ = A`` and the maps equal pytorch-grad-cam's. On a layer with signed activations
+  (the ViTs' LayerNorm outputs, the reference models' projections) the channel sums ``ΣA`` can be negative and the
+  denominator ``2g² + ΣA·g³`` of a positive gradient ``g`` can pass through 0 (weights up to 10⁴× Grad-CAM's, maps
+  that a 1e-6 change of the gradient moves by percents); with ``A⁺`` it is ``g²(2 + ΣA⁺·g) ≥ 2g²``, so each
+  ``α = 1 / (2 + ΣA⁺·g)`` lies in (0, 1/2] and the weights are bounded by half the positive gradient mass.
   The channel weights of both come from pytorch-grad-cam (``GradCAM`` / ``GradCAMPlusPlus.get_cam_weights``);
   its ``__call__`` is not used because it runs one forward pass per target set and rescales every map to the
   input size with a per-image min-max — here classes share a forward and maps stay raw at the layer's grid.
@@ -64,12 +70,15 @@ class _LayerCAM(Explainer):
                               "name a layer that runs once per image batch")
         act = captured[0]
         grid = tokens_to_grid(act.detach(), len(pixels)).float().cpu().numpy()
-        maps = []
-        for (grad,) in class_gradients(logits, [act]):
-            g = tokens_to_grid(grad, len(pixels)).float().cpu().numpy()
-            weights = self.cam_class.get_cam_weights(None, None, None, None, grid, g)  # (B, K), no self used
-            maps.append(np.maximum((weights[:, :, None, None] * grid).sum(1), 0.0))
+        maps = [self.cam(grid, tokens_to_grid(grad, len(pixels)).float().cpu().numpy())
+                for (grad,) in class_gradients(logits, [act])]
         return Prediction(scores, torch.from_numpy(np.stack(maps, 1).astype(np.float32)))
+
+    def cam(self, activations: np.ndarray, gradients: np.ndarray) -> np.ndarray:
+        """Maps ``(B, h, w)`` = ``relu(Σ_k w_k A_k)`` from a layer's activations and the class's gradients
+        ``(B, K, h, w)``; the weights from pytorch-grad-cam's ``get_cam_weights`` (no instance state used)."""
+        weights = self.cam_class.get_cam_weights(None, None, None, None, activations, gradients)  # (B, K)
+        return np.maximum((weights[:, :, None, None] * activations).sum(1), 0.0)
 
 
 class GradCAM(_LayerCAM):
@@ -85,9 +94,13 @@ class GradCAM(_LayerCAM):
 
 
 class GradCAMPlusPlus(_LayerCAM):
-    """Grad-CAM++ (module docstring)."""
+    """Grad-CAM++ on the positive part of the layer's activations (module docstring: Eq. 19 assumes ``A ≥ 0``;
+    on post-ReLU layers this is pytorch-grad-cam's Grad-CAM++ exactly)."""
 
     name = "gradcampp"
+
+    def cam(self, activations: np.ndarray, gradients: np.ndarray) -> np.ndarray:
+        return super().cam(np.maximum(activations, 0.0), gradients)
 
     @property
     def cam_class(self) -> Any:  # type: ignore[override]

@@ -27,14 +27,21 @@ as the CPU path's (``tests/inference/test_gpu_preprocess.py``), so caches and st
 
 Cache on disk (``cache_dir``; optional — without it the feed lives in memory for the run):
 
-* ``index/<sha1 of the absolute path>.json``: file size, mtime_ns, content hash (SHA-256 of the file
-  bytes; BLAKE2b-128 in records written by earlier versions, still served) and the image's
-  ``(H, W)``; a file whose size or mtime changed is hashed again (git's rule), so an entry is never
-  served for changed bytes.
-* ``entries/<transform key>/<hash[:2]>/<hash>.npy``: one model input. The transform key is a
+* ``index/<sha1 of the absolute path>.json``: the file's identity (size, mtime, ctime, inode, device), content hash
+  (SHA-256 of the file bytes; BLAKE2b-128 in records written by earlier versions, still served) and the
+  image's ``(H, W)``. A record is served only while the file's identity is unchanged (:func:`_identity`, git's stat
+  rule with the ctime: no rewrite keeps it, so an image rewritten with the same size and mtime — ``cp -p``,
+  ``rsync -a`` — is read and hashed again); a record made in the file's ctime tick is served only once the file
+  hashes to it again. So an entry is never served for changed bytes.
+* ``entries/<transform key>/<hash[:2]>/<hash>.sealed.npy``: one model input. The transform key is a
   hash of the adapter's ``preprocess`` outputs on two fixed probe images and of its table, so a
   change of preprocessing code or parameters gives a new key (no stale entry), and models with
   the same preprocessing (MedKLIP and MAVL) share entries.
+* Every file is verified when read: a record and an entry are sealed (:func:`xbench.core.files.seal`: SHA-256 of
+  what the file is — the image's path, the entry's key and hash — and its bytes); an entry is a regular file of at
+  most :data:`_ENTRY_BYTES` whose ``.npy`` header must declare exactly the bytes present and an input of its model's
+  shape (:func:`xbench.core.safe_arrays.read_npy_bytes`: refused before anything is allocated). A file that fails is
+  logged (one warning line), counted (:attr:`InputFeed.damaged`), removed and recomputed, never served.
 * Every file is written to a unique temporary name and renamed (atomic on POSIX): ranks of one
   host that share the folder never read a half-written entry; ranks take disjoint chunks, so no
   two ranks compute the same entry in a sharded run (a collision would write identical bytes).
@@ -42,8 +49,11 @@ Cache on disk (``cache_dir``; optional — without it the feed lives in memory f
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -61,6 +71,8 @@ import torch
 from torch.utils.data import Dataset
 
 from ..core.errors import FormatError, MissingFileError
+from ..core.files import read_regular, seal, unseal
+from ..core.safe_arrays import read_npy_bytes
 from ..spec.manifests import sha256
 from .decode_pool import DecodePool
 from .device_stage import STEPS, DeviceStage
@@ -296,33 +308,117 @@ class _DiskCache:
         return self.folder / "index" / f"{hashlib.sha1(str(path.resolve()).encode()).hexdigest()}.json"
 
     def lookup(self, path: Path) -> dict[str, Any] | None:
-        """Index record of ``path`` if its size and mtime are unchanged, else None."""
+        """Index record of ``path`` if its sealed record is intact and the file's identity (:func:`_identity`) is
+        unchanged, else None (the file is read and hashed again)."""
         file = self._index_file(path)
         try:
-            rec = json.loads(file.read_text())
+            raw = read_regular(file, within=self.folder, limit=_RECORD_BYTES)
             st = path.stat()
-        except (OSError, ValueError):
+        except (OSError, FormatError):
             return None
-        if rec.get("bytes") != st.st_size or rec.get("mtime_ns") != st.st_mtime_ns:
+        body = unseal(raw, str(path.resolve()))
+        if body is None:
+            _damaged(file, "its seal does not match its content")
             return None
-        return rec
+        try:
+            rec = json.loads(bytes(body))
+            shape = tuple(int(d) for d in rec["shape"])
+            content = str(rec["content"])
+        except (ValueError, KeyError, TypeError):
+            _damaged(file, "its record is malformed")
+            return None
+        if rec.get("identity") != _identity(st) or len(shape) != 2 or not _HEX.fullmatch(content):
+            return None
+        if rec.get("racy"):  # recorded in the file's ctime tick: its bytes decide, then the record is settled
+            if _rehash(path, content) != content:
+                return None
+            if st.st_ctime_ns <= time.time_ns() - _RACY_NS:
+                self.record(path, content, shape, st)
+        return {**rec, "shape": shape, "content": content}
 
     def record(self, path: Path, content: str, shape: tuple[int, int], st: os.stat_result) -> None:
-        rec = {"path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "content": content,
+        rec = {"path": str(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "identity": _identity(st),
+               "racy": st.st_ctime_ns > time.time_ns() - _RACY_NS, "content": content,
                "shape": [int(shape[0]), int(shape[1])]}
-        _atomic_write(self._index_file(path), lambda h: h.write(json.dumps(rec).encode()))
+        body = seal(json.dumps(rec).encode(), str(path.resolve()))
+        _atomic_write(self._index_file(path), lambda h: h.write(body))
 
     def entry(self, key: str, content: str) -> Path:
-        return self.folder / "entries" / key / content[:2] / f"{content}.npy"
+        return self.folder / "entries" / key / content[:2] / f"{content}{_ENTRY_SUFFIX}"
 
-    def load(self, key: str, content: str) -> np.ndarray | None:
+    def load(self, key: str, content: str, spec: ModelInput | None = None) -> np.ndarray | None:
+        """The entry of ``key`` for ``content``, or None when absent or unusable: a seal that does not match (damaged,
+        edited, or another entry's bytes; logged and counted in :data:`DAMAGED`), more than :data:`_ENTRY_BYTES`, a
+        header whose shape × itemsize is not the bytes present (refused before allocating), or, with ``spec``, an
+        array that is not one of its inputs (codes ``(S, S)`` uint8 or float32 of its shape)."""
+        file = self.entry(key, content)
         try:
-            return np.load(self.entry(key, content), allow_pickle=False)
-        except (OSError, ValueError):
+            raw = read_regular(file, within=self.folder, limit=_ENTRY_BYTES)
+        except FileNotFoundError:
             return None
+        except (OSError, FormatError) as exc:
+            _damaged(file, str(exc))
+            return None
+        body = unseal(raw, f"{key}/{content}")
+        if body is None:
+            _damaged(file, "its seal does not match its content (damaged, edited or swapped)")
+            return None
+        try:
+            array = read_npy_bytes(body, file)
+        except FormatError as exc:
+            _damaged(file, str(exc))
+            return None
+        if spec is not None and not ((array.dtype == np.uint8 and array.shape == tuple(spec.shape[1:])
+                                      and spec.lut is not None)
+                                     or (array.dtype == np.float32 and array.shape == tuple(spec.shape))):
+            _damaged(file, f"it holds {array.dtype} {array.shape}, not an input of shape {tuple(spec.shape)}")
+            return None
+        return array
 
     def save(self, key: str, content: str, array: np.ndarray) -> None:
-        _atomic_write(self.entry(key, content), lambda h: np.save(h, array, allow_pickle=False))
+        npy = io.BytesIO()
+        np.save(npy, array, allow_pickle=False)
+        body = seal(npy.getvalue(), f"{key}/{content}")
+        _atomic_write(self.entry(key, content), lambda h: h.write(body))
+
+
+_ENTRY_SUFFIX = ".sealed.npy"  #: an entry: ``.npy`` bytes sealed (:func:`xbench.core.files.seal`) with its key and hash
+_ENTRY_BYTES = 1 << 30  #: most bytes an entry may hold (a float32 (3, 8192, 8192) input is 805 MB)
+_RECORD_BYTES = 1 << 16  #: most bytes an index record may hold (they are about 300)
+_RACY_NS = 2_000_000_000  #: a file changed this recently when recorded may change again within its ctime's tick
+_HEX = re.compile(r"[0-9a-f]{32,128}")
+log = logging.getLogger(__name__)
+#: unusable cache files met by this process (each logged once as a warning and recomputed, never served)
+DAMAGED: list[str] = []
+
+
+def _damaged(file: Path, why: str) -> None:
+    """Count and log (one warning line) a cache file that is not served, and remove it (a link: the link alone); the
+    entry is recomputed and rewritten."""
+    DAMAGED.append(str(file))
+    log.warning("decode cache: %s is not served (%s); recomputing it", file, why)
+    try:
+        file.unlink()
+    except OSError:
+        pass
+
+
+def _rehash(path: Path, content: str) -> str:
+    """``path``'s content hash by the algorithm of ``content``: 32 hex digits are BLAKE2b-128 (records written before
+    the key was SHA-256), else :func:`content_hash`."""
+    if len(content) == 32:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+    return content_hash(path)
+
+
+def _identity(st: os.stat_result) -> list[int]:
+    """What says a file is unchanged since it was hashed: size, mtime, ctime, inode and device (git's stat rule).
+    No rewrite keeps the ctime: every write sets it to the clock, and ``cp -p`` / ``rsync -a`` / ``touch -d`` can
+    set the mtime but never the ctime, so an image rewritten with the same size and mtime is read and hashed again.
+    A record made within :data:`_RACY_NS` of the file's ctime is *racy* (a write in the same clock tick would keep
+    it): it is served only after the file is hashed again and its hash is the recorded one."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
 # -- decode stage ----------------------------------------------------------------------------
@@ -366,6 +462,7 @@ class Decoded:
     prep_seconds: float = 0.0  # in the worker: CPU preprocess of the CPU-path keys and the upload array
     slot: int | None = None
     layout: tuple[tuple[int, ...], str] | None = None
+    damaged: int = 0  # unusable cache files met for this row (logged, recomputed, never served)
 
 
 class _Decode(Dataset):
@@ -378,6 +475,7 @@ class _Decode(Dataset):
             dataset, adapters, inputs, cache, skip_missing)
         self.device_keys = device_keys
         self.arena = arena
+        self.damaged = 0  # unusable cache files met by cached() (logged there)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -390,7 +488,9 @@ class _Decode(Dataset):
     def cached(self, row: int) -> Decoded | None:
         """The row from the disk cache when every key's entry is there, else None (nothing is decoded, and no entry
         is read unless all exist)."""
+        before = len(DAMAGED)
         sample, path, found = self._look(row, complete=True)
+        self.damaged += len(DAMAGED) - before  # read again by a worker, which counts them there
         return found if isinstance(found, Decoded) else None
 
     def _look(self, row: int, complete: bool = False) -> tuple[Any, Path,
@@ -415,13 +515,19 @@ class _Decode(Dataset):
         if complete and not all(self.cache.entry(key, rec["content"]).is_file() for key in self.inputs):
             return sample, path, (out, rec["content"])
         for key in self.inputs:
-            arr = self.cache.load(key, rec["content"])
+            arr = self.cache.load(key, rec["content"], self.inputs[key])
             if arr is None:
                 return sample, path, (out, rec["content"])
             out[key] = arr
         return sample, path, Decoded(row, sample.case_id, out, None, tuple(rec["shape"]), False)
 
     def __getitem__(self, row: int, slot: int | None = None) -> Decoded:
+        before = len(DAMAGED)
+        item = self._item(row, slot)
+        item.damaged = len(DAMAGED) - before
+        return item
+
+    def _item(self, row: int, slot: int | None) -> Decoded:
         sample, path, found = self._look(row)
         if isinstance(found, Decoded):
             return found
@@ -437,7 +543,7 @@ class _Decode(Dataset):
         read = time.perf_counter() - started
         if self.cache is not None and st is not None and content is None:
             content = content_hash(path)
-            if path.stat().st_mtime_ns != st.st_mtime_ns:  # changed while we read it: do not cache
+            if _identity(path.stat()) != _identity(st):  # changed while we read it: do not cache
                 content = None
         image = None
         for key, spec in self.inputs.items():
@@ -510,6 +616,7 @@ class InputFeed:
             self.add(adapter)
         self.rows: dict[int, tuple[str, dict[str, np.ndarray], str | None, tuple[int, int] | None]] = {}
         self.stats = {"decoded": 0, "from_cache": 0, "skipped": 0}
+        self.damaged = 0  # unusable disk-cache files met (each logged as a warning, recomputed, never served)
         self.device_inputs = 0  # model inputs computed on preprocess_device (equal plans counted once per image)
         # seconds: worker time reading files and preprocessing on the CPU (summed over workers), this process's
         # time in device preprocessing (and its steps, device_<step>: DeviceStage.seconds), waiting for the workers
@@ -741,6 +848,9 @@ class InputFeed:
             else:
                 self._publish(item)
         self.profile["cache_reads"] += time.perf_counter() - t
+        with self._cond:
+            self.damaged += source.damaged
+        source.damaged = 0
         return misses
 
     def _tasks(self, rows: list[int]) -> Iterator[tuple[int, int | None]]:
@@ -771,6 +881,7 @@ class InputFeed:
         with self._cond:
             self.rows[item.row] = (item.case_id, item.inputs, item.reason, item.shape)
             self.stats["skipped" if item.reason else ("decoded" if item.decoded else "from_cache")] += 1
+            self.damaged += item.damaged
             self._cond.notify_all()
 
     def release(self) -> None:

@@ -13,7 +13,7 @@ integer or fixed-order float arithmetic, so they can run on the GPU and give the
   Horizontal pass then vertical, each rounded to 8 bit; Pillow ≥ 13 runs the vertical pass first when
   ``in_h - out_h > 0`` and ``in_h - out_h > 2 (in_w - out_w)`` (``../shared/research/pillow-resampling.md``),
   and this module follows the installed Pillow's rule, since the CPU path runs the installed Pillow.
-* **OpenCV's INTER_AREA** as re-implemented for CARZero (:func:`xbench.models.carzero.resize_area`):
+* **OpenCV's INTER_AREA** as re-implemented for CARZero and GLoRIA (:func:`xbench.models.carzero.resize_area`):
   integer block sums, or float32 area weights accumulated term by term in OpenCV's order (one
   vectorised step per term, a multiply then an add, never fused), ``rint`` and clip.
 * **Everything after the resize** (crop, grey → 3 channels, ``/255``, mean/std) depends only on the
@@ -425,8 +425,14 @@ def _carzero_plan(adapter: Any, declared_in: type) -> CodePlan:
     return CodePlan("carzero", RESIZE, int(adapter.input_size), int(Image.BOX), "opencv")  # resample unused
 
 
+def _gloria_plan(adapter: Any, declared_in: type) -> CodePlan:
+    """CARZero's pipeline (inherited from GLoRIA) at the adapter's own ``resize``; its mean / std are in the table."""
+    return CodePlan("carzero", int(adapter.resize), int(adapter.input_size), int(Image.BOX), "opencv")
+
+
 PLANS: dict[str, Callable[[Any, type], CodePlan | None]] = {
-    "square": _square_plan, "carzero": _carzero_plan, "open_clip": lambda adapter, _: _clip_plan(adapter)}
+    "square": _square_plan, "carzero": _carzero_plan, "gloria": _gloria_plan,
+    "open_clip": lambda adapter, _: _clip_plan(adapter)}
 
 
 def plan_for(adapter: Any) -> CodePlan | None:
@@ -458,7 +464,8 @@ class _PreprocessOnly:
 def preprocess_standins() -> dict[str, Any]:
     """Preprocess-only stand-ins of every ported adapter: ``medklip``, ``mavl``, ``kad``, ``kad_512``, ``devide``
     (its own default mean/std are the ImageNet ones), ``clip`` (open_clip's validation transform, as CLIP and
-    BiomedCLIP build it) and ``carzero``."""
+    BiomedCLIP build it), ``carzero`` and ``gloria``. (CheXzero has no kernel: it resizes after normalising, so its
+    input is not a per-pixel table of 8-bit codes; it keeps its CPU ``preprocess``.)"""
     import open_clip
 
     from ..models._common import IMAGENET_MEAN, IMAGENET_STD
@@ -466,6 +473,7 @@ def preprocess_standins() -> dict[str, Any]:
     from ..models.carzero import CARZeroAdapter
     from ..models.clip import PromptPairCLIP
     from ..models.devide import DeViDeAdapter
+    from ..models.gloria import GLoRIAAdapter
     from ..models.kad import KADAdapter
     from ..models.mavl import MAVLAdapter
     from ..models.medklip import MedKLIPAdapter
@@ -486,7 +494,9 @@ def preprocess_standins() -> dict[str, Any]:
             "devide": make("devide", DeViDeAdapter, DeViDeAdapter.preprocess, input_size=size("devide"),
                            mean=IMAGENET_MEAN, std=IMAGENET_STD),
             "clip": make("clip", PromptPairCLIP, PromptPairCLIP.preprocess, transform=transform),
-            "carzero": make("carzero", CARZeroAdapter, CARZeroAdapter.preprocess, input_size=size("carzero"))}
+            "carzero": make("carzero", CARZeroAdapter, CARZeroAdapter.preprocess, input_size=size("carzero")),
+            "gloria": make("gloria", GLoRIAAdapter, GLoRIAAdapter.preprocess, input_size=size("gloria"),
+                           **{k: model_config("gloria")["params"][k] for k in ("resize", "mean", "std")})}
 
 
 def probe_images() -> list[np.ndarray]:

@@ -11,13 +11,20 @@ Conventions (docs/metrics.md: the conventions table and "Which differences are r
   re-chosen per model and replicate, as for the CIs of the metric table.
 * **Difference and CI.** ``difference = value_a − value_b`` on the original data; the 95 % CI is
   the percentile interval of the replicate differences (as :func:`~xbench.metrics.bootstrap_ci`).
-* **p-value.** Two-sided, from the normal approximation of the paired bootstrap:
-  ``p = 2·Φ(−|difference| / se)``, ``se`` the standard deviation of the replicate differences
-  (a Wald test with the bootstrap standard error; ``scipy.stats.norm``). Identical models have
-  ``se = 0`` and difference 0, so p = 1. The percentile-interval inversion (``method="percentile"``
-  of :func:`bootstrap_p_value`) is not the default because its p cannot go below ``2/(B + 1)``:
-  with 1,000 replicates no pair of a 10-model run (45 pairs) could ever survive Holm. Near α the
-  test and the percentile CI can therefore disagree; ``significant`` follows the test.
+* **p-value.** Two-sided, from a **paired permutation test** (default ``test="permutation"``): under "the two
+  models are exchangeable on each image", swapping the two models' outputs of an image leaves the distribution
+  unchanged. A permuted model takes each image from A or B by a fair coin (the same coins for every row of the
+  table); the statistic is recomputed from the images' raw data (:meth:`ScoredTable.statistic
+  <xbench.metrics.stats.ScoredTable>`), so for the per-pair means (pointing, Dice / IoU at τ) it is the sign-flip
+  test of the per-image differences, for AUC / AUPRC the permutation of the model labels per image, and for
+  ``dice@best`` / ``iou@best`` τ is re-chosen for each permuted model. ``p = (1 + #{|T*| ≥ |T|}) / (1 + P)`` over
+  ``P = n_perm`` seeded draws (exact enumeration of all ``2^n`` swaps when ``2^n ≤ n_perm``), so
+  ``P(p ≤ α) ≤ α`` at every ``n`` (a randomisation test; ties of ``|T*|`` with ``|T|`` count as extreme). The
+  paired bootstrap's Wald p (``test="bootstrap"``, ``2·Φ(−|difference| / se)``) rests on a normal
+  approximation that need not hold at small ``n``; it is kept for tables without their statistic; there ``se = 0`` gives p = 1 for a zero difference and NaN (no evidence either way, not p = 0)
+  otherwise. The percentile CI stays the bootstrap's, so near α the CI and the test can disagree;
+  ``significant`` follows the test. The null simulation ``benchmarks/bench_significance.py`` measures the level
+  and the power (docs/statistics.md).
 * **Correction.** Holm–Bonferroni over one **family = the model pairs of one (dataset, finding,
   metric)** (a column of a table: "which orderings of this column are real"); metrics, classes and
   datasets are separate families (they answer separate questions). ``significant`` is
@@ -27,10 +34,10 @@ Conventions (docs/metrics.md: the conventions table and "Which differences are r
   where any model's value is undefined is left out. ``rank_low`` / ``rank_high`` are the 2.5 and
   97.5 % quantiles of a model's ranks (``inverted_cdf``: always ranks that occurred).
 
-The bootstrap replicates are those the metric table's CIs already used, so comparisons add no
-resampling (benchmarks/bench_evaluate.py ``--compare`` measures their cost). ``scipy.stats.bootstrap``
-and ``permutation_test`` do not fit: they resample one statistic of raw data, whereas here each
-replicate re-chooses τ per class and averages classes, and the replicates exist already. Holm is
+The bootstrap replicates are those the metric table's CIs already used; the permutation test recomputes the
+statistic on ``n_perm`` swaps per model pair (benchmarks/bench_significance.py measures its cost).
+``scipy.stats.permutation_test`` does not fit: it permutes one statistic of raw arrays, whereas here each
+permuted model re-chooses τ per class and averages classes (the table's own statistic is reused). Holm is
 written out (6 lines) because scipy has no Holm correction (``false_discovery_control`` is
 Benjamini–Hochberg) and statsmodels would be a dependency for one function.
 """
@@ -54,12 +61,16 @@ __all__ = [
     "bootstrap_p_value",
     "holm",
     "paired_differences",
+    "permutation_p_values",
     "rank_intervals",
     "compare_models",
 ]
 
 #: Significance level of ``significant`` (after the Holm correction).
 ALPHA = 0.05
+#: Default number of random swaps of the permutation test (its smallest p is 1 / (N_PERM + 1) ≈ 0.0005, below
+#: Holm's 0.05 / 21 for the 21 pairs of 7 models).
+N_PERM = 2000
 #: Columns of :func:`compare_models`' comparisons table, in order.
 COMPARISON_COLUMNS = ("dataset", "finding", "metric", "model_a", "model_b", "value_a", "value_b", "difference",
                       "ci_low", "ci_high", "p_value", "p_holm", "significant", "family_size", "n_cases", "n_boot",
@@ -94,7 +105,7 @@ def bootstrap_p_value(diffs: np.ndarray, difference: np.ndarray | float, axis: i
     method : {"normal", "percentile"}, default="normal"
         ``"normal"``: ``2·Φ(−|difference| / se)`` with ``se`` the standard deviation of the
         defined replicates (``scipy.stats.norm``); ``se = 0`` gives 1 when the difference is 0
-        (identical models) and 0 otherwise. ``"percentile"``: the inverted percentile interval,
+        (identical models) and NaN otherwise: a zero-variance bootstrap carries no evidence (not p = 0). ``"percentile"``: the inverted percentile interval,
         ``min(1, 2·min((1 + #{d ≤ 0}), (1 + #{d ≥ 0})) / (B + 1))``, which cannot go below
         ``2 / (B + 1)`` — too coarse for Holm over many pairs (21 pairs need p < 0.0024).
 
@@ -109,6 +120,8 @@ def bootstrap_p_value(diffs: np.ndarray, difference: np.ndarray | float, axis: i
     1.0
     >>> round(float(bootstrap_p_value(np.array([0.0, 0.2] * 50), 0.1)[()]), 2)  # difference / se ≈ 1
     0.32
+    >>> float(bootstrap_p_value(np.full(999, 0.1), 0.1)[()])  # se = 0 with a difference: undefined, not 0
+    nan
     >>> float(bootstrap_p_value(np.full(999, 0.1), 0.1, method="percentile")[()])  # smallest p of 999 replicates
     0.002
     """
@@ -121,7 +134,7 @@ def bootstrap_p_value(diffs: np.ndarray, difference: np.ndarray | float, axis: i
             warnings.simplefilter("ignore", RuntimeWarning)
             se = np.nanstd(d, axis=0, ddof=1)
             z = np.abs(difference) / se
-        p = np.where(se > 0, 2 * norm.sf(z), np.where(difference == 0, 1.0, 0.0))
+        p = np.where(se > 0, 2 * norm.sf(z), np.where(difference == 0, 1.0, np.nan))
         return np.where((b > 1) & np.isfinite(difference), p, np.nan)
     if method == "percentile":
         below = (defined & (d <= 0)).sum(axis=0)
@@ -203,6 +216,76 @@ def paired_differences(point_a: np.ndarray, point_b: np.ndarray, reps_a: np.ndar
             "n_dropped": np.isnan(d).sum(axis=0)}
 
 
+def permutation_p_values(a: ScoredTable, b: ScoredTable, rows: np.ndarray, *, n_perm: int = N_PERM,
+                         seed: int = 0, batch_size: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """Observed differences A − B of table rows ``rows`` and their paired permutation p-values (module docstring).
+
+    Parameters
+    ----------
+    a, b : ScoredTable
+        Two models' :func:`~xbench.metrics.stats.scored_table` results on the same ``cases``, each with its
+        ``statistic``.
+    rows : numpy.ndarray of int
+        Positions of the compared rows in the tables (the same rows in both).
+    n_perm : int, default=N_PERM
+        Random swaps (all ``2^n`` when ``2^n ≤ n_perm``: the exact test).
+    seed : int, default=0
+        Seeds the swaps: the same seed, cases and ``n_perm`` give the same p-values.
+    batch_size : int, default=100
+        Swaps evaluated together (memory ``batch_size × 2n`` weights).
+
+    Returns
+    -------
+    (difference, p_value) : tuple of numpy.ndarray of shape (len(rows),)
+        NaN p where the observed difference is undefined.
+
+    Examples
+    --------
+    >>> from xbench.metrics import scored_table
+    >>> labels = pd.DataFrame({"A": [1, 0] * 6}, index=[f"c{i}" for i in range(12)])
+    >>> good = scored_table(None, model="g", dataset="d", labels=labels, scores=labels * 0.8 + 0.1, n_boot=0)
+    >>> flat = scored_table(None, model="f", dataset="d", labels=labels, scores=labels * 0 + 0.5, n_boot=0)
+    >>> diff, p = permutation_p_values(good, flat, np.array([0]))  # row 0: AUC of class A; 2^12 > 2000 swaps
+    >>> float(diff[0]), bool(p[0] < 0.01)
+    (0.5, True)
+    """
+    if a.statistic is None or b.statistic is None:
+        raise XBenchError("the permutation test needs each table's statistic (scored_table keeps it; a table "
+                          "finished without it cannot be permuted): rescore it, or pass test='bootstrap'")
+    if not a.cases.equals(b.cases):
+        raise XBenchError("a permutation test pairs the same images: the two tables have different cases")
+    if n_perm < 1:
+        raise ValueError(f"n_perm must be ≥ 1; got {n_perm}")
+    n, rows = len(a.cases), np.asarray(rows, dtype=int)
+    joint = a.statistic.paired(b.statistic)
+
+    def diff(swap: np.ndarray) -> np.ndarray:
+        keep = 1.0 - swap
+        return (joint(np.hstack([keep, swap]))[:, rows] - joint(np.hstack([swap, keep]))[:, rows])
+
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        observed = diff(np.zeros((1, n)))[0]
+        exact = n < 63 and 2 ** n <= n_perm
+        total = 2 ** n if exact else n_perm
+        extreme, defined = np.zeros(len(rows)), np.zeros(len(rows))
+        rng = np.random.default_rng(seed)
+        tol = 1e-12 * np.maximum(1.0, np.abs(observed))
+        for start in range(0, total, batch_size):
+            m = min(batch_size, total - start)
+            if exact:
+                codes = np.arange(start, start + m)[:, None]
+                swap = ((codes >> np.arange(n)) & 1).astype(np.float64)
+            else:
+                swap = rng.integers(0, 2, size=(m, n)).astype(np.float64)
+            t = diff(swap)
+            ok = ~np.isnan(t)
+            extreme += (ok & (np.abs(t) >= np.abs(observed) - tol)).sum(axis=0)
+            defined += ok.sum(axis=0)
+        p = extreme / defined if exact else (1 + extreme) / (1 + defined)
+    return observed, np.where(np.isnan(observed), np.nan, np.minimum(p, 1.0))
+
+
 def rank_intervals(point: np.ndarray, reps: np.ndarray, *, level: float = 0.95) -> dict[str, np.ndarray]:
     """Ranks of ``M`` models (1 = highest value) on the data and their distribution over replicates.
 
@@ -248,8 +331,10 @@ def rank_intervals(point: np.ndarray, reps: np.ndarray, *, level: float = 0.95) 
             "n_dropped": n_dropped}
 
 
-def _aligned(results: Mapping[str, ScoredTable], metrics: Sequence[str]) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
-    """Rows (finding, metric) compared, values (M, K) and replicates (M, B, K) of every model in those rows."""
+def _aligned(results: Mapping[str, ScoredTable], metrics: Sequence[str]
+             ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows (finding, metric) compared, values (M, K) and replicates (M, B, K) of every model in those rows, and
+    the rows' positions (M, K) in each model's table (the columns of its statistic)."""
     names = list(results)
     first = results[names[0]]
     for name in names[1:]:
@@ -261,16 +346,18 @@ def _aligned(results: Mapping[str, ScoredTable], metrics: Sequence[str]) -> tupl
                 other.replicates is not None and len(other.replicates) != len(first.replicates)):
             raise XBenchError(f"models {names[0]!r} and {name!r} have different numbers of bootstrap replicates")
     keys = first.table.loc[first.table["metric"].isin(metrics), ["finding", "metric"]]
-    keys = keys[[all(((r.finding, r.metric) in _index(results[n])) for n in names) for r in keys.itertuples()]]
+    indexes = {n: _index(results[n]) for n in names}
+    keys = keys[[all(((r.finding, r.metric) in indexes[n]) for n in names) for r in keys.itertuples()]]
     keys = keys.reset_index(drop=True)
-    values, reps = [], []
+    values, reps, positions = [], [], []
     for name in names:
-        where = _index(results[name])
+        where = indexes[name]
         idx = np.array([where[(f, m)] for f, m in zip(keys["finding"], keys["metric"])], dtype=int)
         values.append(results[name].table["value"].to_numpy(dtype=np.float64)[idx])
         r = results[name].replicates
         reps.append(np.empty((0, len(idx))) if r is None else r[:, idx])
-    return keys, np.stack(values), np.stack(reps)
+        positions.append(idx)
+    return keys, np.stack(values), np.stack(reps), np.stack(positions) if positions else np.empty((0, 0), int)
 
 
 def _index(result: ScoredTable) -> dict[tuple, int]:
@@ -279,7 +366,8 @@ def _index(result: ScoredTable) -> dict[tuple, int]:
 
 
 def compare_models(results: Mapping[str, ScoredTable], *, dataset: str, metrics: Sequence[str] | None = None,
-                   level: float = 0.95, alpha: float = ALPHA) -> tuple[pd.DataFrame, pd.DataFrame]:
+                   level: float = 0.95, alpha: float = ALPHA, test: str = "permutation", n_perm: int = N_PERM,
+                   seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Paired differences between every pair of models and rank intervals, for one dataset.
 
     Parameters
@@ -297,6 +385,11 @@ def compare_models(results: Mapping[str, ScoredTable], *, dataset: str, metrics:
     level : float, default=0.95
     alpha : float, default=ALPHA
         ``significant = p_holm < alpha``.
+    test : {"permutation", "bootstrap"}, default="permutation"
+        The p-value (module docstring): the paired permutation test (needs each table's ``statistic``) or the
+        bootstrap's Wald test (liberal at small n; for tables without their statistic).
+    n_perm, seed : int
+        Swaps of the permutation test and their seed (:func:`permutation_p_values`).
 
     Returns
     -------
@@ -327,12 +420,21 @@ def compare_models(results: Mapping[str, ScoredTable], *, dataset: str, metrics:
         raise ValueError("compare_models needs at least one model")
     if BEST_TAU in metrics:
         raise ValueError(f"{BEST_TAU!r} is a setting, not a score (no direction): it is not compared or ranked")
-    keys, values, reps = _aligned(results, metrics)
+    if test not in ("permutation", "bootstrap"):
+        raise ValueError(f"test must be 'permutation' or 'bootstrap'; got {test!r}")
+    keys, values, reps, rows = _aligned(results, metrics)
     m, k = values.shape
     n_cases, n_boot = len(results[names[0]].cases), reps.shape[1]
     ia, ib = np.triu_indices(m, 1)
     diff = paired_differences(values[ia], values[ib], reps[ia].transpose(1, 0, 2), reps[ib].transpose(1, 0, 2),
                               level=level)
+    if test == "permutation" and k and len(ia):  # one model: no pair to test
+        if (rows != rows[0]).any():
+            raise XBenchError(f"models {names} hold the compared rows at different places of their tables (scored "
+                              "with different classes or metrics): their statistics cannot be paired")
+        rows = rows[0]
+        diff["p_value"] = np.stack([permutation_p_values(results[names[i]], results[names[j]], rows, n_perm=n_perm,
+                                                         seed=seed)[1] for i, j in zip(ia, ib)])
     p_holm = holm(diff["p_value"], axis=0)  # family: the pairs of one (finding, metric)
     family = (~np.isnan(diff["p_value"])).sum(axis=0)
     pair = np.repeat(np.arange(len(ia)), k)

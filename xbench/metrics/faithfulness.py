@@ -9,9 +9,23 @@ Conventions (shared by every function here)
 
 * A map at another grid than the image is resized to ``(H, W)`` bilinearly (``align_corners=False``); pixels are
   ranked by descending map value, ties in row-major order (a stable sort). A pixel is perturbed in every channel.
-* Perturbation counts: after a fraction ``f`` of the ``P = H·W`` pixels, ``int(round(f·P, 9))`` pixels are changed.
-* ``baseline``: what removed pixels become — a number, a per-channel vector ``(C,)`` or an image ``(C, H, W)``
-  (XBench passes the model's preprocessing of a black image, :func:`xbench.explain.methods.black_baseline`).
+* Perturbation counts: after a fraction ``f`` of the ``P = H·W`` pixels, ``⌊f·P⌋`` pixels are changed (truncation,
+  not rounding: f = 0.15 of P = 16,384 changes 2,457 pixels; ``f·P`` is first rounded to 9 decimals so that float
+  noise such as 0.1·30 = 3.0000000000000004 does not count).
+* ``baseline``: what removed pixels become — a number, a per-channel vector ``(C,)``, an image ``(C, H, W)`` or one
+  image per input ``(N, C, H, W)`` (XBench passes the model's preprocessing of a black image,
+  :func:`xbench.explain.methods.black_baseline`).
+
+Conventions that differ from the cited papers:
+
+* Deletion / insertion (credited to RISE, Petsiuk et al., BMVC 2018): XBench deletes to, and inserts from, the same
+  ``baseline`` (the preprocessed black image). RISE deletes to zeros of the *normalised* input and inserts starting
+  from a **blurred** copy of the image. The two conventions can rank maps differently; for numbers comparable with
+  RISE's, pass ``baseline=blurred(images)`` (:func:`blurred`: RISE's Gaussian kernel, size 11, σ = 5) to
+  :func:`insertion_auc` and ``baseline=0.0`` to :func:`deletion_auc`.
+* ROAD (Rong et al., ICML 2022): :func:`road_gap` is mean(LeRF) − mean(MoRF) over the fractions, which is **2 ×**
+  pytorch-grad-cam's ``ROADCombined`` (that averages ``(LeRF − MoRF) / 2``), and uses class scores, not the arg-max
+  agreement of the ROAD paper's accuracy curves.
 * Areas are trapezoids over the fraction axis [0, 1], so an AUC lies in the score's range.
 
 Direction: ``deletion_auc`` lower is better (removing the most salient pixels first should drop the score fast);
@@ -68,7 +82,29 @@ def pixel_order(saliency: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 
 def _counts(fractions: np.ndarray, n_pixels: int) -> np.ndarray:
-    return np.array([int(round(f * n_pixels, 9)) for f in fractions])
+    """Pixels changed after each fraction: ``⌊f·P⌋`` of ``f·P`` rounded to 9 decimals (module docstring)."""
+    return np.array([int(np.floor(round(f * n_pixels, 9))) for f in fractions])
+
+
+def blurred(images: np.ndarray, size: int = 11, sigma: float = 5.0) -> np.ndarray:
+    """Each image ``(N, C, H, W)`` blurred per channel by RISE's Gaussian kernel (``size`` × ``size``, ``sigma``;
+    Petsiuk et al.'s ``gkern(11, 5)``, zero padding as their ``conv2d``): the start image of RISE's insertion.
+
+    Examples
+    --------
+    >>> img = np.zeros((1, 1, 11, 11), np.float32); img[0, 0, 5, 5] = 1.0
+    >>> b = blurred(img)
+    >>> round(float(b.sum()), 5), bool(b[0, 0, 5, 5] == b.max())
+    (1.0, True)
+    """
+    images = np.asarray(images, dtype=np.float32)
+    half = size // 2
+    axis = np.arange(size) - half
+    g = np.exp(-(axis[:, None] ** 2 + axis[None, :] ** 2) / (2 * sigma**2))
+    kernel = torch.from_numpy((g / g.sum()).astype(np.float32))[None, None]
+    n, c, h, w = images.shape
+    x = torch.from_numpy(images).reshape(n * c, 1, h, w)
+    return F.conv2d(x, kernel, padding=half).reshape(n, c, h, w).numpy()
 
 
 def _baseline_image(baseline: float | np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -106,7 +142,8 @@ def perturbation_curve(score_fn: ScoreFn, images: np.ndarray, saliency: np.ndarr
     steps : int, default=20
         Number of equal steps; the curve has ``steps + 1`` points, fraction 0 (no pixel changed) to 1 (all).
     baseline : float or ndarray, default=0.0
-        Value of removed pixels (module docstring).
+        Value of removed pixels (module docstring); ``(N, C, H, W)``: one per image (RISE's insertion:
+        :func:`blurred` of the images).
     batch_size : int, default=64
         Inputs per ``score_fn`` call.
 
@@ -132,9 +169,12 @@ def perturbation_curve(score_fn: ScoreFn, images: np.ndarray, saliency: np.ndarr
     order = pixel_order(saliency, (h, w))
     fractions = np.linspace(0.0, 1.0, steps + 1)
     counts = _counts(fractions, h * w)
-    base = _baseline_image(baseline, (c, h, w)).reshape(c, -1)
+    per_image = np.ndim(baseline) == 4
+    if per_image and np.shape(baseline) != images.shape:
+        raise ValueError(f"a per-image baseline must have the images' shape {images.shape}; got {np.shape(baseline)}")
     batch = np.empty((n, steps + 1, c, h * w), np.float32)
     for i in range(n):
+        base = (np.asarray(baseline[i], np.float32) if per_image else _baseline_image(baseline, (c, h, w))).reshape(c, -1)
         src, dst = (images[i].reshape(c, -1), base) if mode == "deletion" else (base, images[i].reshape(c, -1))
         for k, m in enumerate(counts):
             x = src.copy()
@@ -267,7 +307,7 @@ def road_gap(score_fn: ScoreFn, images: np.ndarray, saliency: np.ndarray, *,
              seed: int = 0, batch_size: int = 64) -> np.ndarray:
     """Mean LeRF score minus mean MoRF score over ``fractions`` per image, ``(N,)``; higher is more faithful
     (removing the least salient pixels should hurt less than removing the most salient). 0 for a map unrelated
-    to the score.
+    to the score. Twice pytorch-grad-cam's ``ROADCombined`` (which averages ``(LeRF − MoRF) / 2``).
 
     Examples
     --------

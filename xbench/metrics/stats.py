@@ -269,14 +269,41 @@ def _nanmean_rows(x: np.ndarray) -> np.ndarray:
         return np.nanmean(x, axis=-1)
 
 
-def _choose(num: np.ndarray, den: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _choose(num: np.ndarray, den: np.ndarray, t: np.ndarray,
+            blocks: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """From weighted Dice sums ``num`` (B, T) and weight totals ``den`` (B,): per row the
-    first τ index maximising the mean (ties → smallest τ), that mean, and the rows with ``den > 0``."""
+    τ index maximising the mean, that mean, and the rows with ``den > 0``.
+
+    Ties go to the **smallest τ by the point value's exact rule** (:func:`~xbench.metrics.grounding.best_threshold`):
+    a row whose float means have more than one column within float noise of its maximum is decided on the pairs
+    it weights, ``blocks`` = ``(weights (B, P), Dice curves (P, T))`` (integer weights = repeated pairs), by the
+    same exact comparison as the point value. Without ``blocks`` the first float maximum is taken."""
     ok = den > 0
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = num / den[:, None]
-    a = np.argmax(np.where(ok[:, None], mean, 0.0), axis=1)
+    filled = np.where(ok[:, None], mean, -np.inf)
+    a = np.argmax(filled, axis=1)
+    if blocks:
+        top = filled[np.arange(len(a)), a]
+        near = filled >= (top - 1e-9 * np.maximum(1.0, np.abs(top)))[:, None]
+        for b in np.flatnonzero(ok & (near.sum(axis=1) > 1)):
+            a[b] = _exact_row_choice(b, blocks, mean[b])
+    a = np.where(ok, a, 0)
     return a, mean[np.arange(len(a)), a], ok
+
+
+def _exact_row_choice(row: int, blocks: Sequence[tuple[np.ndarray, np.ndarray]], mean: np.ndarray) -> int:
+    """The point rule (:func:`~xbench.metrics.grounding._first_exact_max`) on replicate ``row``'s resampled pairs:
+    each pair repeated by its (integer) weight."""
+    from .grounding import _first_exact_max
+
+    parts = []
+    for w, d in blocks:
+        counts = w[row]
+        if np.any(counts != np.round(counts)) or np.any(counts < 0):
+            raise ValueError("exact best-τ ties need non-negative integer case weights (bootstrap counts)")
+        parts.append(np.repeat(d, counts.astype(np.int64), axis=0))
+    return _first_exact_max(np.concatenate(parts), mean)
 
 
 def _iou_at(ws: Sequence[np.ndarray], js: Sequence[np.ndarray], a: np.ndarray) -> np.ndarray:
@@ -287,7 +314,7 @@ def _iou_at(ws: Sequence[np.ndarray], js: Sequence[np.ndarray], a: np.ndarray) -
 def _best_weighted(w: np.ndarray, d: np.ndarray, j: np.ndarray, t: np.ndarray) -> np.ndarray:
     """(B, 3) dice@best, iou@best, τ with τ re-chosen per row of weights (ties → smallest τ)."""
     den = w.sum(axis=1)
-    a, dice_best, ok = _choose(w @ d, den, t)
+    a, dice_best, ok = _choose(w @ d, den, t, [(w, d)])
     out = np.stack([dice_best, _iou_at([w], [j], a) / np.where(ok, den, 1.0), t[a]], axis=1)
     out[~ok] = np.nan
     return out
@@ -360,7 +387,7 @@ class _Grounding:
     """
 
     def __init__(self, pairs: pd.DataFrame, cases: pd.Index, order: list, t: np.ndarray, threshold: float):
-        self.t = t
+        self.t, self.n_cases = t, len(cases)
         per_pair = per_pair_metrics()
         self.k = k = len(per_pair)
         self.names = (*(m.at(threshold) for m in per_pair), DICE_BEST, IOU_BEST, BEST_TAU)
@@ -412,6 +439,25 @@ class _Grounding:
         for name, v in zip(self.names[k:], best):
             self.pooled_rows.add(POOLED, name, float(v), n_pairs=int(all_rows.size))
 
+    def paired(self, other: _Grounding) -> _Grounding:
+        """This section over ``2n`` cases: its pairs, then ``other``'s with case indices shifted by ``n``
+        (:meth:`_Statistic.paired`)."""
+        if self.classes != other.classes or self.k != other.k or not np.array_equal(self.t, other.t):
+            raise ValueError(f"paired grounding sections need the same classes and thresholds; got {self.classes} "
+                             f"and {other.classes}")
+        out = object.__new__(_Grounding)
+        out.t, out.k, out.names, out.classes = self.t, self.k, self.names, self.classes
+        out.n_cases = 2 * self.n_cases
+        shift = self.n_cases
+        out.pair_case = np.concatenate([self.pair_case, other.pair_case + shift])
+        out.sums, out.defined = np.vstack([self.sums, other.sums]), np.vstack([self.defined, other.defined])
+        out.pooled_sums = [np.concatenate(p) for p in zip(self.pooled_sums, other.pooled_sums)]
+        out.pooled_defined = [np.concatenate(p) for p in zip(self.pooled_defined, other.pooled_defined)]
+        out.cls_case = [np.concatenate([a, b + shift]) for a, b in zip(self.cls_case, other.cls_case)]
+        out.cls_d = [np.vstack(p) for p in zip(self.cls_d, other.cls_d)]
+        out.cls_j = [np.vstack(p) for p in zip(self.cls_j, other.cls_j)]
+        return out
+
     def _best(self, d: np.ndarray, j: np.ndarray) -> tuple[float, float, float]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", XBenchWarning)
@@ -430,7 +476,7 @@ class _Grounding:
         nums = [wc @ d for wc, d in zip(ws, self.cls_d)]  # (B, T) weighted Dice sums per class
         dens = [wc.sum(axis=1) for wc in ws]
         for c in range(nc):
-            a, best, ok = _choose(nums[c], dens[c], t)
+            a, best, ok = _choose(nums[c], dens[c], t, [(ws[c], self.cls_d[c])])
             iou_best = _iou_at([ws[c]], [self.cls_j[c]], a) / np.where(ok, dens[c], 1.0)
             cols[:, c, k:] = np.stack([best, iou_best, t[a]], axis=1)
             cols[~ok, c, k:] = np.nan
@@ -440,7 +486,7 @@ class _Grounding:
                 pooled[:, m] = (wp @ self.pooled_sums[m]) / (wp @ self.pooled_defined[m])
         # the classes partition the pairs, so the pooled sums are sums of class sums
         den = np.sum(dens, axis=0)
-        a, best, ok = _choose(np.sum(nums, axis=0), den, t)
+        a, best, ok = _choose(np.sum(nums, axis=0), den, t, list(zip(ws, self.cls_d)))
         pooled[:, k:] = np.stack([best, _iou_at(ws, self.cls_j, a) / np.where(ok, den, 1.0), t[a]], axis=1)
         pooled[~ok, k:] = np.nan
         return cols.reshape(b, nc * (k + 3)), pooled
@@ -452,7 +498,7 @@ class _Recognition:
     names = (AUC, AUPRC, F1, ACCURACY)
 
     def __init__(self, labels: pd.DataFrame, scores: pd.DataFrame, cases: pd.Index, order: list, prob_threshold: float):
-        self.prob_threshold = prob_threshold
+        self.prob_threshold, self.n_cases = prob_threshold, len(cases)
         self.classes = [f for f in order if f in set(labels.columns)]
         y = labels[self.classes].to_numpy(dtype=np.float64)
         s = scores[self.classes].to_numpy(dtype=np.float64)
@@ -472,6 +518,24 @@ class _Recognition:
         self.hamming_rows = _Rows.empty()
         self.hamming_rows.add(DATASET_LEVEL, HAMMING_ACCURACY, rec.hamming_accuracy, n_labels=int(known.sum()),
                               n_cases=int(known.any(axis=1).sum()))
+
+    def paired(self, other: _Recognition) -> _Recognition:
+        """This section over ``2n`` cases: its cases, then ``other``'s shifted by ``n`` (:meth:`_Statistic.paired`)."""
+        if self.classes != other.classes or self.n_cases != other.n_cases:
+            raise ValueError(f"paired recognition sections need the same classes and cases; got {self.classes} "
+                             f"and {other.classes}")
+        out = object.__new__(_Recognition)
+        out.prob_threshold, out.n_cases, out.classes = self.prob_threshold, 2 * self.n_cases, self.classes
+        out.cols = []
+        for a, b in zip(self.cols, other.cols):
+            if a is None or b is None:
+                out.cols.append(None)
+                continue
+            out.cols.append(self._column(np.concatenate([a[0], b[0] + self.n_cases]), np.concatenate([a[1], b[1]]),
+                                         np.concatenate([a[2], b[2]])))
+        out.correct = np.concatenate([self.correct, other.correct])
+        out.n_known = np.concatenate([self.n_known, other.n_known])
+        return out
 
     @staticmethod
     def _column(case: np.ndarray, y: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -650,6 +714,9 @@ class ScoredTable(NamedTuple):
     table: pd.DataFrame  # score_table's output (TIDY_COLUMNS)
     replicates: np.ndarray | None  # (n_boot, len(table)): replicate b of row k; None when n_boot == 0
     cases: pd.Index  # the resampled units (case ids), in the order the replicates' weights index them
+    #: every row's value from case weights over ``cases`` (for permutation tests, :mod:`xbench.metrics.compare`);
+    #: None when the table was finished without it (:meth:`PreparedScore.without_statistic`)
+    statistic: _Statistic | None = None
 
 
 def scored_table(
@@ -781,6 +848,17 @@ class _Statistic:
     def __init__(self, grounding: _Grounding | None, recognition: _Recognition | None, over_classes: _DatasetLevel):
         self.grounding, self.recognition, self.over_classes = grounding, recognition, over_classes
 
+    def paired(self, other: _Statistic) -> _Statistic:
+        """The statistic over ``2n`` cases: this model's ``n`` cases, then ``other``'s (the same cases, another
+        model, built with the same classes). Weights ``[1 − s, s]`` give the model that takes image ``i`` from
+        ``other`` where ``s_i = 1``: the swap of a paired permutation test (:mod:`xbench.metrics.compare`)."""
+        if (self.grounding is None) != (other.grounding is None) or (self.recognition is None) != (
+                other.recognition is None):
+            raise ValueError("paired statistics need the same sections (grounding / recognition) in both models")
+        g = self.grounding.paired(other.grounding) if self.grounding is not None else None
+        r = self.recognition.paired(other.recognition) if self.recognition is not None else None
+        return _Statistic(g, r, self.over_classes)
+
     def __call__(self, w: np.ndarray) -> np.ndarray:
         parts, pooled = [], None
         if self.grounding is not None:
@@ -868,5 +946,5 @@ class PreparedScore:
             },
             columns=list(TIDY_COLUMNS),
         )
-        return (ScoredTable(table, ci.replicates, self.cases),
+        return (ScoredTable(table, ci.replicates, self.cases, self.statistic),
                 _dropped_message(rows, ci, self.model, self.dataset, self.n_boot))

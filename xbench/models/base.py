@@ -76,8 +76,8 @@ class Adapter(ABC):
     #: ``preprocess`` output's shape (stores are the same bytes; the model's maps and scores ignore the pixels).
     reads_pixels: ClassVar[bool] = True
     #: The GPU kernel that computes :meth:`preprocess` from the image's 8- or 16-bit codes: ``"square"`` (resize to
-    #: ``input_size`` with the module's ``resize_uint8``, then normalise), ``"carzero"`` or ``"open_clip"`` (read off
-    #: the adapter's transform). None: preprocessing stays on the CPU. A declared kernel is used only once it is
+    #: ``input_size`` with the module's ``resize_uint8``, then normalise), ``"carzero"``, ``"gloria"`` (CARZero's
+    #: pipeline at the adapter's ``resize``) or ``"open_clip"`` (read off the adapter's transform). None: preprocessing stays on the CPU. A declared kernel is used only once it is
     #: proven equal to :meth:`preprocess` (:func:`xbench.inference.gpu_preprocess.check_plan`).
     gpu_preprocess: ClassVar[str | None] = None
 

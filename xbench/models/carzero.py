@@ -106,6 +106,7 @@ __all__ = [
     "load_carzero_checkpoint",
     "load_official_checkpoint",
     "official_state",
+    "pad_crop_window",
     "preprocess_stages",
     "prompt_text",
     "read_vocab",
@@ -254,14 +255,31 @@ def resize_and_pad(image: np.ndarray, size: int = RESIZE) -> np.ndarray:
     return np.pad(resized, [(pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2)], constant_values=0)
 
 
+def pad_crop_window(size: tuple[int, int], resize: int, crop: int) -> tuple[float, float, float, float]:
+    """``(y0, x0, y1, x1)`` in original pixels of :func:`resize_and_pad` to ``resize`` then ``CenterCrop(crop)``."""
+    h, w = int(size[0]), int(size[1])
+    longest = max(h, w)
+    top = int(round((resize - crop) / 2.0))
+    window = []
+    for extent in (h, w):
+        resized = resize if extent == longest else int(float(extent) * float(resize / float(longest)))
+        pad_before = (resize - resized) // 2
+        start = (top - pad_before) * extent / resized
+        window.append((start, start + crop * extent / resized))
+    (y0, y1), (x0, x1) = window
+    return (y0, x0, y1, x1)
+
+
 def crop_size() -> int:
     """``CenterCrop`` size of the official test transform (``cfg.transforms.random_crop.crop_size``): the model input,
     the ``input_size`` of ``xbench/configs/models/carzero.yaml``."""
     return int(model_config("carzero")["input_size"])
 
 
-def preprocess_stages(image: np.ndarray, crop: int | None = None) -> dict[str, Any]:
-    """All stages of the official ``process_img`` for one XBench image.
+def preprocess_stages(image: np.ndarray, crop: int | None = None, *, size: int = RESIZE, mean: float = MEAN,
+                      std: float = STD) -> dict[str, Any]:
+    """All stages of the official ``process_img`` for one XBench image (GLoRIA's, which CARZero inherited, with its
+    own ``mean`` / ``std``: :mod:`xbench.models.gloria`).
 
     Parameters
     ----------
@@ -281,13 +299,13 @@ def preprocess_stages(image: np.ndarray, crop: int | None = None) -> dict[str, A
     if image.ndim != 2:
         raise ValueError(f"expected a grey image of shape (H, W), got shape {image.shape}")
     u8 = to_uint8(image, "opencv")  # cv2.imread(path, 0): 8-bit files exact, 16-bit PNGs v >> 8
-    padded = resize_and_pad(u8, RESIZE)
+    padded = resize_and_pad(u8, size)
     crop = int(crop or crop_size())
-    top = int(round((RESIZE - crop) / 2.0))
+    top = int(round((size - crop) / 2.0))
     cropped = padded[top: top + crop, top: top + crop]
     x = torch.from_numpy(np.ascontiguousarray(cropped)).to(torch.float32).div(255)
     x = x.unsqueeze(0).repeat(3, 1, 1)
-    x = x.sub(torch.tensor(MEAN, dtype=torch.float32)).div(torch.tensor(STD, dtype=torch.float32))
+    x = x.sub(torch.tensor(mean, dtype=torch.float32)).div(torch.tensor(std, dtype=torch.float32))
     return {"resized_padded": padded, "cropped": cropped, "pixel_values": x}
 
 
@@ -692,18 +710,7 @@ class CARZeroAdapter(Adapter):
         covers a centred square of ``224/256`` of the longer side (7/8), reaching into the padding
         along the shorter side of a non-square image.
         """
-        h, w = int(size[0]), int(size[1])
-        longest = max(h, w)
-        crop = self.input_size
-        top = int(round((RESIZE - crop) / 2.0))
-        window = []
-        for extent in (h, w):
-            resized = RESIZE if extent == longest else int(float(extent) * float(RESIZE / float(longest)))
-            pad_before = (RESIZE - resized) // 2
-            start = (top - pad_before) * extent / resized
-            window.append((start, start + crop * extent / resized))
-        (y0, y1), (x0, x1) = window
-        return (y0, x0, y1, x1)
+        return pad_crop_window(size, RESIZE, self.input_size)
 
     def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Official ``process_text``: :func:`clean_text`, then ``(input_ids, attention_mask, token_type_ids)`` ``(n, 97)`` int64."""

@@ -54,7 +54,7 @@ import contextlib
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import open_clip
@@ -92,15 +92,16 @@ def _no_random_init_notice() -> Iterator[None]:
         root.removeFilter(notice)
 
 
-def build_clip(seed: int | None = 0) -> torch.nn.Module:
-    """The full-size open_clip ``ViT-B-16-quickgelu`` network in eval mode: with seeded random weights, or with
-    ``seed=None`` uninitialised for a strict load (:func:`~xbench.models._common.build_uninitialised`).
+def build_clip(seed: int | None = 0, architecture: str = ARCHITECTURE) -> torch.nn.Module:
+    """The full-size open_clip network ``architecture`` (default ``ViT-B-16-quickgelu``) in eval mode: with seeded
+    random weights, or with ``seed=None`` uninitialised for a strict load
+    (:func:`~xbench.models._common.build_uninitialised`).
 
     Seeded by :func:`~xbench.models._common.seeded_build`, so the global RNG state is left untouched.
     """
     def network() -> torch.nn.Module:
         with _no_random_init_notice():
-            return open_clip.create_model(ARCHITECTURE, pretrained=None, device=torch.get_default_device())
+            return open_clip.create_model(architecture, pretrained=None, device=torch.get_default_device())
 
     return seeded_or_uninitialised(network, seed).eval()
 
@@ -256,6 +257,7 @@ class CLIPAdapter(PromptPairCLIP):
     """
 
     config_name = "clip"
+    architecture: ClassVar[str] = ARCHITECTURE  # open_clip config of the network (subclasses: other OpenAI ViTs)
 
     def __init__(self, model: torch.nn.Module, config: Mapping[str, Any] | None = None,
                  device: str | torch.device = "cpu", weights_label: str = "unknown"):
@@ -266,8 +268,8 @@ class CLIPAdapter(PromptPairCLIP):
             raise ValueError(f"CLIP params.map_variant must be one of {MAP_VARIANTS}, got {self.map_variant!r}")
         self._set_templates()
         self.model = model.to(self.device).eval()
-        self.check_fact("grid", tuple(self.model.visual.grid_size), f"the {ARCHITECTURE} network")
-        self.tokenizer = open_clip.get_tokenizer(ARCHITECTURE)
+        self.check_fact("grid", tuple(self.model.visual.grid_size), f"the {self.architecture} network")
+        self.tokenizer = open_clip.get_tokenizer(self.architecture)
         self.transform = open_clip.image_transform(
             self.input_size, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN, std=open_clip.OPENAI_DATASET_STD)
         self.weights_label = weights_label
@@ -285,7 +287,7 @@ class CLIPAdapter(PromptPairCLIP):
     @classmethod
     def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> CLIPAdapter:
         """The full-size network with weights seeded by ``params.seed``."""
-        return cls(build_clip(int(config["params"].get("seed", 0))), config, device)
+        return cls(build_clip(int(config["params"].get("seed", 0)), cls.architecture), config, device)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Mapping[str, Any], config: Mapping[str, Any] | None = None,
@@ -295,7 +297,7 @@ class CLIPAdapter(PromptPairCLIP):
         A checkpoint that does not match the architecture raises :class:`~xbench.core.errors.CheckpointError` listing the
         missing / unexpected / mis-shaped keys.
         """
-        model = build_clip(None)  # every parameter is loaded next
+        model = build_clip(None, cls.architecture)  # every parameter is loaded next
         load_state_strict(model, clip_state_dict(checkpoint), where)
         return cls(model, config, device, weights_label="official")
 

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from xbench.core.errors import FormatError, UnknownNameError, XBenchWarning
+from xbench.core.safe_arrays import read_npz
 from xbench.models._common import check_inputs
 from xbench.models.base import Adapter, Prediction, require_file
 from xbench.spec.registry import model_config
@@ -257,11 +258,11 @@ class AnatomicalPrior(_Prior):
     def read(cls, path: Path, config: Mapping[str, Any] | None = None,
              device: str | torch.device = "cpu") -> AnatomicalPrior:
         """Read an ``.npz`` written by :meth:`save` (no pickle); shapes are checked."""
-        with np.load(path, allow_pickle=False) as data:
-            absent = [k for k in ("prompts", "maps", "positive_rate") if k not in data.files]
-            if absent:
-                raise FormatError(path, f"missing arrays {absent}; found {data.files}")
-            prompts, maps, rates = data["prompts"].tolist(), data["maps"], data["positive_rate"]
+        data = read_npz(path)  # plain dtypes, bounded decompression, CRC-checked (no pickle)
+        absent = [k for k in ("prompts", "maps", "positive_rate") if k not in data]
+        if absent:
+            raise FormatError(path, f"missing arrays {absent}; found {sorted(data)}")
+        prompts, maps, rates = data["prompts"].tolist(), data["maps"], data["positive_rate"]
         if maps.ndim != 3 or len(maps) != len(prompts) or rates.shape != (len(prompts),):
             raise FormatError(path, f"inconsistent shapes: prompts {len(prompts)}, maps {maps.shape}, "
                                     f"positive_rate {rates.shape}")

@@ -146,9 +146,11 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
     ``margin``: tolerance of the per-case pointing CSV (:func:`~xbench.metrics.pointing_game_tolerance`).
     """
     from ..evaluation.evaluate import load_tables
+    from ..core.files import contained_folder
     from ..store.results import ResultStore
 
     run_dir = Path(run_dir)
+    default_out = out_dir is None
     out_dir = Path(out_dir) if out_dir is not None else run_dir / "exports"
     t = load_tables(run_dir)
     pairs, tidy = t["pairs"], t["metrics"]
@@ -164,8 +166,12 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
         if models is None or model in models:
             taus = {f: float(best.get((ds, model, f), np.nan)) if tau == "best" else float(tau)
                     for f in dict.fromkeys(mp["finding"])}
-            written += _export_pair(ds, model, store.read(ds, model), mp,
-                                    contained(out_dir, ds, model, kind="dataset/model"), taus, grid, margin,
+            preds = store.read(ds, model)
+            contained(out_dir, ds, model, kind="dataset/model")  # safe names
+            # real folders inside the run folder (default) or --out: no link among them (checked before each batch)
+            folder = (contained_folder(run_dir, "exports", ds, model) if default_out
+                      else contained_folder(out_dir, ds, model))
+            written += _export_pair(ds, model, preds, mp, folder, taus, grid, margin,
                                     "best" if tau == "best" else "fixed")
     return written
 
@@ -185,7 +191,6 @@ def _export_pair(ds: str, model: str, preds: Any, mp: pd.DataFrame, folder: Path
     data = open_run_dataset(preds.meta)
     row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
     at = {c: i for i, c in enumerate(preds.case_ids.tolist())}
-    folder.mkdir(parents=True, exist_ok=True)
     got = _PairExport()
     for finding, fp in mp.groupby("finding", sort=False):
         ids = [i for i in fp["case_id"].astype(str) if i in at]

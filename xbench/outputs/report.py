@@ -65,16 +65,17 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
     ``grid``: the run's evaluation grid; by default recovered from ``pairs`` (``gt_area /
     area_fraction`` = H·W, square grids), an error asks for it otherwise.
     """
-    from ..evaluation.evaluate import load_tables
+    from ..evaluation.evaluate import load_tables, read_evaluation_log
+    from ..store.results import ResultStore
 
     run_dir = Path(run_dir)
     t = load_tables(run_dir)
     out = Path(out) if out is not None else run_dir / "report.html"
-    metas = {(p.parent.parent.name, p.parent.name): json.loads(p.read_text())
+    metas = {(p.parent.parent.name, p.parent.name): ResultStore._read_meta(p)  # checked: regular, bounded, typed
              for p in sorted((run_dir / "store").glob("*/*/meta.json"))}
     if not metas:
         raise XBenchError(f"{run_dir} has no store/<dataset>/<model>/meta.json: not a run folder")
-    log = _read_json(run_dir / "tables" / "evaluation_log.json")
+    log = read_evaluation_log(run_dir / "tables" / "evaluation_log.json")
     run_log = _read_json(run_dir / "run_log.json")
     grid = tuple(grid) if grid is not None else run_grid(t["pairs"])
     cards, note = _cards(run_dir, t["pairs"], t["metrics"], metas, grid, max_cases_per_class, thumb, progress)
@@ -97,7 +98,15 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_case
 
 
 def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.exists() else None
+    from ..core.errors import FormatError
+    from ..core.files import read_regular
+
+    try:
+        return json.loads(read_regular(path, within=path.parent, limit=64 << 20).decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except (ValueError, RecursionError) as exc:
+        raise FormatError(path, f"not JSON ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
 # -- tables: data only; every string reaches the page through the autoescaping template ------------------

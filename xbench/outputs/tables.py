@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import html
-import json
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -623,7 +622,9 @@ def _paper_context(output_dir: str | Path) -> tuple[pd.DataFrame, dict[str, Any]
 
     t = load_tables(output_dir)
     log_path = Path(output_dir) / "tables" / "evaluation_log.json"
-    log = json.loads(log_path.read_text()) if log_path.exists() else None
+    from ..evaluation.evaluate import read_evaluation_log
+
+    log = read_evaluation_log(log_path)
     baselines, unverified = model_flags(t["models"])
     flags = {"baselines": baselines, "unverified": unverified, "notes": model_notes(t["models"]), "log": log}
     compared = load_comparisons(output_dir)  # marks only significant orders when the run has comparisons
@@ -636,7 +637,9 @@ def _paper_table_job(output_dir: str | Path, dataset: str | None, metric: str,
     """One paper-form table written (``context``: :func:`_paper_context`): Table 1 (``dataset`` None) or ``metric``'s
     per-class table of ``dataset``."""
     tidy, flags = context
-    folder = Path(output_dir) / "tables" / "paper"
+    from ..core.files import contained_folder
+
+    folder = contained_folder(output_dir, "tables", "paper")  # real folders inside the output folder, no link
     if dataset is None:
         return paper_table1(tidy, **flags).write(folder / "table1_grounding")
     stem = folder / f"per_class_{metric.replace('@', '_at_')}_{dataset}"

@@ -1,4 +1,4 @@
-"""Run configs by name: the configs shipped in ``xbench/configs/runs/`` (``phantom``, ``paper``) are
+"""Run configs by name: the configs shipped in ``xbench/configs/runs/`` (``phantom``, ``paper``, ``beyond``) are
 reachable as ``--config phantom`` from any folder, in a checkout and an installed wheel alike.
 
 Examples
@@ -11,7 +11,7 @@ True
 >>> resolve_run_config("phantm")
 Traceback (most recent call last):
 ...
-xbench.core.errors.UnknownNameError: Unknown run config 'phantm'. Did you mean 'phantom'? Available: paper, phantom.
+xbench.core.errors.UnknownNameError: Unknown run config 'phantm'. Did you mean 'phantom'? Available: beyond, paper, phantom.
 """
 from __future__ import annotations
 

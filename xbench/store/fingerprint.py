@@ -13,7 +13,8 @@ chunk); resume and merge compare them, so results computed from other bytes are 
   covered by the annotation files naming them).
 
 Hashing cache: within one process, a file's sha256 is computed once per ``(resolved path, size, mtime_ns,
-inode)``; a rewritten or replaced file (new size, mtime or inode) is hashed again. :func:`hash_ahead` starts that
+inode, ctime_ns)``; a rewritten or replaced file (new size, mtime, inode or ctime — every write sets the ctime, even
+one that restores the mtime) is hashed again. :func:`hash_ahead` starts that
 hashing in background threads (a run's weight files, gigabytes, while its inputs decode and its networks build):
 :func:`file_sha256` then waits for the thread's result instead of reading the file itself.
 """
@@ -31,22 +32,22 @@ from ..spec.manifests import file_entries, sha256
 from ..spec.registry import model_config
 
 __all__ = ["file_sha256", "hash_ahead", "weight_files", "model_fingerprint", "dataset_fingerprint", "run_fingerprint", "digest",
-           "diff_keys", "fit_key", "fitted_is_current", "refit"]
+           "diff_keys", "fit_key", "fitted_is_current", "refit", "DAMAGED_FITS"]
 
-_CACHE: dict[tuple[str, int, int, int], str] = {}
-_AHEAD: dict[tuple[str, int, int, int], Future[str]] = {}  # hashing started by hash_ahead, not yet asked for
+_CACHE: dict[tuple[str, int, int, int, int], str] = {}
+_AHEAD: dict[tuple[str, int, int, int, int], Future[str]] = {}  # hashing started by hash_ahead, not yet asked for
 _POOL: list[ThreadPoolExecutor] = []  # hash_ahead's threads, made on first use (a forked child makes its own)
 _REFERENCE_WEIGHTS = Path(__file__).resolve().parents[1] / "reference_weights"
 
 
-def _key(path: str | Path) -> tuple[Path, tuple[str, int, int, int]]:
+def _key(path: str | Path) -> tuple[Path, tuple[str, int, int, int, int]]:
     real = Path(path).resolve()
     stat = real.stat()
-    return real, (str(real), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    return real, (str(real), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
 
 
 def file_sha256(path: str | Path) -> str:
-    """sha256 of a file's bytes, cached per (resolved path, size, mtime_ns, inode) for the life of the process (the
+    """sha256 of a file's bytes, cached per (resolved path, size, mtime_ns, inode, ctime_ns) for the life of the process (the
     result of :func:`hash_ahead`'s thread when it started on these bytes)."""
     real, key = _key(path)
     if key not in _CACHE:
@@ -168,20 +169,69 @@ def fit_key(fit_data: Any, dspec: Any, mspec: Any) -> dict[str, Any]:
 
 
 def fitted_is_current(folder: str | Path, key: dict[str, Any]) -> bool:
-    """True when ``folder`` holds a fit made from exactly ``key`` (its ``fit.json`` says so)."""
-    path = Path(folder) / FIT_FILE
+    """True when ``folder`` holds a fit made from exactly ``key`` and every file in it is intact: its ``fit.json``
+    records the key and the sha256 of each file (:func:`refit`), checked here as a chunk's index is. A file that
+    differs, is missing or was added is one warning line (counted in :data:`DAMAGED_FITS`) and the folder is refitted;
+    a ``fit.json`` without file digests (written before they were recorded) is refitted too."""
+    from ..core.errors import FormatError
+    from ..core.files import read_regular
+
+    folder = Path(folder)
+    path = folder / FIT_FILE
     try:
-        return digest(json.loads(path.read_text(encoding="utf-8"))) == digest(key)
-    except (OSError, ValueError):
+        doc = json.loads(read_regular(path, within=folder, limit=1 << 24).decode("utf-8"))
+    except (OSError, ValueError, FormatError):
         return False
+    if not isinstance(doc, dict):
+        return False
+    files = doc.pop(_FIT_FILES, None)
+    if digest(doc) != digest(key) or not isinstance(files, dict):
+        return False
+    problem = _fit_files_problem(folder, files)
+    if problem is not None:
+        import logging
+
+        DAMAGED_FITS.append(str(folder))
+        logging.getLogger(__name__).warning("fitted baseline %s: %s; refitting it", folder, problem)
+        return False
+    return True
+
+
+_FIT_FILES = "files"  #: fit.json's entry of ``{file relative to the folder: sha256}``
+#: fitted folders found damaged by this process (each logged as a warning and refitted)
+DAMAGED_FITS: list[str] = []
+
+
+def _fit_files(folder: Path) -> dict[str, str]:
+    return {_relative(f, folder): file_sha256(f) for f in _files_under(folder) if f.name != FIT_FILE}
+
+
+def _fit_files_problem(folder: Path, files: dict[str, Any]) -> str | None:
+    """Why the files of ``folder`` are not the ones ``fit.json`` records (None: they are)."""
+    from ..core.errors import FormatError
+    from ..core.files import regular_size
+
+    found = sorted(_relative(f, folder) for f in _files_under(folder) if f.name != FIT_FILE)
+    if found != sorted(files):
+        return f"its files {found[:5]} are not the ones fit.json records {sorted(files)[:5]}"
+    for name, sha in files.items():
+        try:
+            regular_size(folder / name, within=folder)
+        except (OSError, FormatError) as exc:
+            return str(exc)
+        if file_sha256(folder / name) != sha:
+            return f"{name}'s sha256 differs from fit.json's (damaged or replaced)"
+    return None
 
 
 def refit(folder: str | Path, fit: Any, key: dict[str, Any]) -> Path:
-    """Fill a fresh folder with ``fit(tmp_folder)`` plus ``fit.json`` and swap it in for ``folder``."""
+    """Fill a fresh folder with ``fit(tmp_folder)`` plus ``fit.json`` (``key`` and the sha256 of every file) and swap
+    it in for ``folder``."""
     from ..core.atomic import atomic_write_text, replace_folder
 
     def fill(tmp: Path) -> None:
         fit(tmp)
-        atomic_write_text(tmp / FIT_FILE, json.dumps(key, indent=1, sort_keys=True, default=str))
+        doc = {**key, _FIT_FILES: _fit_files(tmp)}
+        atomic_write_text(tmp / FIT_FILE, json.dumps(doc, indent=1, sort_keys=True, default=str))
 
     return replace_folder(folder, fill)

@@ -65,7 +65,8 @@ from typing import Any
 import numpy as np
 
 from ..core.atomic import atomic_write, atomic_write_bytes
-from ..core.errors import FormatError, StoreError, XBenchError, XBenchWarning
+from ..core.errors import FormatError, OutputError, StoreError, XBenchError, XBenchWarning
+from ..core.files import contained_folder, read_regular, regular_size
 from ..core.safe_arrays import max_expanded_bytes, read_npz
 from .fingerprint import diff_keys, digest, file_sha256
 
@@ -90,6 +91,9 @@ MAPS_CODECS = ("zstd", "zlib")
 #: longest case id / skip reason (characters) a chunk may hold: bounds the text members when reading
 #: (a longer skip reason is cut when written, keeping its ``Type:`` prefix; a longer case id is refused)
 MAX_TEXT_CHARS = 16384
+#: most (bytes a chunk's members declare) / (the chunk file's bytes) that meta.json's sizes may ask for; float maps
+#: shrink 1.3-2× (docs/notes/store-compress.md), so only degenerate maps (all equal) compress more
+EXPECTED_EXPANSION = 64
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # fixed member date: same arrays, same bytes
 _MAP_DTYPES = {2: np.dtype("<f2"), 4: np.dtype("<f4")}  # number of maps_z* / maps_b* planes -> map dtype
 _FRAMES = tuple(f"maps_z{k}" for k in range(4))  # members holding a zstd frame
@@ -212,6 +216,17 @@ def chunk_limits(meta: dict[str, Any]) -> dict[str, int] | None:
             **{f"maps_z{k}": _zstd_bound(values) for k in range(4)}}
 
 
+def _file_bounded(limits: dict[str, int] | None, size: int) -> dict[str, int] | None:
+    """``limits`` held to what a chunk file of ``size`` bytes may expand to: :data:`EXPECTED_EXPANSION` × ``size``, or
+    :func:`max_expanded_bytes` when larger (``XBENCH_MAX_EXPANSION`` / ``XBENCH_MIN_EXPANDED_BYTES`` raise it).
+    ``meta.json`` is as untrusted as the chunk: a ``chunk_size`` of 10⁹ next to a 3 MB chunk allows no 3 GB of maps.
+    A zstd frame is stored, so the file bounds it."""
+    if limits is None:
+        return None
+    most = max(max_expanded_bytes(size), EXPECTED_EXPANSION * size)
+    return {name: bound if name in _FRAMES else min(bound, most) for name, bound in limits.items()}
+
+
 def _zstd_bound(size: int) -> int:
     """Most bytes a zstd frame of ``size`` bytes may take: zstd's ``ZSTD_compressBound`` (``size + size / 256`` and a
     margin of at most 64 bytes for small inputs) plus the frame's header and checksum (at most 22 bytes), rounded up."""
@@ -225,7 +240,11 @@ def read_chunk_file(path: str | Path, meta: dict[str, Any] | None = None) -> dic
     path = Path(path)
     if meta is None and (path.parent / "meta.json").exists():
         meta = ResultStore._read_meta(path.parent / "meta.json")
-    limits = chunk_limits(meta) if meta is not None else None
+    try:
+        size = regular_size(path, within=path.parent)
+    except FormatError as exc:
+        raise StoreError(f"{exc.message}; {_REDO}") from None
+    limits = _file_bounded(chunk_limits(meta), size) if meta is not None else None
     try:  # a zstd frame carries its own checksum (checked when it is decoded): its CRC-32 is not computed twice
         arrays = read_npz(path, limits=limits, self_checked=_FRAMES)
     except FormatError as exc:
@@ -246,7 +265,7 @@ def read_chunk_file(path: str | Path, meta: dict[str, Any] | None = None) -> dic
         most = limits["maps_b0"] if limits is not None else max_expanded_bytes(path.stat().st_size) // k
         if n > most:  # before any frame is decoded: maps_shape is as untrusted as the frames
             raise StoreError(f"{path}: maps_shape {shape.tolist()} declares {n} values; at most {most} are expected "
-                             f"(meta.json's chunk_size × findings × grid); {_REDO}")
+                             f"(meta.json's chunk_size × findings × grid, within what the file's size allows); {_REDO}")
         found = [_decode_frame(path, f"maps_z{i}.npy", frame, n) for i, frame in enumerate(found)]
     if not fits or any(p is None or p.dtype != np.uint8 or p.shape != (n,) for p in found):
         members = sorted({*(a for a in arrays if a.startswith("maps")), *(f"{prefix}{i}" for i in range(k))})
@@ -288,6 +307,32 @@ def _differences(old: dict[str, Any], new: dict[str, Any], skip: tuple[str, ...]
     return [d for k in keys for d in diff_keys(old.get(k), new.get(k), k)]
 
 
+_INDEX_BYTES = 1 << 16  #: most bytes a chunk's index may hold (it is about 250)
+_META_BYTES = 16 << 20  #: most bytes a meta.json may hold (they are a few KB: options, findings, fingerprints)
+
+
+def _check_meta(path: Path, meta: dict[str, Any]) -> None:
+    """:class:`StoreError` naming ``path`` and the field unless the sizes of ``meta`` have their types: ``findings``
+    a list of texts, ``grid`` two positive ints, ``chunk_size`` / ``n_cases`` (when present) an int > 0 / ≥ 0."""
+    def bad(field: str, want: str) -> StoreError:
+        value = repr(meta[field])
+        value = value if len(value) <= 60 else value[:60] + "…"
+        return StoreError(f"{path}, field {field!r}: {want}, not {value}")
+
+    def count(value: Any, least: int) -> bool:
+        return type(value) is int and value >= least
+
+    findings, grid = meta["findings"], meta["grid"]
+    if not isinstance(findings, list) or not all(isinstance(f, str) for f in findings):
+        raise bad("findings", "must be a list of finding names")
+    if not isinstance(grid, list) or len(grid) != 2 or not all(count(g, 1) for g in grid):
+        raise bad("grid", "must be two positive integers")
+    if "chunk_size" in meta and not count(meta["chunk_size"], 1):
+        raise bad("chunk_size", "must be a positive integer")
+    if "n_cases" in meta and not count(meta["n_cases"], 0):
+        raise bad("n_cases", "must be a non-negative integer")
+
+
 @dataclass
 class StoredPredictions:
     """All chunks of one (dataset, model), concatenated in dataset row order."""
@@ -313,6 +358,13 @@ class ResultStore:
         from ..spec.names import contained
 
         return contained(self.root, dataset, model, kind="dataset/model")
+
+    def writable_folder(self, dataset: str, model: str) -> Path:
+        """:meth:`folder`, made if needed, where the store writes: ``store/``, ``<dataset>/`` and ``<model>/`` real
+        folders (no link among them) inside the output folder's real path (:func:`xbench.core.files.contained_folder`),
+        checked where the folder is made and before each chunk is written."""
+        self.folder(dataset, model)  # safe names
+        return contained_folder(self.root.parent, self.root.name, dataset, model)
 
     def chunk_path(self, dataset: str, model: str, chunk: int) -> Path:
         return self.folder(dataset, model) / f"chunk-{chunk:05d}.npz"
@@ -347,22 +399,30 @@ class ResultStore:
                         "use another output_dir or pass overwrite=True / --overwrite to recompute."
                     )
                 return
-        if overwrite and folder.exists():
+        folder = self.writable_folder(dataset, model)
+        if overwrite:
             for old_file in [*folder.glob("chunk-*.npz"), *folder.glob("chunk-*.index.json")]:
-                old_file.unlink()
-        folder.mkdir(parents=True, exist_ok=True)
+                try:
+                    old_file.unlink()
+                except OSError as exc:  # an immutable / read-only folder: one clear line
+                    raise OutputError(old_file, exc, what="--overwrite cannot delete an old chunk") from exc
         atomic_write_bytes(path, json.dumps(meta, indent=1, sort_keys=True, default=str).encode())
 
     @staticmethod
     def _read_meta(path: Path) -> dict[str, Any]:
+        """A folder's ``meta.json``: a regular file inside its folder (:func:`xbench.core.files.read_regular`), at
+        most :data:`_META_BYTES`, an object whose sizes have their types (:func:`_check_meta`)."""
         try:
-            meta = json.loads(path.read_text(encoding="utf-8"))
+            meta = json.loads(read_regular(path, within=path.parent, limit=_META_BYTES).decode("utf-8"))
         except FileNotFoundError as exc:
             raise StoreError(f"{path} is missing (ResultStore.prepare writes it before any chunk)") from exc
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{path} is damaged ({type(exc).__name__}: {exc})") from exc
+        except FormatError as exc:
+            raise StoreError(str(exc)) from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise StoreError(f"{path} is damaged ({type(exc).__name__}: {exc})") from None
         if not isinstance(meta, dict) or "findings" not in meta or "grid" not in meta:
             raise StoreError(f"{path} is damaged (not an object with 'findings' and 'grid')")
+        _check_meta(path, meta)
         return meta
 
     def meta(self, dataset: str, model: str) -> dict[str, Any]:
@@ -386,13 +446,16 @@ class ResultStore:
             return "missing"
         if not index.exists():
             return f"{path.name} has no index {index.name} (interrupted write or older store)"
-        try:
-            entry = json.loads(index.read_text(encoding="utf-8"))
+        try:  # regular files inside the folder only: a FIFO, a device or a link out is refused before a byte is read
+            actual = regular_size(path, within=path.parent)
+            entry = json.loads(read_regular(index, within=path.parent, limit=_INDEX_BYTES).decode("utf-8"))
             size, sha, inputs = int(entry["size"]), str(entry["sha256"]), str(entry["inputs"])
+        except FormatError as exc:
+            raise StoreError(f"{exc}; {_REDO}") from None
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
             return f"{index.name} is damaged ({type(exc).__name__}: {exc})"
-        if path.stat().st_size != size:
-            return f"{path.name} has {path.stat().st_size} bytes, its index says {size} (truncated or replaced)"
+        if actual != size:
+            return f"{path.name} has {actual} bytes, its index says {size} (truncated or replaced)"
         if file_sha256(path) != sha:
             return f"{path.name}'s sha256 differs from its index (damaged or replaced)"
         meta = meta if meta is not None else self._read_meta(path.parent / "meta.json")
@@ -426,7 +489,7 @@ class ResultStore:
         ``sizes`` / ``windows`` default to "unknown size, whole image" (NaN), which the
         evaluation treats as a plain resize of the whole image.
         """
-        path = self.chunk_path(dataset, model, chunk)
+        path = self.writable_folder(dataset, model) / self.chunk_path(dataset, model, chunk).name
         meta = self._read_meta(path.parent / "meta.json")
         ids = np.asarray(list(case_ids), dtype=str)
         sizes = np.full((len(ids), 2), -1, np.int64) if sizes is None else np.asarray(sizes, np.int64)
@@ -525,8 +588,7 @@ class ResultStore:
         for meta_file in sorted(other.root.glob("*/*/meta.json")):
             dataset, model = meta_file.parent.parent.name, meta_file.parent.name
             theirs = other.meta(dataset, model)
-            folder = self.folder(dataset, model)
-            folder.mkdir(parents=True, exist_ok=True)
+            folder = self.writable_folder(dataset, model)
             if not (folder / "meta.json").exists():
                 atomic_write(folder / "meta.json", lambda tmp, src=meta_file: shutil.copyfile(src, tmp))
             ours = self.meta(dataset, model)

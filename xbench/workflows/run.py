@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..core.lock import output_lock
 from ..spec.config import RunConfig
 from ..evaluation.evaluate import RunEvaluation, evaluate_run
 from ..inference.runner import infer_run, merge_shards
@@ -29,8 +30,16 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
     ``eval_process``) while the next one infers. Under ``torchrun`` every rank infers
     its share, and rank 0 evaluates each dataset once the ranks have filled its store, the rest after the barrier.
     ``keep_going``: see :func:`xbench.inference.runner.infer_run`. Besides the tidy tables, the paper-form tables
-    (CSV/Markdown/LaTeX/HTML) are written.
+    (CSV/Markdown/LaTeX/HTML) are written. The output folder's lock (:func:`xbench.core.lock.output_lock`) is held
+    throughout: a second run, evaluate or merge on the folder refuses while this one works.
     """
+    with output_lock(cfg.output_dir, "run"):
+        return _run(cfg, shard=shard, overwrite=overwrite, progress=progress, evaluate=evaluate, check=check,
+                    keep_going=keep_going)
+
+
+def _run(cfg: RunConfig, *, shard: tuple[int, int] | None, overwrite: bool, progress: bool, evaluate: bool,
+         check: bool, keep_going: bool) -> Path:
     world = int(os.environ.get("WORLD_SIZE", "1")) if shard is None else 1
     alone = shard in (None, (0, 1)) and world <= 1
     rank0 = world > 1 and os.environ.get("RANK", "0") == "0"
@@ -74,8 +83,9 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
 
 def merge(cfg: RunConfig, sources: Sequence[str | Path], *, progress: bool = True) -> Path:
     """Join shards written to other folders into ``cfg.output_dir`` (:func:`xbench.inference.runner.merge_shards`),
-    then evaluate."""
-    out = merge_shards(cfg, sources)
-    evaluate_run(cfg, progress=progress)
-    write_paper_tables(cfg.output_dir)
+    then evaluate, holding the output folder's lock (:func:`xbench.core.lock.output_lock`)."""
+    with output_lock(cfg.output_dir, "merge"):
+        out = merge_shards(cfg, sources)
+        evaluate_run(cfg, progress=progress)
+        write_paper_tables(cfg.output_dir)
     return out

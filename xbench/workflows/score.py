@@ -42,7 +42,8 @@ import pandas as pd
 
 from ..core.atomic import atomic_write_text
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
-from ..core.errors import CheckpointError, FormatError, XBenchError, XBenchWarning
+from ..core.errors import CheckpointError, FormatError, OutputError, XBenchError, XBenchWarning
+from ..core.files import contained_folder, regular_size
 from ..metrics import ACCURACY, AUC, AUPRC, F1, HAMMING_ACCURACY
 from ..store.results import ResultStore
 from ..core.safe_arrays import read_npy, read_npz, read_safetensors
@@ -353,10 +354,12 @@ def evaluate_maps(
                           "choose another output_dir — evaluate_maps replaces its output folder's store and tables")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "score_inputs.json", json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
-    if (out / "store").exists():
-        shutil.rmtree(out / "store")
-    if (out / "tables").exists():
-        shutil.rmtree(out / "tables")
+    for sub in ("store", "tables"):  # replaced: real folders inside the output folder only (a link is refused)
+        if contained_folder(out, sub, create=False).exists():
+            try:
+                shutil.rmtree(out / sub)
+            except OSError as exc:
+                raise OutputError(out / sub, exc, what="cannot replace") from exc
 
     others = _run_models(compare_with, data, name) if compare_with is not None else {}
     if others:  # the copied stores were written in the run's chunks
@@ -370,7 +373,7 @@ def evaluate_maps(
     cfg.validate()
     _write_store(cfg, data, mapset, index, name)
     for model in others:
-        shutil.copytree(ResultStore(compare_with).root / data.name / model, ResultStore(out).root / data.name / model)
+        _copy_store_folder(ResultStore(compare_with).root / data.name / model, ResultStore(out), data.name, model)
     with warnings.catch_warnings():
         if mapset.probs is None:  # constant placeholder probabilities: recognition rows are dropped below
             warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
@@ -397,7 +400,7 @@ def evaluate_maps(
 def _run_models(run_dir: str | Path, data: Any, name: str) -> dict[str, dict]:
     """Model → store meta of the run ``run_dir`` for ``data``'s dataset, checked to be comparable with the maps."""
     folder = ResultStore(run_dir).root / data.name
-    metas = {p.parent.name: json.loads(p.read_text()) for p in sorted(folder.glob("*/meta.json"))}
+    metas = {p.parent.name: ResultStore._read_meta(p) for p in sorted(folder.glob("*/meta.json"))}
     if not metas:
         raise XBenchError(f"compare_with={str(run_dir)!r}: no stored model for dataset {data.name!r} (looked in {folder})")
     if name in metas:
@@ -412,6 +415,18 @@ def _run_models(run_dir: str | Path, data: Any, name: str) -> dict[str, dict]:
         raise XBenchError(f"compare_with: the stores under {folder} use different chunk sizes {sorted(sizes)}")
     return metas
 
+
+
+def _copy_store_folder(source: Path, store: ResultStore, dataset: str, model: str) -> None:
+    """Copy the files of another run's store folder into ``store``: regular files inside ``source`` only (a FIFO, a
+    device or a link out is refused naming it, before a byte is copied), into a real folder of ``store``."""
+    target = store.writable_folder(dataset, model)
+    for file in sorted(source.iterdir()):
+        regular_size(file, within=source)
+        try:
+            shutil.copyfile(file, target / file.name)
+        except OSError as exc:
+            raise OutputError(target / file.name, exc) from exc
 
 
 def _as_mapset(maps: Any, *, case_ids, classes, probs) -> MapSet:
