@@ -380,7 +380,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     logging.getLogger("xbench.cli").debug("run config %s: %s", cfg.source, cfg.to_dict())
     if args.command == "check":
-        from .inference.preflight import preflight
+        from .preflight import preflight
 
         report = preflight(cfg, hashes=not args.no_hash)
         print(report.format())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import shared_path
 
-from xbench.inference import preflight
+from xbench import preflight
 from xbench.datasets import checks
 from xbench.spec.config import RunConfig
 from xbench.datasets import data_root

@@ -210,6 +210,40 @@ def test_plans_shared_and_absent():
     assert check_plan(ads["medklip"], plan_for(ads["kad"]), DEVICE) is None  # bicubic != bilinear
 
 
+def test_every_builtin_model_declares_its_plan():
+    """The GPU plan is declared by the adapter class (``gpu_preprocess``), not recognised by its ``preprocess``
+    function: the ported models name theirs, priors and reference models none, and each declared plan is proven
+    equal to the class's own CPU ``preprocess`` (the stand-ins carry the class's function and declaration)."""
+    from xbench.spec.registry import import_target, list_models, model_config
+
+    declared = {name: import_target(model_config(name)["class"]).gpu_preprocess for name in list_models()}
+    assert {name: plan for name, plan in declared.items() if plan is not None} == {
+        "medklip": "square", "mavl": "square", "kad": "square", "kad_512": "square", "kad_1024": "square",
+        "devide": "square", "carzero": "carzero", "gloria": "gloria", "clip": "open_clip", "biomedclip": "open_clip"}
+    for name, adapter in _adapters().items():
+        assert adapter.gpu_preprocess == declared[name], name
+        assert check_plan(adapter, plan_for(adapter), DEVICE) is not None, name
+
+
+def test_an_edited_preprocess_keeps_its_plan():
+    """Editing an adapter's ``preprocess`` (here: a subclass wrapping it) keeps its declared plan, which is then
+    proven again against the new function; a name that is not a plan is an error naming the class."""
+    from xbench.core.errors import XBenchError
+    from xbench.models.kad import KADAdapter
+
+    class EditedKAD(KADAdapter):
+        def preprocess(self, image):
+            return super().preprocess(image)
+
+    edited = object.__new__(EditedKAD)  # no network: preprocess reads input_size only
+    edited.input_size = 224
+    assert plan_for(edited) == plan_for(_adapters()["kad"])
+    assert check_plan(edited, plan_for(edited), DEVICE) is not None
+    EditedKAD.gpu_preprocess = "squares"
+    with pytest.raises(XBenchError, match="EditedKAD.gpu_preprocess = 'squares' names no GPU preprocessing plan"):
+        plan_for(edited)
+
+
 # -- the runner: stores equal on both paths ------------------------------------------------------
 def _store(out: Path) -> dict[str, dict[str, np.ndarray]]:
     found = {}

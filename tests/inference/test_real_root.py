@@ -22,7 +22,7 @@ from conftest import shared_path
 from xbench.spec.config import RunConfig
 from xbench.core.errors import XBenchError, XBenchWarning
 from xbench.models.priors import CenterPrior, RandomPrior
-from xbench.inference.preflight import preflight
+from xbench.preflight import preflight
 from xbench.workflows.run import run
 
 CASES = 880  # boxed images of the official BBox_List_2017.csv

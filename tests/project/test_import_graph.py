@@ -113,7 +113,8 @@ LAYERS: dict[str, int] = {
     "spec": 1,          # schema, registry, findings, manifests, run configs
     "datasets": 2, "models": 2, "metrics": 2, "paper": 2,
     "store": 3, "explain": 3,  # results store, fingerprints; post-hoc explainers over any adapter
-    "inference": 4,     # preflight, input feed, precision, runner
+    "preflight": 3,     # what a run needs, checked before any model is built (inference and evaluation ask it)
+    "inference": 4,     # input feed, precision, runner
     "evaluation": 5,    # metric tables of a run
     "outputs": 6,       # tables, figures, analyses, exports, report
     "workflows": 7,     # run = inference + evaluation, score, reproduce, training the reference models
@@ -162,3 +163,11 @@ def test_the_layer_check_sees_an_upward_import():
     assert upward_imports(graph) == ["xbench.datasets.base → xbench.models.base",
                                      "xbench.inference.runner → xbench",
                                      "xbench.store.results → xbench.evaluation.evaluate"]
+
+
+def test_evaluation_imports_nothing_from_inference():
+    """Metric tables are computed from the store alone: evaluation asks preflight (below both) which models run."""
+    graph = import_graph()
+    found = sorted(f"{a} → {b}" for a, targets in graph.items() if stage(a) == "evaluation"
+                   for b in targets if stage(b) == "inference")
+    assert not found, "evaluation imports inference:\n  " + "\n  ".join(found)

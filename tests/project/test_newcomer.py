@@ -85,7 +85,7 @@ def test_list_models_and_datasets_are_tables_from_the_yamls(capsys):
 
 
 def test_missing_weights_problem_names_where_to_get_each_file(tmp_path, monkeypatch):
-    from xbench.inference.preflight import preflight
+    from xbench.preflight import preflight
 
     monkeypatch.delenv("XBENCH_WEIGHTS", raising=False)
     monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))

@@ -177,7 +177,7 @@ def file_status(manifest: Mapping[str, Any], base: Path, split: str, *, hashes: 
 def check(name: str, root: str | Path | None, split: str | None = None, *, hashes: bool = True,
           options: Mapping[str, Any] | None = None, measure: bool = True) -> CheckReport:
     """Check a user's local copy of dataset ``name`` against its manifest: the one dataset checker, behind
-    ``xbench manifest check`` and the dataset part of ``xbench check`` (:mod:`xbench.inference.preflight`).
+    ``xbench manifest check`` and the dataset part of ``xbench check`` (:mod:`xbench.preflight`).
 
     Parameters
     ----------

@@ -48,6 +48,7 @@ from ..datasets import BaseDataset, open_dataset
 from ..datasets.base import inference_order, largest_first
 from ..core.errors import XBenchError
 from ..core.logs import progress_bar
+from ..preflight.checks import runnable_models
 from ..core.workers import capture_warnings, one_blas_thread, process_pool, replay_warnings, resolve_workers
 from ..store.results import ResultStore, write_table
 from .ground_truth import GroundTruth, cached_ground_truth, ground_truth, ground_truth_file, shippable
@@ -107,8 +108,6 @@ class RunEvaluation:
     """
 
     def __init__(self, cfg: RunConfig, *, progress: bool = True, nice: int = 0, watch_store: bool = False):
-        from ..inference.preflight import runnable_models
-
         self.cfg, self.progress = cfg, progress
         run_models, self.left_out = runnable_models(cfg, announce=False)
         self.labels = [m.label for m in run_models]

@@ -15,48 +15,59 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..datasets import BaseDataset
 from ..models import Adapter
-from ..spec.config import DatasetSpec, ModelSpec, RunConfig
 from ..store.results import ResultStore, chunk_rows
 from .cache import InputFeed, inherit_input
 
 logger = logging.getLogger(__name__)
 
 
-def decodes_ahead(cfg: RunConfig, device: torch.device) -> bool:
+@dataclass(frozen=True)
+class FeedOptions:
+    """What every decode-once feed of a run is built with: the image cache folder, the decoding processes, whether an
+    unreadable image is a counted skip, and where the ported models' resizes run (None: the CPU path)."""
+
+    cache_dir: str | Path | None
+    workers: int
+    skip_missing: bool
+    preprocess_device: torch.device | None
+
+
+def decodes_ahead(decode_once: bool, decode_ahead: bool | str, device: torch.device) -> bool:
     """Whether this run decodes ahead: ``decode_once`` and ``decode_ahead`` true, or ``auto`` on a CUDA device."""
-    return cfg.decode_once and (cfg.decode_ahead is True or (cfg.decode_ahead == "auto" and device.type == "cuda"))
+    return decode_once and (decode_ahead is True or (decode_ahead == "auto" and device.type == "cuda"))
 
 
-def preprocess_device(cfg: RunConfig, device: torch.device) -> torch.device | None:
+def preprocess_device(setting: str, device: torch.device) -> torch.device | None:
     """Where ported models' resizes run (``preprocess_device``: ``auto`` = the run device if CUDA, ``device`` = the
     run device, ``cpu`` = the decode workers); None means the CPU path (:class:`xbench.inference.cache.InputFeed`)."""
-    if cfg.preprocess_device == "device" or (cfg.preprocess_device == "auto" and device.type == "cuda"):
+    if setting == "device" or (setting == "auto" and device.type == "cuda"):
         return device
     return None
 
 
-def new_feed(cfg: RunConfig, dataset: BaseDataset, device: torch.device, adapters: Sequence[Any]) -> InputFeed:
+def new_feed(options: FeedOptions, dataset: BaseDataset, adapters: Sequence[Any]) -> InputFeed:
     """The decode-once feed (:class:`xbench.inference.cache.InputFeed`) of ``dataset`` for ``adapters``."""
-    return InputFeed(dataset, adapters, cache_dir=cfg.cache_dir, workers=cfg.num_workers,
-                     skip_missing=cfg.on_missing_image == "skip", preprocess_device=preprocess_device(cfg, device))
+    return InputFeed(dataset, adapters, cache_dir=options.cache_dir, workers=options.workers,
+                     skip_missing=options.skip_missing, preprocess_device=options.preprocess_device)
 
 
-def fresh_rows(cfg: RunConfig, dspec: DatasetSpec, dataset: BaseDataset, models: Sequence[ModelSpec],
-               chunks: Sequence[int], overwrite: bool) -> list[int]:
-    """Every row of this rank's ``chunks`` of a dataset when none of them is in any model's store yet (or
-    ``overwrite``): then every pair needs every row, and they can be decoded before the pairs are planned (while the
-    networks are built, or while the previous dataset's models run). Empty otherwise: a resumed dataset decodes what
-    its pairs plan."""
-    store = ResultStore(cfg.output_dir)
-    if not overwrite and any(store.chunk_path(dspec.name, m.label, k).exists() for m in models for k in chunks):
+def fresh_rows(store: ResultStore, dataset: str, cases: int, labels: Sequence[str], chunks: Sequence[int],
+               chunk_size: int, overwrite: bool) -> list[int]:
+    """Every row of this rank's ``chunks`` of a dataset (``cases`` rows in all) when none of them is in the store of
+    any model (``labels``) yet, or ``overwrite``: then every pair needs every row, and they can be decoded before the
+    pairs are planned (while the networks are built, or while the previous dataset's models run). Empty otherwise: a
+    resumed dataset decodes what its pairs plan."""
+    if not overwrite and any(store.chunk_path(dataset, label, k).exists() for label in labels for k in chunks):
         return []
-    return [r for k in sorted(chunks) for r in chunk_rows(k, cfg.chunk_size, len(dataset))]
+    return [r for k in sorted(chunks) for r in chunk_rows(k, chunk_size, cases)]
 
 
 def fits_twin(label: str, adapter: Adapter, twin: Adapter) -> bool:

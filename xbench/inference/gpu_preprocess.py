@@ -22,7 +22,7 @@ integer or fixed-order float arithmetic, so they can run on the GPU and give the
 
 The per-model kernels produce the ``uint8 (S, S)`` **codes** that :mod:`xbench.inference.cache` stores; an
 adapter without a kernel here (priors, reference models: float resizes in torch's CPU order) keeps its
-CPU ``preprocess``. :func:`plan_for` finds an adapter's kernel, :func:`check_plan` proves it on probe
+CPU ``preprocess``. :func:`plan_for` builds the kernel an adapter's class declares (``gpu_preprocess``), :func:`check_plan` proves it on probe
 images against the adapter's own ``preprocess`` before a run uses it and gives the code → value table.
 
 The one upload (:func:`source_array`): an image whose values are all ``v / 65535`` (a 16-bit file) is
@@ -55,6 +55,7 @@ import PIL
 import torch
 from PIL import Image
 
+from ..core.errors import XBenchError
 from ..models.inputs import source_levels, to_uint8
 
 __all__ = ["CodePlan", "check_plan", "pillow_coefficients", "plan_for", "resize_area", "resize_pillow",
@@ -412,33 +413,43 @@ def _resample_of(resize: Any) -> int:
     return int(inspect.signature(resize).parameters["resample"].default)
 
 
+def _square_plan(adapter: Any, declared_in: type) -> CodePlan:
+    """``normalize_uint8(resize_uint8(image, input_size))`` with the declaring class's module's ``resize_uint8``."""
+    resample = _resample_of(sys.modules[declared_in.__module__].resize_uint8)
+    return CodePlan("square", int(adapter.input_size), int(adapter.input_size), resample, "linear")
+
+
+def _carzero_plan(adapter: Any, declared_in: type) -> CodePlan:
+    from ..models.carzero import RESIZE
+
+    return CodePlan("carzero", RESIZE, int(adapter.input_size), int(Image.BOX), "opencv")  # resample unused
+
+
+def _gloria_plan(adapter: Any, declared_in: type) -> CodePlan:
+    """CARZero's pipeline (inherited from GLoRIA) at the adapter's own ``resize``; its mean / std are in the table."""
+    return CodePlan("carzero", int(adapter.resize), int(adapter.input_size), int(Image.BOX), "opencv")
+
+
+PLANS: dict[str, Callable[[Any, type], CodePlan | None]] = {
+    "square": _square_plan, "carzero": _carzero_plan, "gloria": _gloria_plan,
+    "open_clip": lambda adapter, _: _clip_plan(adapter)}
+
+
 def plan_for(adapter: Any) -> CodePlan | None:
     """The kernel of ``adapter``'s preprocessing, or None where it has none (priors, reference models).
 
-    Found by the adapter's ``preprocess`` function itself (a subclass that overrides it has no plan), and for
-    the open_clip family by its transform's steps.
+    Read off the plan the adapter's class declares (:attr:`xbench.models.base.Adapter.gpu_preprocess`; the open_clip
+    family's from its transform's steps), never guessed from its class: a declared plan is used only once
+    :func:`check_plan` proves it equal to ``preprocess``. A name that is not a plan is an error naming the class.
     """
-    from ..models.carzero import RESIZE, CARZeroAdapter
-    from ..models.clip import PromptPairCLIP
-    from ..models.devide import DeViDeAdapter
-    from ..models.gloria import GLoRIAAdapter
-    from ..models.kad import KADAdapter
-    from ..models.mavl import MAVLAdapter
-    from ..models.medklip import MedKLIPAdapter
-
-    fn = getattr(type(adapter), "preprocess", None)
-    square = {MedKLIPAdapter.preprocess: MedKLIPAdapter, MAVLAdapter.preprocess: MAVLAdapter,
-              KADAdapter.preprocess: KADAdapter, DeViDeAdapter.preprocess: DeViDeAdapter}
-    if fn in square:  # normalize_uint8(resize_uint8(image, input_size)) with the module's own resize_uint8
-        resample = _resample_of(sys.modules[square[fn].__module__].resize_uint8)
-        return CodePlan("square", int(adapter.input_size), int(adapter.input_size), resample, "linear")
-    if fn is CARZeroAdapter.preprocess:
-        return CodePlan("carzero", RESIZE, int(adapter.input_size), int(Image.BOX), "opencv")  # resample unused
-    if fn is GLoRIAAdapter.preprocess:  # CARZero's pipeline (inherited from GLoRIA), its own mean / std
-        return CodePlan("carzero", int(adapter.resize), int(adapter.input_size), int(Image.BOX), "opencv")
-    if fn is PromptPairCLIP.preprocess:  # CLIP, BiomedCLIP
-        return _clip_plan(adapter)
-    return None
+    name = getattr(adapter, "gpu_preprocess", None)
+    if name is None:
+        return None
+    if name not in PLANS:
+        raise XBenchError(f"{type(adapter).__name__}.gpu_preprocess = {name!r} names no GPU preprocessing plan; "
+                          f"known: {', '.join(sorted(PLANS))} (or None: preprocess on the CPU)")
+    declared_in = next(c for c in type(adapter).__mro__ if "gpu_preprocess" in vars(c))
+    return PLANS[name](adapter, declared_in)
 
 
 class _PreprocessOnly:
@@ -468,7 +479,8 @@ def preprocess_standins() -> dict[str, Any]:
     from ..models.medklip import MedKLIPAdapter
 
     def make(name: str, cls: type, fn: Callable[..., Any], **attributes: Any) -> Any:
-        return type(f"{cls.__name__}Preprocess", (_PreprocessOnly,), {"preprocess": fn})(name, **attributes)
+        body = {"preprocess": fn, "gpu_preprocess": cls.gpu_preprocess, "__module__": cls.__module__}
+        return type(f"{cls.__name__}Preprocess", (_PreprocessOnly,), body)(name, **attributes)
 
     transform = open_clip.image_transform(224, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
                                           std=open_clip.OPENAI_DATASET_STD)

@@ -75,6 +75,11 @@ class Adapter(ABC):
     #: anatomical priors): the decode-once feed then computes no input for the model and passes zeros of its
     #: ``preprocess`` output's shape (stores are the same bytes; the model's maps and scores ignore the pixels).
     reads_pixels: ClassVar[bool] = True
+    #: The GPU kernel that computes :meth:`preprocess` from the image's 8- or 16-bit codes: ``"square"`` (resize to
+    #: ``input_size`` with the module's ``resize_uint8``, then normalise), ``"carzero"``, ``"gloria"`` (CARZero's
+    #: pipeline at the adapter's ``resize``) or ``"open_clip"`` (read off the adapter's transform). None: preprocessing stays on the CPU. A declared kernel is used only once it is
+    #: proven equal to :meth:`preprocess` (:func:`xbench.inference.gpu_preprocess.check_plan`).
+    gpu_preprocess: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)

@@ -643,6 +643,8 @@ class CARZeroAdapter(Adapter):
     device : str or torch.device
     """
 
+    gpu_preprocess = "carzero"  # :meth:`preprocess` as a GPU kernel (:mod:`xbench.inference.gpu_preprocess`)
+
     config_name = "carzero"
 
     def __init__(self, model: CARZeroModel, tokenizer: Any, vocab: Sequence[str],

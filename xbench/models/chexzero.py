@@ -98,6 +98,8 @@ class CheXzeroAdapter(CLIPAdapter):
     module docstring states every convention.
     """
 
+    gpu_preprocess = None  # resizes after normalising: its input is no per-pixel table of 8-bit codes (CPU only)
+
     config_name = "chexzero"
     architecture: ClassVar[str] = "ViT-B-32-quickgelu"  # OpenAI's ViT-B/32, what clip.load("ViT-B/32") builds
 

@@ -173,6 +173,8 @@ class PromptPairCLIP(Adapter):
     :meth:`image_features` and :meth:`logit_scale`.
     """
 
+    gpu_preprocess = "open_clip"  # :meth:`preprocess` (its transform's steps) as a GPU kernel
+
     def _set_templates(self) -> None:
         """Prompt templates of ``params.score_mode``; each needs a ``{}`` for the class name."""
         params = self.config.get("params", {})

@@ -111,6 +111,8 @@ class DeViDeAdapter(KADPromptFeatures, Adapter):
     device : str or torch.device
     """
 
+    gpu_preprocess = "square"  # :meth:`preprocess` as a GPU kernel (:mod:`xbench.inference.gpu_preprocess`)
+
     config_name = "devide"
 
     def __init__(self, network: DeViDeNetwork, tokenizer: Any, config: Mapping[str, Any] | None = None,

@@ -219,6 +219,8 @@ class EntityQueryAdapter(Adapter):
     device : str or torch.device
     """
 
+    gpu_preprocess = "square"  # :meth:`preprocess` as a GPU kernel (:mod:`xbench.inference.gpu_preprocess`)
+
     network: ClassVar[Callable[..., nn.Module]]
     texts_per_entity: ClassVar[int] = 1
 

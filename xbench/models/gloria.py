@@ -187,6 +187,8 @@ class GLoRIAAdapter(Adapter):
     device : str or torch.device
     """
 
+    gpu_preprocess = "gloria"  # :meth:`preprocess` as a GPU kernel (:mod:`xbench.inference.gpu_preprocess`)
+
     config_name = "gloria"
 
     def __init__(self, model: GLoRIAModel, tokenizer: Any, vocab: Sequence[str],

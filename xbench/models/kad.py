@@ -357,6 +357,8 @@ class KADAdapter(KADPromptFeatures, Adapter):
     device : str or torch.device
     """
 
+    gpu_preprocess = "square"  # :meth:`preprocess` as a GPU kernel (:mod:`xbench.inference.gpu_preprocess`)
+
     config_name = "kad"
 
     def __init__(self, network: KADNetwork, tokenizer: Any, config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):

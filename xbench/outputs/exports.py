@@ -146,7 +146,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
     ``margin``: tolerance of the per-case pointing CSV (:func:`~xbench.metrics.pointing_game_tolerance`).
     """
     from ..evaluation.evaluate import load_tables
-    from ..metrics import pointing_game_tolerance, pointing_metric_name
     from ..core.files import contained_folder
     from ..store.results import ResultStore
 
@@ -164,64 +163,92 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, tau: f
     store = ResultStore(run_dir)
     written: list[Path] = []
     for (ds, model), mp in pairs.groupby(["dataset", "model"], sort=False):
-        if models is not None and model not in models:
-            continue
-        preds = store.read(ds, model)
-        data = open_run_dataset(preds.meta)
-        row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
-        at = {c: i for i, c in enumerate(preds.case_ids.tolist())}
-        contained(out_dir, ds, model, kind="dataset/model")  # safe names
-        # real folders inside the run folder (default) or --out: no link among them (checked before each batch)
-        folder = (contained_folder(run_dir, "exports", ds, model) if default_out
-                  else contained_folder(out_dir, ds, model))
-        masks: dict[str, np.ndarray] = {}
-        box_rows: list[dict[str, Any]] = []
-        per_case: dict[str, dict[tuple[str, str], float]] = {k: {} for k in ("pointing", "dice", "iou", "dice_boxes")}
-        taus: dict[str, float] = {}
-        for finding, fp in mp.groupby("finding", sort=False):
-            c = data.findings.index(finding)
-            tau_f = float(best.get((ds, model, finding), np.nan)) if tau == "best" else float(tau)
-            taus[finding] = tau_f
-            ids = [i for i in fp["case_id"].astype(str) if i in at]
-            idx = [at[i] for i in ids]
-            up, v = maps_at_grid(preds.maps[idx, c], preds.windows[idx], preds.sizes[idx], grid)
-            gts = np.stack([data[row_of[i]].mask(finding, grid) for i in ids])
-            pred_masks = tau_mask(v, tau_f) if np.isfinite(tau_f) else np.zeros_like(gts)
-            box_masks = np.zeros_like(gts)
-            for k, case_id in enumerate(ids):
-                size = tuple(int(s) for s in data[row_of[case_id]].size)
-                masks[f"{case_id}|{finding}"] = pred_masks[k]
-                for b in mask_boxes(pred_masks[k], np.nan_to_num(v[k], nan=0.0), size=size):
-                    box_rows.append({"img_id": case_id, "task": finding, **b, "image_height": size[0],
-                                     "image_width": size[1]})
-                    box_masks[(k, *_cells(b, size, grid))] = True
-            hits = pointing_game_tolerance(up, gts, margin)
-            for name, values in (("pointing", hits), ("dice", _overlap(pred_masks, gts, "dice")),
-                                 ("iou", _overlap(pred_masks, gts, "iou")), ("dice_boxes", _overlap(box_masks, gts, "dice"))):
-                per_case[name].update({(i, finding): float(x) for i, x in zip(ids, values)})
-        atomic_write(folder / "masks.npz", lambda tmp, m=masks: np.savez_compressed(tmp, **m))
-        written.append(folder / "masks.npz")
-        boxes = pd.DataFrame(box_rows, columns=["img_id", "task", "x_min", "y_min", "x_max", "y_max", "score",
-                                                "area_cells", "image_height", "image_width"])
-        write_frame(boxes, folder / "boxes.csv")
-        written.append(folder / "boxes.csv")
-        atomic_write_text(folder / "boxes_coco.json", json.dumps(_coco(boxes, data.findings), indent=1))
-        written.append(folder / "boxes_coco.json")
-        tasks = list(dict.fromkeys(mp["finding"]))
-        cxrs = sorted({i for d in per_case.values() for i, _ in d}, key=lambda i: row_of[i])
-        for name, values in per_case.items():
-            label = pointing_metric_name(margin) if name == "pointing" else name
-            table = pd.DataFrame({task: [values.get((i, task), np.nan) for i in cxrs] for task in tasks})
-            table.insert(0, "img_id", cxrs)
-            path = folder / f"{label}_results_per_cxr.csv"
-            write_frame(table, path)
-            written.append(path)
-        atomic_write_text(folder / "export.json", json.dumps({
-            "dataset": ds, "model": model, "grid": list(grid), "tau": taus, "tau_rule": "best" if tau == "best" else "fixed",
-            "pointing_margin_px": margin, "mask_rule": "normalised map >= tau at the evaluation grid",
-            "boxes": "8-connected components of the mask, original pixels, max exclusive; score = max saliency"}, indent=1))
-        written.append(folder / "export.json")
+        if models is None or model in models:
+            taus = {f: float(best.get((ds, model, f), np.nan)) if tau == "best" else float(tau)
+                    for f in dict.fromkeys(mp["finding"])}
+            preds = store.read(ds, model)
+            contained(out_dir, ds, model, kind="dataset/model")  # safe names
+            # real folders inside the run folder (default) or --out: no link among them (checked before each batch)
+            folder = (contained_folder(run_dir, "exports", ds, model) if default_out
+                      else contained_folder(out_dir, ds, model))
+            written += _export_pair(ds, model, preds, mp, folder, taus, grid, margin,
+                                    "best" if tau == "best" else "fixed")
     return written
+
+
+class _PairExport:
+    """What one (dataset, model) export collects, finding by finding: masks, box rows and per-case values."""
+
+    def __init__(self) -> None:
+        self.masks: dict[str, np.ndarray] = {}
+        self.box_rows: list[dict[str, Any]] = []
+        self.per_case: dict[str, dict[tuple[str, str], float]] = {k: {} for k in ("pointing", "dice", "iou", "dice_boxes")}
+
+
+def _export_pair(ds: str, model: str, preds: Any, mp: pd.DataFrame, folder: Path, taus: dict[str, float], grid: tuple[int, int],
+                 margin: int, tau_rule: str) -> list[Path]:
+    """One (dataset, model): its positive pairs ``mp`` exported at ``taus`` (per finding) into ``folder``."""
+    data = open_run_dataset(preds.meta)
+    row_of = {c: i for i, c in enumerate(data.cases["case_id"].astype(str))}
+    at = {c: i for i, c in enumerate(preds.case_ids.tolist())}
+    got = _PairExport()
+    for finding, fp in mp.groupby("finding", sort=False):
+        ids = [i for i in fp["case_id"].astype(str) if i in at]
+        _export_finding(got, preds, data, finding, ids, [at[i] for i in ids], [row_of[i] for i in ids],
+                        taus[finding], grid, margin)
+    return _write_pair(got, folder, data.findings, list(taus), sorted({i for d in got.per_case.values() for i, _ in d},
+                                                                      key=lambda i: row_of[i]),
+                       {"dataset": ds, "model": model, "grid": list(grid),
+                        "tau": taus, "tau_rule": tau_rule, "pointing_margin_px": margin,
+                        "mask_rule": "normalised map >= tau at the evaluation grid",
+                        "boxes": "8-connected components of the mask, original pixels, max exclusive; "
+                                 "score = max saliency"}, margin)
+
+
+def _export_finding(got: _PairExport, preds: Any, data: Any, finding: str, ids: list[str], idx: list[int],
+                    rows: list[int], tau_f: float, grid: tuple[int, int], margin: int) -> None:
+    """One finding's cases (store positions ``idx``, dataset rows ``rows``): masks at τ, their boxes, per-case
+    pointing, Dice, IoU and boxes' Dice."""
+    from ..metrics import pointing_game_tolerance
+
+    c = data.findings.index(finding)
+    up, v = maps_at_grid(preds.maps[idx, c], preds.windows[idx], preds.sizes[idx], grid)
+    gts = np.stack([data[r].mask(finding, grid) for r in rows])
+    pred_masks = tau_mask(v, tau_f) if np.isfinite(tau_f) else np.zeros_like(gts)
+    box_masks = np.zeros_like(gts)
+    for k, (case_id, r) in enumerate(zip(ids, rows)):
+        size = tuple(int(s) for s in data[r].size)
+        got.masks[f"{case_id}|{finding}"] = pred_masks[k]
+        for b in mask_boxes(pred_masks[k], np.nan_to_num(v[k], nan=0.0), size=size):
+            got.box_rows.append({"img_id": case_id, "task": finding, **b, "image_height": size[0],
+                                 "image_width": size[1]})
+            box_masks[(k, *_cells(b, size, grid))] = True
+    hits = pointing_game_tolerance(up, gts, margin)
+    for name, values in (("pointing", hits), ("dice", _overlap(pred_masks, gts, "dice")),
+                         ("iou", _overlap(pred_masks, gts, "iou")), ("dice_boxes", _overlap(box_masks, gts, "dice"))):
+        got.per_case[name].update({(i, finding): float(x) for i, x in zip(ids, values)})
+
+
+def _write_pair(got: _PairExport, folder: Path, findings: list[str], tasks: list[str], cxrs: list[str],
+                about: dict[str, Any], margin: int) -> list[Path]:
+    """The files of one (dataset, model) export (module docstring), in the order they are listed."""
+    from ..metrics import pointing_metric_name
+
+    atomic_write(folder / "masks.npz", lambda tmp, m=got.masks: np.savez_compressed(tmp, **m))
+    boxes = pd.DataFrame(got.box_rows, columns=["img_id", "task", "x_min", "y_min", "x_max", "y_max", "score",
+                                                "area_cells", "image_height", "image_width"])
+    write_frame(boxes, folder / "boxes.csv")
+    atomic_write_text(folder / "boxes_coco.json", json.dumps(_coco(boxes, findings), indent=1))
+    written = [folder / "masks.npz", folder / "boxes.csv", folder / "boxes_coco.json"]
+    for name, values in got.per_case.items():
+        label = pointing_metric_name(margin) if name == "pointing" else name
+        table = pd.DataFrame({task: [values.get((i, task), np.nan) for i in cxrs] for task in tasks})
+        table.insert(0, "img_id", cxrs)
+        path = folder / f"{label}_results_per_cxr.csv"
+        write_frame(table, path)
+        written.append(path)
+    atomic_write_text(folder / "export.json", json.dumps(about, indent=1))
+    return written + [folder / "export.json"]
 
 
 def pointing_tolerance_table(run_dir: str | Path, margins: list[int] | tuple[int, ...], *, grid: tuple[int, int] | None = None,

@@ -75,7 +75,7 @@ def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequen
     an ``overwrite`` parameter: ``xbench reproduce -p overwrite true``).
     """
     from .run import run
-    from ..inference.runner import open_model
+    from ..inference.builder import open_model
 
     from ..spec.registry import model_config
     from ..explain.methods import EXPLAINERS

@@ -4,7 +4,7 @@ Each notebook has a ``parameters`` cell with ``config``, ``output_dir`` and
 ``device``; the driver injects absolute values, sets the kernel name
 explicitly, applies a per-cell execution timeout and saves each executed
 notebook under ``<output_dir>/notebooks/``. Before any notebook runs, the run
-config goes through :func:`xbench.inference.preflight.preflight` (a problem stops here,
+config goes through :func:`xbench.preflight.preflight` (a problem stops here,
 before a model is built). A failing notebook stops the run with an error naming
 the notebook, the cell and the exception; with ``keep_going`` the remaining
 notebooks run and every failure is listed at the end (still an error). With
@@ -128,7 +128,7 @@ def reproduce(config: str | Path, *, output_dir: str | Path, device: str = "cpu"
         raise XBenchError(f"-p {reserved[0]}: set it with --{reserved[0].replace('_', '-')} instead")
     if check:
         from ..spec.config import RunConfig
-        from ..inference.preflight import preflight
+        from ..preflight import preflight
 
         report = preflight(RunConfig.from_yaml(config, output_dir=str(output_dir), device=device))
         log.info("preflight of %s:\n%s", config, report.format())

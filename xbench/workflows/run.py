@@ -23,7 +23,7 @@ def run(cfg: RunConfig, *, shard: tuple[int, int] | None = None, overwrite: bool
         evaluate: bool = True, check: bool = True, keep_going: bool = False) -> Path:
     """Infer every (dataset, model) of ``cfg`` into the store, then (unless sharded) compute the metric tables.
 
-    With ``check`` (default) :func:`xbench.inference.preflight.preflight` runs first and any problem stops the run before a
+    With ``check`` (default) :func:`xbench.preflight.preflight` runs first and any problem stops the run before a
     model is built. Returns the output folder. A re-run with the same config only evaluates (and infers cases
     skipped before). In one process each dataset is evaluated (worker processes at lower CPU priority,
     :class:`~xbench.evaluation.evaluate.RunEvaluation`; coordinated by a process of its own on CUDA runs,

@@ -20,6 +20,7 @@ them suffices; every other entry is required.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,27 +160,8 @@ def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], sp
         return
     report = checks.check(spec.name, spec.root, split, hashes=hashes, options=spec.options, measure=False)
     out.root = "" if report.root is None else str(report.root)
-    for f in report.files:
-        if f.key == "images":
-            continue  # counted per case below
-        if not f.exists:
-            out.files.append(f"file {f.key}: {f.path}: MISSING")
-            out.problems.append(f"missing {f.key} file {f.path}" + (f" (get it from {f.source})" if f.source else ""))
-        elif f.sha256_actual is None:
-            out.files.append(f"file {f.key}: {f.path}: present")
-        elif f.ok:
-            out.files.append(f"file {f.key}: {f.path}: present, sha256 ok")
-        else:
-            out.files.append(f"file {f.key}: {f.path}: present, sha256 DIFFERS")
-            out.problems.append(f"{f.path}: sha256 {f.sha256_actual[:12]}… differs from the manifest's "
-                                f"{(f.sha256_expected or '')[:12]}… (another release of the file?)")
-    for m in () if manifest.get("generated") else cfg.models:  # the fit split's own annotation files
-        if m.fit_split is None or m.fit_split == split or m.fit_split not in (manifest.get("splits") or {}):
-            continue
-        for f in checks.file_status(manifest, Path(out.root), m.fit_split, hashes=False):
-            if f.key != "images" and not f.exists:
-                out.problems.append(f"model {m.name!r} is fitted on split {m.fit_split!r}, whose {f.key} file "
-                                    f"{f.path} is missing")
+    _manifest_files(report.files, out)
+    out.problems += _fit_split_files(checks.file_status, cfg.models, manifest, Path(out.root), split)
     if out.problems:
         return
     ds = report.dataset
@@ -193,36 +175,82 @@ def _check_files(cfg: RunConfig, spec: DatasetSpec, manifest: dict[str, Any], sp
         return
     out.images_present, out.images_missing = report.images_present, report.images_missing
     if out.images_missing:
-        source = ((dataset_manifest(spec.name).get("files") or {}).get("images") or {}).get("source")
-        where = f" (from {_with_split(source, split)})" if source else ""
-        first = _first_missing(ds, out.images_missing, out.root)
-        if not out.images_present:
-            out.problems.append(f"none of the {len(ds)} image files is present; first missing: {first}. Place "
-                                f"them there{where}")
-        elif cfg.on_missing_image == "raise":
-            out.problems.append(f"{len(out.images_missing)} of {len(ds)} image files are missing (first: {first}); "
-                                f"place them{where}, or set on_missing_image: skip to evaluate the present ones (counted)")
-        else:
-            out.notes.append(f"{len(out.images_missing)} of {len(ds)} cases will be skipped (image missing; "
-                             f"first: {first}) and inferred by a later run once present")
+        _missing_images(ds, spec.name, split, cfg.on_missing_image, out)
     if decode and out.images_present:
-        missing = set(out.images_missing)
-        row = next(i for i, c in enumerate(ds.cases["case_id"].astype(str)) if c not in missing)
-        sample = ds[row]
-        try:
-            image = sample.image()
-        except Exception as exc:
-            out.problems.append(f"image of case {sample.case_id} cannot be decoded: {type(exc).__name__}: {exc}")
-            return
-        want = tuple(manifest["image_size"]) if manifest.get("image_size") else tuple(sample.size)
-        out.decoded = f"{sample.case_id}: {image.shape[0]}x{image.shape[1]} (expected {want[0]}x{want[1]})"
-        got = tuple(image.shape)
-        if got != want and got[0] * want[1] == got[1] * want[0]:
-            out.notes.append(f"image of case {sample.case_id} is {got[0]}x{got[1]}, a uniform rescale of the manifest's "
-                             f"{want[0]}x{want[1]} grid: regions are placed relative to the image")
-        elif got != want:
-            out.problems.append(f"image of case {sample.case_id} is {got[0]}x{got[1]}, the manifest's grid is "
-                                f"{want[0]}x{want[1]} (another aspect ratio): regions would land in the wrong place")
+        _decode_one(ds, manifest, out)
+
+
+def _manifest_files(files: Sequence[Any], out: DatasetCheck) -> None:
+    """A line per manifest file (the images are counted per case instead); a missing file or another checksum is a
+    problem."""
+    for f in files:
+        if f.key == "images":
+            continue
+        if not f.exists:
+            out.files.append(f"file {f.key}: {f.path}: MISSING")
+            out.problems.append(f"missing {f.key} file {f.path}" + (f" (get it from {f.source})" if f.source else ""))
+        elif f.sha256_actual is None:
+            out.files.append(f"file {f.key}: {f.path}: present")
+        elif f.ok:
+            out.files.append(f"file {f.key}: {f.path}: present, sha256 ok")
+        else:
+            out.files.append(f"file {f.key}: {f.path}: present, sha256 DIFFERS")
+            out.problems.append(f"{f.path}: sha256 {f.sha256_actual[:12]}… differs from the manifest's "
+                                f"{(f.sha256_expected or '')[:12]}… (another release of the file?)")
+
+
+def _fit_split_files(file_status: Any, models: Sequence[ModelSpec], manifest: dict[str, Any], root: Path,
+                     split: str) -> list[str]:
+    """Problems: the annotation files of a split that a model is fitted on, missing (a generated dataset has none)."""
+    problems = []
+    for m in () if manifest.get("generated") else models:
+        if m.fit_split is None or m.fit_split == split or m.fit_split not in (manifest.get("splits") or {}):
+            continue
+        for f in file_status(manifest, root, m.fit_split, hashes=False):
+            if f.key != "images" and not f.exists:
+                problems.append(f"model {m.name!r} is fitted on split {m.fit_split!r}, whose {f.key} file "
+                                f"{f.path} is missing")
+    return problems
+
+
+def _missing_images(ds: Any, name: str, split: str, on_missing_image: str, out: DatasetCheck) -> None:
+    """Missing image files, named as the files looked for (:func:`_first_missing`): a problem when none is present or
+    the run raises on them, else a counted note."""
+    cases = len(ds)
+    source = ((dataset_manifest(name).get("files") or {}).get("images") or {}).get("source")
+    where = f" (from {_with_split(source, split)})" if source else ""
+    first = _first_missing(ds, out.images_missing, out.root)
+    if not out.images_present:
+        out.problems.append(f"none of the {cases} image files is present; first missing: {first}. Place "
+                            f"them there{where}")
+    elif on_missing_image == "raise":
+        out.problems.append(f"{len(out.images_missing)} of {cases} image files are missing (first: {first}); "
+                            f"place them{where}, or set on_missing_image: skip to evaluate the present ones (counted)")
+    else:
+        out.notes.append(f"{len(out.images_missing)} of {cases} cases will be skipped (image missing; "
+                         f"first: {first}) and inferred by a later run once present")
+
+
+def _decode_one(ds: Any, manifest: dict[str, Any], out: DatasetCheck) -> None:
+    """Decode the first present image and compare its size with the manifest's ``image_size`` (else the case
+    table's): a uniform rescale is a note, another aspect ratio a problem."""
+    missing = set(out.images_missing)
+    row = next(i for i, c in enumerate(ds.cases["case_id"].astype(str)) if c not in missing)
+    sample = ds[row]
+    try:
+        image = sample.image()
+    except Exception as exc:
+        out.problems.append(f"image of case {sample.case_id} cannot be decoded: {type(exc).__name__}: {exc}")
+        return
+    want = tuple(manifest["image_size"]) if manifest.get("image_size") else tuple(sample.size)
+    out.decoded = f"{sample.case_id}: {image.shape[0]}x{image.shape[1]} (expected {want[0]}x{want[1]})"
+    got = tuple(image.shape)
+    if got != want and got[0] * want[1] == got[1] * want[0]:
+        out.notes.append(f"image of case {sample.case_id} is {got[0]}x{got[1]}, a uniform rescale of the manifest's "
+                         f"{want[0]}x{want[1]} grid: regions are placed relative to the image")
+    elif got != want:
+        out.problems.append(f"image of case {sample.case_id} is {got[0]}x{got[1]}, the manifest's grid is "
+                            f"{want[0]}x{want[1]} (another aspect ratio): regions would land in the wrong place")
 
 
 # -- models ------------------------------------------------------------------------------------

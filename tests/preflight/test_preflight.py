@@ -22,7 +22,7 @@ from xbench.cli import main
 from xbench.spec.config import RunConfig
 from xbench.core.errors import UnknownNameError, XBenchError, XBenchWarning
 from xbench.models.priors import CenterPrior
-from xbench.inference.preflight import PreflightError, preflight
+from xbench.preflight import PreflightError, preflight
 from xbench.workflows.run import run
 
 REPO = Path(__file__).resolve().parents[2]
