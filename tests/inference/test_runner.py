@@ -369,7 +369,7 @@ def test_missing_image_skip_is_counted_and_excluded(holed_dataset, tmp_path):
 def test_missing_image_raise_names_the_file(holed_dataset, tmp_path):
     _, case_id, path, raw = holed_dataset
     # preflight: refused before any model is built, with the exact count and the case
-    with pytest.raises(XBenchError, match=rf"1 of 10 image files are missing \(first: {case_id}\)"):
+    with pytest.raises(XBenchError, match=rf"1 of 10 image files are missing \(first: images/{case_id}\.png under .*\(cases {case_id}\)\)"):
         run(RunConfig.from_dict({**raw, "on_missing_image": "raise"}), progress=False)
     assert not (tmp_path / "run" / "store").exists()
     # without the preflight the inference itself names the file

@@ -13,6 +13,7 @@ seconds the second process waits that long for the first to finish, then refuses
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
@@ -52,6 +53,7 @@ def output_lock(folder: str | Path, what: str, *, wait: float = 0.0) -> Iterator
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and os.environ.get("RANK", "0") not in ("", "0"):
         yield folder  # a rank of a torchrun other than 0: rank 0 holds the run's lock
         return
+    created = not folder.exists()  # a folder made only to hold the lock is removed again if the block fails
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     key = os.path.realpath(path)
@@ -92,9 +94,15 @@ def output_lock(folder: str | Path, what: str, *, wait: float = 0.0) -> Iterator
     except BaseException:
         os.close(fd)
         raise
+    failed = True
     try:
         yield folder
+        failed = False
     finally:
         with _GUARD:
             fd, depth = _HELD.pop(key, (fd, 1))
+        if failed and created and [p.name for p in folder.iterdir()] == [LOCK_NAME]:
+            path.unlink(missing_ok=True)  # nothing was written: leave no folder behind (e.g. a refused preflight)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
         os.close(fd)  # closing the last descriptor drops the flock
