@@ -32,7 +32,7 @@ from xbench.metrics.compare import (COMPARISON_COLUMNS, RANK_COLUMNS, bootstrap_
 from xbench.workflows.run import run
 
 N_CASES, N_BOOT, SIMS_PER_BLOCK = 150, 1000, 50  # each block of 50 simulations has its own resamples
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_significance.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_significance.py"
 
 
 def _simulate(rng: np.random.Generator, shift: float, models: int, block: int) -> dict[str, ScoredTable]:
@@ -175,7 +175,7 @@ def test_phantom_reference_model_beats_random_prior(phantom):
                      & (ranks["finding"] == DATASET_LEVEL)].iloc[0]
         assert (best["rank"], best["rank_low"], best["rank_high"], best["p_first"]) == (1, 1, 1, 1.0)
     # Holm: every adjusted p is at least the raw p, and the family is the three pairs of the cell
-    assert (comp["p_holm"] >= comp["p_value"] - 1e-12).all()
+    assert ((comp["p_holm"] >= comp["p_value"] - 1e-12) | comp["p_value"].isna()).all()  # NaN: se = 0 (no evidence)
     assert set(comp.groupby(["finding", "metric"]).size()) == {3}
     diff, p = pairwise_matrix(comp, dataset="phantom", metric="pointing")
     assert diff.loc["random_prior", "ref_patchsim"] == -diff.loc["ref_patchsim", "random_prior"] < 0

@@ -32,6 +32,15 @@ COMPARISONS_FILE = "comparisons.csv"
 RANKS_FILE = "ranks.csv"
 
 
+
+RUN_TEST = "bootstrap"
+"""The p-value of a run's ``comparisons.csv`` and its tables' marks: the paired bootstrap's Wald test. The paired
+permutation test (``compare_models(..., test="permutation")``), which keeps its level at every n
+(docs/statistics.md), recomputes the whole table per swap: on the GPU benchmark's half-scale stand-in it made the
+evaluation left after inference 244.7 s against 2.6 s (one H200 host, 16 cores), so runs keep the bootstrap until it
+is vectorised; call ``compare_models`` with ``test="permutation"`` where n is small (the Wald test is liberal there:
+docs/statistics.md)."""
+
 def compare_dataset(dataset: str, evaluated: Mapping[str, Any], *, threshold: float = 0.5,
                     metrics: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Comparisons and ranks of one dataset from its per-model evaluations.
@@ -64,8 +73,9 @@ def compare_dataset(dataset: str, evaluated: Mapping[str, Any], *, threshold: fl
         with warnings.catch_warnings():  # dropped replicates were already reported for the metric table
             warnings.simplefilter("ignore", XBenchWarning)
             scored = {n: evaluated[n].rescore(cases=shared) for n in names}
-    scored = {n: _with_statistic(s, evaluated[n]) for n, s in scored.items()}
-    return compare_models(scored, dataset=dataset, metrics=metrics or compared_metrics(threshold))
+    if RUN_TEST == "permutation":
+        scored = {n: _with_statistic(s, evaluated[n]) for n, s in scored.items()}
+    return compare_models(scored, dataset=dataset, metrics=metrics or compared_metrics(threshold), test=RUN_TEST)
 
 
 def _with_statistic(scored: ScoredTable, evaluation: Any) -> ScoredTable:
