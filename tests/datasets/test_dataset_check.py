@@ -46,3 +46,21 @@ def test_manifest_check_of_a_generated_source_looks_in_the_generated_folder(phan
     assert report.opened and Path(report.root).parent == phantom_cache / "phantom"
     assert {f.key: f.exists for f in report.files} == {"annotations": True, "images": True}
     assert report.images_present == 22 and report.mismatches == ["cases: found 22, expected 300"]
+
+
+def test_manifest_check_names_missing_images_by_file(tmp_path, capsys):
+    """`xbench manifest check` on real ChestX-Det10 annotations without images: the missing images are named as the
+    files looked for (subfolder and extension, under the root), then their case ids."""
+    import shutil
+
+    from conftest import shared_path
+
+    from xbench.cli import main
+
+    root = tmp_path / "cxd"
+    root.mkdir()
+    for name in ("test.json", "train.json"):
+        shutil.copy(shared_path("annotations", "chestx_det10", name), root / name)
+    assert main(["manifest", "check", "chestx_det10", "--root", str(root)]) == 1
+    line = next(x for x in capsys.readouterr().out.splitlines() if "image files:" in x)
+    assert "(first: test_data/" in line and ".png" in line and f"under {root}" in line and "(cases " in line

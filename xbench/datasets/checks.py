@@ -78,6 +78,21 @@ def image_files(ds: BaseDataset) -> tuple[int, list[str]]:
     return len(ds) - len(missing), missing
 
 
+def first_missing(ds: Any, missing: list[str], root: str, n: int = 3) -> str:
+    """The first ``n`` missing images as the files looked for (subfolder and extension, relative to ``root``), then
+    their case ids: "test_data/36199.png, … under /data/cxd (cases 36199, …)"."""
+    paths = dict(zip(ds.cases["case_id"].astype(str), ds.cases["image_path"].astype(str)))
+    base = Path(root).resolve() if root else None
+    shown = []
+    for case in missing[:n]:
+        path = Path(paths.get(case, case))
+        inside = base is not None and path.is_absolute() and base in path.resolve().parents
+        shown.append(str(path.resolve().relative_to(base)) if inside else str(path))
+    under = f" under {base}" if base is not None and any(not Path(p).is_absolute() for p in shown) else ""
+    more = f" and {len(missing) - n} more" if len(missing) > n else ""
+    return f"{', '.join(shown)}{more}{under} (cases {', '.join(missing[:n])})"
+
+
 @dataclass
 class FileStatus:
     """One ``files`` entry of a manifest, as found under the user's root."""
@@ -134,7 +149,9 @@ class CheckReport:
         if self.opened:
             total = self.images_present + len(self.images_missing)
             line = f"  image files: {self.images_present} of {total} present, {len(self.images_missing)} missing"
-            if self.images_missing:
+            if self.images_missing and self.dataset is not None:
+                line += f" (first: {first_missing(self.dataset, self.images_missing, str(self.root or ''))})"
+            elif self.images_missing:
                 line += f" (first: {', '.join(self.images_missing[:5])})"
             lines.append(line)
         if self.skipped:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ..datasets.checks import first_missing
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
 from ..core.errors import XBenchError
 from ..spec.listing import where_to_get
@@ -214,12 +215,12 @@ def _fit_split_files(file_status: Any, models: Sequence[ModelSpec], manifest: di
 
 
 def _missing_images(ds: Any, name: str, split: str, on_missing_image: str, out: DatasetCheck) -> None:
-    """Missing image files, named as the files looked for (:func:`_first_missing`): a problem when none is present or
-    the run raises on them, else a counted note."""
+    """Missing image files, named as the files looked for (:func:`~xbench.datasets.checks.first_missing`): a
+    problem when none is present or the run raises on them, else a counted note."""
     cases = len(ds)
     source = ((dataset_manifest(name).get("files") or {}).get("images") or {}).get("source")
     where = f" (from {_with_split(source, split)})" if source else ""
-    first = _first_missing(ds, out.images_missing, out.root)
+    first = first_missing(ds, out.images_missing, out.root)
     if not out.images_present:
         out.problems.append(f"none of the {cases} image files is present; first missing: {first}. Place "
                             f"them there{where}")
@@ -287,21 +288,6 @@ def model_weights(spec: ModelSpec) -> tuple[Path | None, list[str], list[str]]:
 def _with_split(text: str, split: str) -> str:
     """A manifest's source text with its ``{split}`` placeholder filled in (as its file paths are)."""
     return text.replace("{split}", split)
-
-
-def _first_missing(ds: Any, missing: list[str], root: str, n: int = 3) -> str:
-    """The first ``n`` missing images as the files looked for (subfolder and extension, relative to ``root``), then
-    their case ids: "test_data/36199.png, … under /data/cxd (cases 36199, …)"."""
-    paths = dict(zip(ds.cases["case_id"].astype(str), ds.cases["image_path"].astype(str)))
-    base = Path(root).resolve() if root else None
-    shown = []
-    for case in missing[:n]:
-        path = Path(paths.get(case, case))
-        inside = base is not None and path.is_absolute() and base in path.resolve().parents
-        shown.append(str(path.resolve().relative_to(base)) if inside else str(path))
-    under = f" under {base}" if base is not None and any(not Path(p).is_absolute() for p in shown) else ""
-    more = f" and {len(missing) - n} more" if len(missing) > n else ""
-    return f"{', '.join(shown)}{more}{under} (cases {', '.join(missing[:n])})"
 
 
 def check_model(cfg: RunConfig, spec: ModelSpec) -> ModelCheck:
