@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet -e '.[dev]'  # quiet: setuptools' editable-install warning block
 	$(PY) -m pip install --quiet --no-deps 'quantus==0.6.0'  # test-only; --no-deps: see pyproject.toml [dev]
 	touch $@
 
