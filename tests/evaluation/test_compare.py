@@ -107,7 +107,8 @@ def test_permutation_p_value_is_exact_for_small_n_and_seeded():
 
 
 def test_zero_variance_bootstrap_gives_no_p_of_zero():
-    assert np.isnan(bootstrap_p_value(np.full(500, 0.1), 0.1))
+    assert bootstrap_p_value(np.full(500, 0.1), 0.1) == 1 / 501  # the smallest p of 500 one-sided replicates, not 0
+    assert bootstrap_p_value(np.full(500, 0.0), 0.0) == 1.0  # identical models
     assert bootstrap_p_value(np.zeros(500), 0.0) == 1.0
 
 
@@ -128,7 +129,7 @@ def test_holm_and_p_value_known_answers():
     assert bootstrap_p_value(d, 0.1, method="percentile") == pytest.approx(2 * 31 / 101)
     assert bootstrap_p_value(d, 0.1) == pytest.approx(2 * norm.sf(0.1 / d.std(ddof=1)))
     assert np.isnan(bootstrap_p_value(np.full(5, np.nan), 0.0))
-    assert np.isnan(bootstrap_p_value(np.full(5, 0.3), 0.3))  # a difference without any spread: no evidence, not p = 0
+    assert bootstrap_p_value(np.full(5, 0.3), 0.3) == 1 / 6  # a difference without any spread: 1 / (B + 1), not p = 0
 
 
 def test_rank_intervals_known_answers():
@@ -175,7 +176,7 @@ def test_phantom_reference_model_beats_random_prior(phantom):
                      & (ranks["finding"] == DATASET_LEVEL)].iloc[0]
         assert (best["rank"], best["rank_low"], best["rank_high"], best["p_first"]) == (1, 1, 1, 1.0)
     # Holm: every adjusted p is at least the raw p, and the family is the three pairs of the cell
-    assert ((comp["p_holm"] >= comp["p_value"] - 1e-12) | comp["p_value"].isna()).all()  # NaN: se = 0 (no evidence)
+    assert (comp["p_holm"] >= comp["p_value"] - 1e-12).all()
     assert set(comp.groupby(["finding", "metric"]).size()) == {3}
     diff, p = pairwise_matrix(comp, dataset="phantom", metric="pointing")
     assert diff.loc["random_prior", "ref_patchsim"] == -diff.loc["ref_patchsim", "random_prior"] < 0

@@ -21,8 +21,9 @@ Conventions (docs/metrics.md: the conventions table and "Which differences are r
   ``P = n_perm`` seeded draws (exact enumeration of all ``2^n`` swaps when ``2^n ≤ n_perm``), so
   ``P(p ≤ α) ≤ α`` at every ``n`` (a randomisation test; ties of ``|T*|`` with ``|T|`` count as extreme). The
   paired bootstrap's Wald p (``test="bootstrap"``, ``2·Φ(−|difference| / se)``) rests on a normal
-  approximation that need not hold at small ``n``; it is kept for tables without their statistic; there ``se = 0`` gives p = 1 for a zero difference and NaN (no evidence either way, not p = 0)
-  otherwise. The percentile CI stays the bootstrap's, so near α the CI and the test can disagree;
+  approximation that need not hold at small ``n``; it is kept for tables without their statistic; there ``se = 0`` gives p = 1 for a zero difference and ``1 / (B + 1)``
+  otherwise (every replicate on one side of 0: the smallest p ``B`` replicates can show, not p = 0). Runs use it
+  (``xbench.evaluation.comparisons.RUN_TEST``). The percentile CI stays the bootstrap's, so near α the CI and the test can disagree;
   ``significant`` follows the test. The null simulation ``benchmarks/bench_significance.py`` measures the level
   and the power (docs/statistics.md).
 * **Correction.** Holm–Bonferroni over one **family = the model pairs of one (dataset, finding,
@@ -105,7 +106,8 @@ def bootstrap_p_value(diffs: np.ndarray, difference: np.ndarray | float, axis: i
     method : {"normal", "percentile"}, default="normal"
         ``"normal"``: ``2·Φ(−|difference| / se)`` with ``se`` the standard deviation of the
         defined replicates (``scipy.stats.norm``); ``se = 0`` gives 1 when the difference is 0
-        (identical models) and NaN otherwise: a zero-variance bootstrap carries no evidence (not p = 0). ``"percentile"``: the inverted percentile interval,
+        (identical models) and otherwise ``1 / (B + 1)``, the smallest p that ``B`` replicates, all on one side of 0,
+        can show (not p = 0: a zero-variance bootstrap says the difference never changed sign, no more). ``"percentile"``: the inverted percentile interval,
         ``min(1, 2·min((1 + #{d ≤ 0}), (1 + #{d ≥ 0})) / (B + 1))``, which cannot go below
         ``2 / (B + 1)`` — too coarse for Holm over many pairs (21 pairs need p < 0.0024).
 
@@ -120,8 +122,8 @@ def bootstrap_p_value(diffs: np.ndarray, difference: np.ndarray | float, axis: i
     1.0
     >>> round(float(bootstrap_p_value(np.array([0.0, 0.2] * 50), 0.1)[()]), 2)  # difference / se ≈ 1
     0.32
-    >>> float(bootstrap_p_value(np.full(999, 0.1), 0.1)[()])  # se = 0 with a difference: undefined, not 0
-    nan
+    >>> float(bootstrap_p_value(np.full(999, 0.1), 0.1)[()])  # se = 0 with a difference: 1 / (B + 1), not 0
+    0.001
     >>> float(bootstrap_p_value(np.full(999, 0.1), 0.1, method="percentile")[()])  # smallest p of 999 replicates
     0.002
     """
@@ -134,7 +136,7 @@ def bootstrap_p_value(diffs: np.ndarray, difference: np.ndarray | float, axis: i
             warnings.simplefilter("ignore", RuntimeWarning)
             se = np.nanstd(d, axis=0, ddof=1)
             z = np.abs(difference) / se
-        p = np.where(se > 0, 2 * norm.sf(z), np.where(difference == 0, 1.0, np.nan))
+        p = np.where(se > 0, 2 * norm.sf(z), np.where(difference == 0, 1.0, 1.0 / (b + 1)))
         return np.where((b > 1) & np.isfinite(difference), p, np.nan)
     if method == "percentile":
         below = (defined & (d <= 0)).sum(axis=0)
