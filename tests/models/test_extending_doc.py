@@ -23,7 +23,7 @@ def _blocks(language: str) -> list[str]:
 
 @pytest.fixture
 def example(tmp_path, monkeypatch):
-    (yaml_text,), (module_text,) = _blocks("yaml"), _blocks("python")
+    (yaml_text,), module_text = _blocks("yaml"), _blocks("python")[0]  # the model's module; later: the metric example
     configs, code = tmp_path / "configs", tmp_path / "code"
     configs.mkdir()
     code.mkdir()

@@ -298,13 +298,14 @@ class BioViLAdapter(Adapter):
         return cls(image, text, HashWordTokenizer(), config, device)
 
     @classmethod
-    def from_checkpoint(cls, image_checkpoint: Any, text_checkpoint: Any, tokenizer: Any,
+    def from_checkpoint(cls, checkpoint: Any, text_checkpoint: Any, tokenizer: Any,
                         text_config: BertConfig | None = None, config: Mapping[str, Any] | None = None,
                         device: str | torch.device = "cpu",
                         where: tuple[str, str] = ("BioViL image checkpoint", "CXR-BERT checkpoint")) -> BioViLAdapter:
-        """Adapter from the two loaded state dicts (image file, CXR-BERT file); strict loads, a mismatch raises
-        :class:`CheckpointError` naming the keys. The vocabulary and projection sizes come from the tensors."""
-        image_state = require_tensor_state(image_checkpoint, where[0])
+        """Adapter from the two loaded state dicts (``checkpoint``: the image file; ``text_checkpoint``: the CXR-BERT
+        file); strict loads, a mismatch raises :class:`CheckpointError` naming the keys. The vocabulary and projection
+        sizes come from the tensors."""
+        image_state = require_tensor_state(checkpoint, where[0])
         if "state_dict" in image_state or not any(k.startswith("encoder.encoder.") for k in image_state):
             raise CheckpointError(f"{where[0]}: not a BioViL image state dict (no 'encoder.encoder.*' keys)")
         text_state = _text_state(text_checkpoint, where[1])
