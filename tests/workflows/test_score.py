@@ -190,3 +190,29 @@ def test_tolerance_margins_add_named_rows(done, tmp_path):
     score(np.zeros_like(st["maps"]), tmp_path / "flat", case_ids=st["case_ids"].tolist())  # all pixels tied
     with pytest.raises(XBenchError, match="pointing_ties"):
         pointing_tolerance_table(tmp_path / "flat", [3], ties="any", n_boot=0)
+
+
+@pytest.mark.usefixtures("phantom_cache")
+def test_scoring_into_a_folder_another_process_holds_refuses(tmp_path):
+    """`evaluate_maps` / `xbench score` take the output folder's lock like run, evaluate and merge: while another
+    process holds it, scoring refuses before writing anything."""
+    import subprocess
+    import sys
+
+    from xbench.core.lock import FolderLocked
+
+    out = tmp_path / "scored"
+    out.mkdir()
+    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out / ".xbench.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        ids = xbench.load_dataset("phantom", split="test", cases=CASES).cases["case_id"]
+        maps = np.random.default_rng(0).random((CASES, 6, 8, 8), dtype=np.float32)
+        with pytest.raises(FolderLocked, match="in use by another XBench process"):
+            score(maps, out, case_ids=ids)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sorted(p.name for p in out.iterdir()) == [".xbench.lock"]  # nothing written

@@ -44,6 +44,7 @@ from ..core.atomic import atomic_write_text
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
 from ..core.errors import CheckpointError, FormatError, OutputError, XBenchError, XBenchWarning
 from ..core.files import contained_folder, regular_size
+from ..core.lock import output_lock
 from ..metrics import ACCURACY, AUC, AUPRC, F1, HAMMING_ACCURACY
 from ..store.results import ResultStore
 from ..core.safe_arrays import read_npy, read_npz, read_safetensors
@@ -352,49 +353,50 @@ def evaluate_maps(
     if ((out / "store").exists() or (out / "tables").exists()) and not (out / "score_inputs.json").exists():
         raise XBenchError(f"{out} holds a results store or tables that evaluate_maps did not write (a model run?); "
                           "choose another output_dir — evaluate_maps replaces its output folder's store and tables")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "score_inputs.json", json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
-    for sub in ("store", "tables"):  # replaced: real folders inside the output folder only (a link is refused)
-        if contained_folder(out, sub, create=False).exists():
-            try:
-                shutil.rmtree(out / sub)
-            except OSError as exc:
-                raise OutputError(out / sub, exc, what="cannot replace") from exc
+    with output_lock(out, "score"):  # one XBench process per output folder (xbench.core.lock)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "score_inputs.json", json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
+        for sub in ("store", "tables"):  # replaced: real folders inside the output folder only (a link is refused)
+            if contained_folder(out, sub, create=False).exists():
+                try:
+                    shutil.rmtree(out / sub)
+                except OSError as exc:
+                    raise OutputError(out / sub, exc, what="cannot replace") from exc
 
-    others = _run_models(compare_with, data, name) if compare_with is not None else {}
-    if others:  # the copied stores were written in the run's chunks
-        chunk_size = next(iter(others.values()))["chunk_size"]
-    cfg = RunConfig(output_dir=str(out), datasets=[DatasetSpec(name=dataset, root=None if root is None else str(root),
-                                                               split=data.split, options=dict(dataset_options or {}))],
-                    models=[ModelSpec(name=name), *(ModelSpec(name=m) for m in others)],
-                    grid=tuple(int(g) for g in grid), fixed_threshold=float(fixed_threshold),
-                    pointing_ties=pointing_ties, chunk_size=int(chunk_size), bootstrap_replicates=int(bootstrap),
-                    bootstrap_seed=int(seed))
-    cfg.validate()
-    _write_store(cfg, data, mapset, index, name)
-    for model in others:
-        _copy_store_folder(ResultStore(compare_with).root / data.name / model, ResultStore(out), data.name, model)
-    with warnings.catch_warnings():
-        if mapset.probs is None:  # constant placeholder probabilities: recognition rows are dropped below
-            warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
-        tidy = evaluate_run(cfg, progress=progress)
-    if mapset.probs is None or any(pointing_margins):
-        from ..evaluation.comparisons import drop_metrics
-        from ..outputs.exports import pointing_tolerance_table
-        from ..store.results import write_table
+        others = _run_models(compare_with, data, name) if compare_with is not None else {}
+        if others:  # the copied stores were written in the run's chunks
+            chunk_size = next(iter(others.values()))["chunk_size"]
+        cfg = RunConfig(output_dir=str(out), datasets=[DatasetSpec(name=dataset, root=None if root is None else str(root),
+                                                                   split=data.split, options=dict(dataset_options or {}))],
+                        models=[ModelSpec(name=name), *(ModelSpec(name=m) for m in others)],
+                        grid=tuple(int(g) for g in grid), fixed_threshold=float(fixed_threshold),
+                        pointing_ties=pointing_ties, chunk_size=int(chunk_size), bootstrap_replicates=int(bootstrap),
+                        bootstrap_seed=int(seed))
+        cfg.validate()
+        _write_store(cfg, data, mapset, index, name)
+        for model in others:
+            _copy_store_folder(ResultStore(compare_with).root / data.name / model, ResultStore(out), data.name, model)
+        with warnings.catch_warnings():
+            if mapset.probs is None:  # constant placeholder probabilities: recognition rows are dropped below
+                warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
+            tidy = evaluate_run(cfg, progress=progress)
+        if mapset.probs is None or any(pointing_margins):
+            from ..evaluation.comparisons import drop_metrics
+            from ..outputs.exports import pointing_tolerance_table
+            from ..store.results import write_table
 
-        if mapset.probs is None:
-            tidy = tidy[~tidy["metric"].isin(RECOGNITION_METRICS)]
-            drop_metrics(out, RECOGNITION_METRICS)  # the placeholder probabilities are not compared either
-        if any(pointing_margins):
-            extra = pointing_tolerance_table(out, list(pointing_margins), grid=cfg.grid, ties=pointing_ties,
-                                             n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
-            tidy = pd.concat([tidy, extra], ignore_index=True)
-        write_table(tidy.reset_index(drop=True), out / "tables" / "metrics")
-    from ..outputs.tables import write_paper_tables
+            if mapset.probs is None:
+                tidy = tidy[~tidy["metric"].isin(RECOGNITION_METRICS)]
+                drop_metrics(out, RECOGNITION_METRICS)  # the placeholder probabilities are not compared either
+            if any(pointing_margins):
+                extra = pointing_tolerance_table(out, list(pointing_margins), grid=cfg.grid, ties=pointing_ties,
+                                                 n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+                tidy = pd.concat([tidy, extra], ignore_index=True)
+            write_table(tidy.reset_index(drop=True), out / "tables" / "metrics")
+        from ..outputs.tables import write_paper_tables
 
-    write_paper_tables(out)
-    return load_tables(out)
+        write_paper_tables(out)
+        return load_tables(out)
 
 
 def _run_models(run_dir: str | Path, data: Any, name: str) -> dict[str, dict]:
