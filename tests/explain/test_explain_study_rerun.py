@@ -74,3 +74,22 @@ def test_the_studys_dropped_replicate_notes_come_as_one_warning(tmp_path, monkey
     dropped = [t for t in texts if "replicates dropped" in t]
     assert "something else" in texts and len(dropped) == 1, texts
     assert "in 3 variant(s)" in dropped[0] and "'ref_xattn+gradcam', 'phantom'): 'Nodule' 3" in dropped[0]
+
+
+def test_a_study_folder_that_is_a_link_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """Containment by real paths: the study writes into `<output_dir>/explain` only when that is a real folder (a link
+    would send its store and tables elsewhere)."""
+    from xbench.core.errors import XBenchError
+
+    def no_run(cfg, **kw):
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(run_module, "run", no_run)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "explain").symlink_to(elsewhere)
+    cfg = RunConfig.from_yaml("phantom", output_dir=str(tmp_path / "out"))
+    with pytest.raises(XBenchError, match="symbolic link"):
+        explainer_study(cfg, models=["ref_xattn"], explainers=[], output_dir=tmp_path / "out" / "explain", cases=8)
+    assert not any(elsewhere.iterdir())

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..core.atomic import write_frame
 from ..core.errors import StoreError, XBenchWarning
+from ..core.files import contained_folder
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig, dataset_options
 from ..datasets import open_dataset
 from ..evaluation.evaluate import load_tables
@@ -85,6 +86,8 @@ def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequen
                for s in specs for e in explainers
                if EXPLAINERS[e].requires and not model_config(s.name).get(EXPLAINERS[e].requires)}
     specs += [replace(s, explainer=e) for s in specs for e in explainers if f"{s.name}+{e}" not in skipped]
+    output_dir = Path(output_dir)  # a real folder under its parent (the run's output folder): no link (containment)
+    contained_folder(output_dir.parent, output_dir.name)
     study_cfg = replace(cfg, output_dir=str(output_dir), models=specs,
                         datasets=[_limited(d, cases) for d in cfg.datasets])
     caught: list[warnings.WarningMessage] = []
@@ -106,10 +109,11 @@ def explainer_study(cfg: RunConfig, *, models: Sequence[str], explainers: Sequen
     device = study_cfg.resolved_device()
     faith = pd.concat([faithfulness_table(open_model(s, device, dspec, study_cfg.output_dir), dataset, cases=cases,
                                           steps=steps, road=road) for s in specs], ignore_index=True)
-    write_frame(faith, Path(output_dir) / "tables" / "faithfulness_cases.csv")
+    tables_dir = contained_folder(output_dir, "tables")
+    write_frame(faith, tables_dir / "faithfulness_cases.csv")
     summary = faithfulness_summary(faith, n_boot=study_cfg.bootstrap_replicates if n_boot is None else n_boot,
                                    seed=study_cfg.bootstrap_seed)
-    write_frame(summary, Path(output_dir) / "tables" / "faithfulness.csv")
+    write_frame(summary, tables_dir / "faithfulness.csv")
     frame = plausibility_vs_faithfulness(tables["metrics"], summary, dataset=dspec.name)
-    write_frame(frame, Path(output_dir) / "tables" / "plausibility_vs_faithfulness.csv")
+    write_frame(frame, tables_dir / "plausibility_vs_faithfulness.csv")
     return Study(study_cfg, tables["metrics"], faith, summary, frame, skipped)
