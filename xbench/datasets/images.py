@@ -69,8 +69,8 @@ import numpy as np
 
 from ..core.errors import FormatError, MissingFileError
 
-__all__ = ["read_image", "read_source", "SourceImage", "image_size", "is_dicom", "ImageFolder", "MAX_PIXELS",
-           "MAX_PNG_TEXT", "max_pixels"]
+__all__ = ["read_image", "read_source", "read_mask", "SourceImage", "image_size", "is_dicom", "ImageFolder",
+           "MAX_PIXELS", "MAX_PNG_TEXT", "max_pixels"]
 
 MAX_PIXELS = 100_000_000  #: default bound on the pixels a header may claim (``XBENCH_MAX_PIXELS`` overrides)
 MAX_PNG_TEXT = 1 << 20  #: characters of PNG text (``tEXt``/``zTXt``/``iTXt``, inflated) one image may carry in all
@@ -245,6 +245,24 @@ def image_size(path: str | Path) -> tuple[int, int]:
         raise FormatError(path, f"not a readable image ({type(exc).__name__}: {exc})") from exc
     _check_pixels(path, width * height, f"{width} x {height}", None)
     return int(height), int(width)
+
+
+def read_mask(path: str | Path) -> np.ndarray:
+    """A mask image's stored values as Pillow decodes them (``np.asarray(img)``: no conversion, no scaling), under
+    the bounds of :func:`read_image` (pixel count, PNG text): a file that cannot be read within them is a
+    :class:`FormatError` naming it."""
+    path = _require(path)
+    Image = _pillow()
+    try:
+        with Image.open(path) as img:
+            _check_pixels(path, img.width * img.height, f"{img.width} x {img.height}", None)
+            return np.asarray(img)
+    except FormatError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise _bomb(path, exc, None) from exc
+    except Exception as exc:  # Pillow's errors of any kind (OSError, text bound ValueError, forged lengths, ...)
+        raise FormatError(path, f"not a readable image ({type(exc).__name__}: {exc})") from exc
 
 
 class ImageFolder:
