@@ -78,8 +78,10 @@ def _zero_stride(folder: Path) -> None:
 
 
 def _quantized(folder: Path) -> None:
-    torch.save({"visual.conv1.weight": torch.quantize_per_tensor(torch.rand(4), 0.1, 0, torch.qint8)},
-               folder / "chexzero.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # quantized tensor creation is deprecated in torch
+        weight = torch.quantize_per_tensor(torch.rand(4), 0.1, 0, torch.qint8)
+    torch.save({"visual.conv1.weight": weight}, folder / "chexzero.pt")
 
 
 def _pid_doubling() -> bytes:
