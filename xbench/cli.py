@@ -109,7 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", required=True)
     p.add_argument("--out", help="case table path for `build` (.csv or .parquet)")
 
-    p = add("weights", help="verify a local weights folder for a model (files, safe read, strict keys, tokenizer)")
+    p = add("weights", help="verify a local weights folder for a model (files, safe read, strict keys, tokenizer)",
+            epilog="exit status: 0 every file present and loading strictly; 1 problems found (a file missing, "
+                   "unreadable or refused, or the architecture not matching; each listed in the report, counted on "
+                   "stderr); 2 the command could not run (e.g. an unknown model), one 'xbench: error:' line")
     p.add_argument("action", choices=["check"])
     p.add_argument("model")
     p.add_argument("folder")
@@ -361,6 +364,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         report = check_weights(args.model, args.folder)
         print(report.format())
+        if not report.ok:
+            print(f"xbench: weights check: {report.problems} problem(s), listed above", file=sys.stderr)
         return 0 if report.ok else 1
     if args.command == "manifest":
         from .datasets import checks

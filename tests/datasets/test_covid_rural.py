@@ -213,3 +213,32 @@ def test_dataset_pickles_with_its_lazy_masks(root):
         f = ds.findings[0]
         assert np.array_equal(copy[i].mask(f, (16, 16)), ds[i].mask(f, (16, 16)))
         assert np.array_equal(copy[i].mask(f), ds[i].mask(f))
+
+
+def test_a_mask_over_the_image_bounds_is_a_format_error(root):
+    """Masks are read under the images' bounds: 1.2 MB of PNG text (over the 1 MiB bound) or a header claiming
+    more pixels than ``XBENCH_MAX_PIXELS`` is a FormatError naming the mask (a raw ValueError / a full decode
+    before)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    path = root / "pngs_masks" / f"{P1}.png"
+    raw = path.read_bytes()
+    text = b"".join(chunk(b"tEXt", f"k{i}".encode() + b"\x00" + b"v" * 600_000) for i in range(2))
+    path.write_bytes(raw[:33] + text + raw[33:])  # after the signature and IHDR
+    with pytest.raises(FormatError, match=r"MAX_TEXT_MEMORY") as info:
+        open_ds(root)[0].mask("COVID-19 opacity")
+    assert info.value.path == path
+    path.write_bytes(raw)
+    assert open_ds(root)[0].mask("COVID-19 opacity").sum() == opacity().sum()  # the mask without the text reads
+
+
+def test_a_mask_claiming_too_many_pixels_is_refused_before_decoding(root, monkeypatch):
+    ds = open_ds(root)
+    monkeypatch.setenv("XBENCH_MAX_PIXELS", "100")  # the 24 x 32 mask claims 768
+    with pytest.raises(FormatError, match=r"32 x 24 = 768 pixels, above the bound of 100") as info:
+        ds[0].mask("COVID-19 opacity")
+    assert info.value.path == root / "pngs_masks" / f"{P1}.png"

@@ -1,6 +1,7 @@
 """The parity weight recipe ``xbench-parity-recipe-v1`` (../shared/parity/README.md §1–2).
 
-Test helper shared by every parity test (``from parity_recipe import fill, build_state``).
+Test helper shared by every parity test (``from parity_recipe import fill, build_state``), with the readers of a
+fixture folder every parity test uses (:func:`load_fixture`, :func:`strict`, :func:`write_vocab`).
 
 ``fill(key, shape)`` depends only on the checkpoint key string (exactly as it appears in
 the official file, inside its container) and the shape; every step up to the final
@@ -9,13 +10,16 @@ are bit-identical to the fixture generator's.
 """
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 P = 2**31 - 1  # prime modulus of the quadratic-residue sequence
 
@@ -70,3 +74,31 @@ def build_state(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, torch.Ten
         else:
             state[key] = fill(entry.get("alias_of", key), shape)
     return state
+
+
+def load_fixture(folder: Path) -> dict[str, Any]:
+    """A parity fixture folder (``tests/fixtures/parity/<model>`` or ``../shared/parity/<model>``): ``dir``,
+    ``tensors`` (``case.safetensors``), ``json`` (``case.json``), ``schema`` (``schema.json``) and, where the
+    folder has one, ``text_schema`` (``text_schema.json``)."""
+    case = {"dir": folder, "tensors": load_file(str(folder / "case.safetensors")),
+            "json": json.loads((folder / "case.json").read_text()),
+            "schema": json.loads((folder / "schema.json").read_text())}
+    if (folder / "text_schema.json").is_file():
+        case["text_schema"] = json.loads((folder / "text_schema.json").read_text())
+    return case
+
+
+def strict(case: Mapping[str, Any], tensor: str) -> dict[str, float]:
+    """``assert_close`` tolerances of ``tensor`` from ``case.json``'s ``tolerances.recommended_strict``."""
+    tol = case["tolerances"]["recommended_strict"][tensor]
+    return {"atol": tol["atol"], "rtol": tol["rtol"]}
+
+
+def write_vocab(folder: Path, vocab: Mapping[str, Any]) -> Path:
+    """``folder/vocab.txt`` of a fixture's synthetic vocabulary (``case.json``'s ``vocab``: ``size``, ``special`` and
+    ``words`` token → id; the other ids ``[unusedN]``)."""
+    lines = [f"[unused{i}]" for i in range(vocab["size"])]
+    for token, i in {**vocab["special"], **vocab["words"]}.items():
+        lines[int(i)] = token
+    (folder / "vocab.txt").write_text("\n".join(lines) + "\n")
+    return folder / "vocab.txt"

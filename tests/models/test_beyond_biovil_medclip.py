@@ -5,25 +5,20 @@ grounding quality (parity with the official code: test_parity_biovil.py, test_pa
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
-from conftest import tiny_run
+from random_init_run import run_random_init
 
 import xbench
-from xbench.core.errors import XBenchWarning
 from xbench.explain import explained
 from xbench.spec.config import RunConfig
 from xbench.models.weights_check import check_weights
 from xbench.spec.listing import model_rows
 from xbench.spec.registry import list_models, model_config
-from xbench.workflows.run import run
 
 BEYOND = {"biovil": "https://github.com/microsoft/hi-ml", "medclip": "https://github.com/RyanWangZf/MedCLIP"}  # -> publisher
 PAPER_SEVEN = ["clip", "biomedclip", "medklip", "kad", "mavl", "carzero", "devide"]
@@ -58,18 +53,9 @@ def test_tables_put_them_after_the_paper_models():
 
 @pytest.mark.usefixtures("phantom_cache")
 def test_phantom_run_and_gradcam(tmp_path):
-    torch.set_num_threads(2)
-    models = [{"name": m, "params": {"random_init": True}} for m in BEYOND]
-    cfg = RunConfig.from_dict(tiny_run(tmp_path, cases=2, models=models, chunk_size=2, batch_size=2,
-                                       bootstrap={"replicates": 0}))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", XBenchWarning)  # rare classes have one label value on 2 cases
-        run(cfg, progress=False)
-    log = {e["model"]: e for e in json.loads((tmp_path / "run_log.json").read_text())}
+    log, pointing = run_random_init(tmp_path, list(BEYOND), cases=2)
     assert {m: log[m]["cases_inferred"] for m in BEYOND} == {m: 2 for m in BEYOND}
     assert {log[m]["weights_label"] for m in BEYOND} == {"random-init"}
-    tidy = pd.read_csv(tmp_path / "tables" / "metrics.csv")
-    pointing = tidy[(tidy["metric"] == "pointing") & (tidy["finding"] == "(pooled)")].set_index("model")["value"]
     assert set(pointing.index) == set(BEYOND) and pointing.between(0, 1).all()
 
     for name in BEYOND:  # Grad-CAM on the YAML's explain_layer, at the model's native grid

@@ -4,17 +4,13 @@ weights, ``xbench weights check`` and the tables that set them apart. Their pari
 from __future__ import annotations
 
 import importlib.util
-import json
-import warnings
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
-from conftest import tiny_run
+from random_init_run import run_random_init
 from xbench.cli import main
-from xbench.core.errors import XBenchWarning
 from xbench.explain import explained
 from xbench.explain.base import module_at
 from xbench.models import create_model
@@ -24,7 +20,6 @@ from xbench.paper import synthetic_results
 from xbench.spec.config import RunConfig
 from xbench.spec.listing import model_rows
 from xbench.spec.registry import model_config
-from xbench.workflows.run import run
 
 REPO = Path(__file__).resolve().parents[2]
 BEYOND = {"chexzero": "https://github.com/rajpurkarlab/CheXzero", "gloria": "https://github.com/marshuang80/gloria"}
@@ -65,18 +60,9 @@ def test_tables_set_them_apart_from_the_papers_models():
 
 @pytest.mark.usefixtures("phantom_cache")
 def test_phantom_run_with_each_adapter(tmp_path):
-    torch.set_num_threads(2)
-    models = [{"name": m, "params": {"random_init": True}} for m in BEYOND]
-    cfg = RunConfig.from_dict(tiny_run(tmp_path, cases=3, models=models, chunk_size=3, batch_size=3,
-                                       bootstrap={"replicates": 0}))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", XBenchWarning)  # rare classes have one label value on 3 cases
-        run(cfg, progress=False)
-    log = {e["model"]: e for e in json.loads((tmp_path / "run_log.json").read_text())}
+    log, pointing = run_random_init(tmp_path, list(BEYOND), cases=3)
     assert {m: (log[m]["cases_inferred"], log[m]["weights_label"]) for m in BEYOND} == {
         m: (3, "random-init") for m in BEYOND}
-    tidy = pd.read_csv(tmp_path / "tables" / "metrics.csv")
-    pointing = tidy[(tidy["metric"] == "pointing") & (tidy["finding"] == "(pooled)")].set_index("model")["value"]
     assert set(pointing.index) == set(BEYOND) and pointing.between(0, 1).all()
 
 

@@ -9,7 +9,6 @@ observed maxima are in the fixture's NOTES.md.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_path
-from parity_recipe import build_state
-from safetensors.torch import load_file
+from parity_recipe import build_state, load_fixture, write_vocab
 
 import xbench
 from xbench.core.errors import CheckpointError, MissingFileError
+from xbench.datasets.images import read_image
 from xbench.models.base import load_checkpoint
 from xbench.models.biovil import BioViLAdapter, cxr_bert_tokenizer, remap_to_uint8
 from xbench.models.inputs import to_uint8
@@ -34,35 +33,20 @@ SCORE_TOL = {"atol": 1e-6, "rtol": 0.0}  # observed max 2.0e-8; the two images' 
 MAP_TOL = {"atol": 1e-5, "rtol": 0.0}  # observed max 9.4e-8; maps of two classes / images differ by >= 7.5e-3
 
 
-def _states() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    schema = json.loads((FIXTURE / "schema.json").read_text())
+def _states(schema: dict) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     return build_state(schema["containers"]["image"]), build_state(schema["containers"]["text"])
-
-
-def _tokenizer(folder: Path):
-    case = json.loads((FIXTURE / "case.json").read_text())
-    vocab = case["vocab"]
-    lines = [f"[unused{i}]" for i in range(vocab["size"])]
-    for token, i in {**vocab["special"], **vocab["words"]}.items():
-        lines[int(i)] = token
-    (folder / "vocab.txt").write_text("\n".join(lines) + "\n")
-    return cxr_bert_tokenizer(folder)
-
-
-def _read_png(path) -> np.ndarray:
-    from xbench.datasets.images import read_image
-
-    return read_image(path)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, test_device):
     torch.set_num_threads(2)
     folder = tmp_path_factory.mktemp("biovil")
-    fx = load_file(str(FIXTURE / "case.safetensors"))
-    image_state, text_state = _states()
+    fixture = load_fixture(FIXTURE)
+    fx = fixture["tensors"]
+    image_state, text_state = _states(fixture["schema"])
     torch.save(image_state, folder / "biovil_image_resnet50_proj_size_128.pt")
-    tokenizer = _tokenizer(folder)
+    write_vocab(folder, fixture["json"]["vocab"])
+    tokenizer = cxr_bert_tokenizer(folder)
     adapter = BioViLAdapter.from_checkpoint(load_checkpoint(folder / "biovil_image_resnet50_proj_size_128.pt"),
                                             text_state, tokenizer, device=test_device)
     captured: dict[str, torch.Tensor] = {}
@@ -72,13 +56,13 @@ def run(tmp_path_factory, test_device):
     prediction = adapter.predict(pixels, CLASSES)
     for hook in hooks:
         hook.remove()
-    return SimpleNamespace(fx=fx, adapter=adapter, pixels=pixels, prediction=prediction, tokenizer=tokenizer,
-                           captured={k: v.detach().cpu() for k, v in captured.items()})
+    return SimpleNamespace(fx=fx, schema=fixture["schema"], adapter=adapter, pixels=pixels, prediction=prediction,
+                           tokenizer=tokenizer, captured={k: v.detach().cpu() for k, v in captured.items()})
 
 
 def test_preprocessing_matches_fixture(run):
     for i, file in enumerate(SAMPLES):
-        image = _read_png(shared_path("samples", file))
+        image = read_image(shared_path("samples", file))
         assert np.array_equal(remap_to_uint8(to_uint8(image)), run.fx["image_remapped_uint8"][i].numpy())
         assert torch.equal(run.adapter.preprocess(image), run.pixels[i])  # Resize(512) no-op, CenterCrop(480)
 
@@ -150,7 +134,7 @@ def test_single_image_forward_equals_batched(run):
 
 
 def test_truncated_or_foreign_checkpoint_is_rejected(run):
-    image_state, text_state = _states()
+    image_state, text_state = _states(run.schema)
     broken = {k: v for k, v in image_state.items() if k != "projector.model.1.running_var"}
     with pytest.raises(CheckpointError, match=r"projector\.model\.1\.running_var"):
         BioViLAdapter.from_checkpoint(broken, text_state, run.tokenizer)

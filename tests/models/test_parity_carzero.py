@@ -6,7 +6,6 @@ directions, the per-layer cross-attention and the maps are compared with the sto
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
@@ -15,8 +14,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from parity_recipe import build_state
-from safetensors.torch import load_file
+from parity_recipe import build_state, load_fixture, strict
 from transformers import BertTokenizer
 
 from conftest import shared_path
@@ -55,13 +53,7 @@ def threads():
 
 @pytest.fixture(scope="module")
 def case():
-    folder = shared_path("parity", "carzero")
-    return {
-        "dir": folder,
-        "tensors": load_file(str(folder / "case.safetensors")),
-        "json": json.loads((folder / "case.json").read_text()),
-        "schema": json.loads((folder / "schema.json").read_text()),
-    }
+    return load_fixture(shared_path("parity", "carzero"))
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +78,6 @@ def outputs(adapter, case):
     out = adapter.forward_features(tokens, words, sentence)
     return {"words": words.cpu(), "sentence": sentence.cpu(), "tokens": tokens.cpu(),
             "out": type(out)(**{k: v.cpu() for k, v in vars(out).items()})}
-
-
-def strict(case, name):
-    tol = case["json"]["tolerances"]["recommended_strict"][name]
-    return {"atol": tol["atol"], "rtol": tol["rtol"]}
 
 
 # -- parity ---------------------------------------------------------------------------------------
@@ -149,10 +136,10 @@ def test_scores(case, outputs):
 
 def test_cross_attention_and_maps(case, outputs):
     t, out = case["tensors"], outputs["out"]
-    torch.testing.assert_close(out.attention, t["cross_attn_layers"], **strict(case, "cross_attn_layers"))
-    torch.testing.assert_close(out.maps, t["map_grid"], **strict(case, "map_grid"))
+    torch.testing.assert_close(out.attention, t["cross_attn_layers"], **strict(case["json"], "cross_attn_layers"))
+    torch.testing.assert_close(out.maps, t["map_grid"], **strict(case["json"], "map_grid"))
     official_224 = out.maps.repeat_interleave(16, dim=2).repeat_interleave(16, dim=3)
-    torch.testing.assert_close(official_224, t["map_224"], **strict(case, "map_224"))
+    torch.testing.assert_close(official_224, t["map_224"], **strict(case["json"], "map_224"))
     # no renormalisation after dropping the CLS key: each map sums to less than 1
     assert (out.maps.sum(dim=(-2, -1)) < 1).all()
 
@@ -163,7 +150,7 @@ def test_predict_matches_fixture_and_is_deterministic(adapter, case, outputs):
     assert pred.scores.shape == (2, 4) and pred.maps.shape == (2, 4, 14, 14)
     assert pred.scores.dtype == torch.float32 and pred.maps.dtype == torch.float32
     torch.testing.assert_close(pred.scores, t["scores"], **DEFAULT)
-    torch.testing.assert_close(pred.maps, t["map_grid"], **strict(case, "map_grid"))
+    torch.testing.assert_close(pred.maps, t["map_grid"], **strict(case["json"], "map_grid"))
     # a second run of the same pieces (the ``outputs`` fixture) gives identical numbers
     assert torch.equal(pred.scores, outputs["out"].scores) and torch.equal(pred.maps, outputs["out"].maps)
 

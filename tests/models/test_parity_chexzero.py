@@ -10,14 +10,12 @@ Tolerances: scores ``atol 2e-5`` (they differ by ≥ 9.4e-3 between classes), em
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from parity_recipe import build_state
-from safetensors.torch import load_file
+from parity_recipe import build_state, load_fixture
 
 from conftest import shared_path
 from xbench.core.errors import CheckpointError, MissingFileError
@@ -34,9 +32,7 @@ SCORE = {"atol": 2e-5, "rtol": 0}  # observed max 1.8e-6; the scores of differen
 
 @pytest.fixture(scope="module")
 def case():
-    return {"tensors": load_file(str(FIXTURE / "case.safetensors")),
-            "json": json.loads((FIXTURE / "case.json").read_text()),
-            "schema": json.loads((FIXTURE / "schema.json").read_text())}
+    return load_fixture(FIXTURE)
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,13 @@ classes differ by ≥ 1.1e-3, of the two images by ≥ 1.1e-3 per class), embedd
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from parity_recipe import build_state
-from safetensors.torch import load_file
+from parity_recipe import build_state, load_fixture
 
 from conftest import shared_path
 from xbench.core.errors import CheckpointError, MissingFileError
@@ -39,9 +37,7 @@ EMBEDDING = {"atol": 1e-4, "rtol": 1e-4}
 
 @pytest.fixture(scope="module")
 def case():
-    return {"tensors": load_file(str(FIXTURE / "case.safetensors")),
-            "json": json.loads((FIXTURE / "case.json").read_text()),
-            "schema": json.loads((FIXTURE / "schema.json").read_text())}
+    return load_fixture(FIXTURE)
 
 
 @pytest.fixture(scope="module")

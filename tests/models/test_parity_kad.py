@@ -8,7 +8,6 @@ same forward pass.
 """
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,11 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import shared_path
-from parity_recipe import build_state
-from safetensors.torch import load_file
+from parity_recipe import build_state, load_fixture, strict
 
 import xbench
 from xbench.core.errors import CheckpointError, MissingFileError
+from xbench.datasets.images import read_image
 from xbench.models.kad import OFFICIAL_TEXT, HashWordTokenizer, KADAdapter, MedKEBERTTokenizer, prompt_text, resize_uint8
 
 CLASSES = ["pneumonia", "pneumothorax", "cardiomegaly", "pleural effusion"]
@@ -46,17 +45,8 @@ def _container(entries: dict) -> dict[str, torch.Tensor]:
 
 
 def _checkpoint(fixture: str) -> dict[str, dict[str, torch.Tensor]]:
-    schema = json.loads((shared_path("parity", fixture) / "schema.json").read_text())
+    schema = load_fixture(shared_path("parity", fixture))["schema"]
     return {c: _container(schema["containers"][c]) for c in ("model", "image_encoder", "text_encoder")}
-
-
-def _read_png(path) -> np.ndarray:
-    try:
-        from xbench.datasets.images import read_image
-    except ImportError:  # reader not there yet: PIL's 8-bit values / 255, its documented definition
-        from PIL import Image
-        return np.asarray(Image.open(path).convert("L"), np.float32) / 255
-    return read_image(path)
 
 
 def _cpu(value):
@@ -71,8 +61,8 @@ def run(request, test_device):
     torch.set_num_threads(2)
     name = request.param
     folder = shared_path("parity", name)
-    fx = load_file(str(folder / "case.safetensors"))
-    case = json.loads((folder / "case.json").read_text())
+    fixture = load_fixture(folder)
+    fx, case = fixture["tensors"], fixture["json"]
     adapter = KADAdapter.from_official_checkpoint(_checkpoint(name), HashWordTokenizer(), VARIANTS[name], test_device)
     captured: dict[str, object] = {}
     net = adapter.network
@@ -95,9 +85,6 @@ def run(request, test_device):
                            prediction=prediction, captured={k: _cpu(v) for k, v in captured.items()})
 
 
-def _strict(case: dict, tensor: str) -> dict[str, float]:
-    tol = case["tolerances"]["recommended_strict"][tensor]
-    return {"atol": tol["atol"], "rtol": tol["rtol"]}
 
 
 def test_stand_in_tokenizer_reproduces_fixture_ids(run):
@@ -108,7 +95,7 @@ def test_stand_in_tokenizer_reproduces_fixture_ids(run):
 
 def test_preprocessing_matches_fixture(run):
     for i, file in enumerate(SAMPLES):
-        image = _read_png(shared_path("samples", file))
+        image = read_image(shared_path("samples", file))
         assert np.array_equal(resize_uint8(image, run.adapter.input_size), run.fx["image_uint8"][i].numpy())
         torch.testing.assert_close(run.adapter.preprocess(image), run.pixels[i], atol=1e-6, rtol=0)
 
@@ -123,8 +110,8 @@ def test_intermediates_match(run):
     torch.testing.assert_close(got["tokens"].mean(dim=1), fx["image_pool"], atol=1e-4, rtol=1e-4)
     logits, attention = got["tqn"]
     torch.testing.assert_close(logits, fx["logits"], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(torch.stack(attention), fx["cross_attn_layers"], **_strict(run.case, "cross_attn_layers"))
-    torch.testing.assert_close(attention[-1], fx["cross_attn_last_batched"], **_strict(run.case, "cross_attn_last_batched"))
+    torch.testing.assert_close(torch.stack(attention), fx["cross_attn_layers"], **strict(run.case, "cross_attn_layers"))
+    torch.testing.assert_close(attention[-1], fx["cross_attn_last_batched"], **strict(run.case, "cross_attn_last_batched"))
 
 
 def test_scores_and_maps_match(run):
@@ -135,7 +122,7 @@ def test_scores_and_maps_match(run):
     torch.testing.assert_close(pred.scores, fx["scores"], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(pred.maps, fx["map_grid"], atol=1e-4, rtol=1e-4)
     raw = run.captured["tqn"][1][-1].reshape(2, 4, h, h)
-    torch.testing.assert_close(raw, fx["map_grid_raw"], **_strict(run.case, "map_grid_raw"))
+    torch.testing.assert_close(raw, fx["map_grid_raw"], **strict(run.case, "map_grid_raw"))
     up = F.interpolate(pred.maps, size=(224, 224), mode="bilinear", align_corners=False)
     torch.testing.assert_close(up, fx["map_224"], atol=1e-4, rtol=1e-4)
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import shared_path
-from parity_recipe import build_state
-from safetensors.torch import load_file
+from parity_recipe import build_state, load_fixture, strict
+from xbench.datasets.images import read_image
 
 import xbench
 from xbench.core.errors import CheckpointError, FormatError, MissingFileError, XBenchWarning
@@ -30,17 +30,6 @@ CLASSES = ["pneumonia", "pneumothorax", "cardiomegaly", "pleural effusion"]
 SAMPLES = ["00000001_000.png", "00027426_000.png"]
 
 
-def _read_png(path) -> np.ndarray:
-    from xbench.datasets.images import read_image
-
-    return read_image(path)
-
-
-def _strict(case: dict, name: str) -> dict:
-    tol = case["tolerances"]["recommended_strict"][name]
-    return {"atol": tol["atol"], "rtol": tol["rtol"]}
-
-
 def _rows(diseases: list[int]) -> torch.Tensor:
     return torch.tensor([d * 9 + c for d in diseases for c in range(9)])
 
@@ -49,17 +38,15 @@ def _rows(diseases: list[int]) -> torch.Tensor:
 def run(test_device):
     torch.set_num_threads(1)  # 2 threads are slower on the shared CI machine
     folder = shared_path("parity", "mavl")
-    fx = load_file(str(folder / "case.safetensors"))
-    case = json.loads((folder / "case.json").read_text())
-    schema = json.loads((folder / "schema.json").read_text())
-    text_schema = json.loads((folder / "text_schema.json").read_text())
+    fixture = load_fixture(folder)
+    fx, case, schema, text_schema = (fixture[k] for k in ("tensors", "json", "schema", "text_schema"))
     checkpoint = {"model": build_state(schema["state_dict"])}
     adapter = MAVLAdapter.from_official_checkpoint(checkpoint, bert_from_state(build_state(text_schema["state_dict"])),
                                                    device=test_device)
     book = assemble_concept_book(adapter.encode_text_ids(fx["disease_input_ids"], fx["disease_attention_mask"]),
                                  adapter.encode_text_ids(fx["concept_input_ids"], fx["concept_attention_mask"])).cpu()
     adapter.set_entity_book(book)
-    pixels = torch.stack([adapter.preprocess(_read_png(shared_path("samples", s))) for s in SAMPLES])
+    pixels = torch.stack([adapter.preprocess(read_image(shared_path("samples", s))) for s in SAMPLES])
     prediction = adapter.predict(pixels, CLASSES)
     features = {k: v.cpu() for k, v in adapter.forward_features(fx["pixel_values"], book).items()}
     return SimpleNamespace(fx=fx, case=case, checkpoint=checkpoint, adapter=adapter, book=book, pixels=pixels,
@@ -78,7 +65,7 @@ def test_fixture_entities_and_classes_match_adapter(run):
 @pytest.mark.slow
 def test_preprocess_matches_official_transform(run):
     for i, sample in enumerate(SAMPLES):
-        assert np.array_equal(resize_uint8(_read_png(shared_path("samples", sample))), run.fx["image_uint8"][i].numpy())
+        assert np.array_equal(resize_uint8(read_image(shared_path("samples", sample))), run.fx["image_uint8"][i].numpy())
     torch.testing.assert_close(run.pixels, run.fx["pixel_values"], atol=1e-6, rtol=0)
 
 
@@ -107,7 +94,7 @@ def test_image_branches(run):
 def test_cross_attention_and_logits(run):
     idx = run.fx["class_indices"]
     attention = run.features["attention"].view(4, 2, 75, 9, 196)[:, :, idx]
-    torch.testing.assert_close(attention, run.fx["cross_attn_layers"], **_strict(run.case, "cross_attn_layers"))
+    torch.testing.assert_close(attention, run.fx["cross_attn_layers"], **strict(run.case, "cross_attn_layers"))
     torch.testing.assert_close(run.features["logits"], run.fx["logits_all"], atol=1e-4, rtol=1e-4)
 
 
@@ -115,20 +102,20 @@ def test_cross_attention_and_logits(run):
 @pytest.mark.shared
 @pytest.mark.slow
 def test_feature_mode_scores(run):
-    torch.testing.assert_close(run.features["scores_feature"], run.fx["scores_all"], **_strict(run.case, "scores_all"))
-    torch.testing.assert_close(run.prediction.scores, run.fx["scores"], **_strict(run.case, "scores"))
+    torch.testing.assert_close(run.features["scores_feature"], run.fx["scores_all"], **strict(run.case, "scores_all"))
+    torch.testing.assert_close(run.prediction.scores, run.fx["scores"], **strict(run.case, "scores"))
 
 
 @pytest.mark.shared
 @pytest.mark.slow
 def test_text_mode_scores(run):
-    torch.testing.assert_close(run.features["global_logits"], run.fx["global_logits"], **_strict(run.case, "global_logits"))
-    torch.testing.assert_close(run.features["scores_text"], run.fx["scores_text_mode_all"], **_strict(run.case, "scores_text_mode_all"))
+    torch.testing.assert_close(run.features["global_logits"], run.fx["global_logits"], **strict(run.case, "global_logits"))
+    torch.testing.assert_close(run.features["scores_text"], run.fx["scores_text_mode_all"], **strict(run.case, "scores_text_mode_all"))
     text = MAVLAdapter(run.adapter.net, run.adapter.text_encoder, config={"params": {"score_mode": "text"}},
                        device=run.adapter.device)
     text.set_entity_book(run.book)
     pred = text.predict(run.fx["pixel_values"], CLASSES)
-    torch.testing.assert_close(pred.scores, run.fx["scores_text_mode"], **_strict(run.case, "scores_text_mode"))
+    torch.testing.assert_close(pred.scores, run.fx["scores_text_mode"], **strict(run.case, "scores_text_mode"))
     torch.testing.assert_close(pred.maps, run.prediction.maps)  # the map does not depend on the score mode
 
 
@@ -148,9 +135,9 @@ def test_text_mode_rule_by_hand():
 def test_predict_maps_match_official_grid_and_upsampled_map(run):
     maps = run.prediction.maps
     assert maps.shape == (2, 4, 14, 14) and maps.dtype == torch.float32
-    torch.testing.assert_close(maps, run.fx["map_grid"], **_strict(run.case, "map_grid"))
+    torch.testing.assert_close(maps, run.fx["map_grid"], **strict(run.case, "map_grid"))
     upsampled = F.interpolate(maps, size=(224, 224), mode="bilinear", align_corners=True)  # official final map
-    torch.testing.assert_close(upsampled, run.fx["map_224"], **_strict(run.case, "map_224"))
+    torch.testing.assert_close(upsampled, run.fx["map_224"], **strict(run.case, "map_224"))
     # the two images' maps differ far beyond the tolerance: the check is discriminative
     assert (run.fx["map_grid"][0] - run.fx["map_grid"][1]).abs().amax() > 1e-3
 

@@ -8,7 +8,6 @@ Tolerances and observed maxima: the fixture's NOTES.md.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_path
-from parity_recipe import fill
-from safetensors.torch import load_file
+from parity_recipe import fill, load_fixture, write_vocab
 
 import xbench
 from xbench.core.errors import CheckpointError, MissingFileError
@@ -33,30 +31,23 @@ SCORE_TOL = {"atol": 1e-6, "rtol": 0.0}  # observed max 6.7e-8; images differ by
 MAP_TOL = {"atol": 1e-5, "rtol": 0.0}  # observed max 1.1e-7; classes / images differ by >= 2.0e-2
 
 
-def _state() -> dict[str, torch.Tensor]:
+def _state(schema: dict) -> dict[str, torch.Tensor]:
     """The synthetic file: recipe values for every float entry; the stored integer buffers (``position_ids``,
     ``relative_position_index``) are left out, as a file saved by newer transformers has them (the loader keeps the
     constructed ones either way)."""
-    schema = json.loads((FIXTURE / "schema.json").read_text())["containers"]["state_dict"]
-    return {k: fill(k, e["shape"]) for k, e in schema.items() if e["role"] != "buffer_constructed"}
-
-
-def _tokenizer(folder: Path):
-    vocab = json.loads((FIXTURE / "case.json").read_text())["vocab"]
-    lines = [f"[unused{i}]" for i in range(vocab["size"])]
-    for token, i in {**vocab["special"], **vocab["words"]}.items():
-        lines[int(i)] = token
-    (folder / "vocab.txt").write_text("\n".join(lines) + "\n")
-    return load_bert_tokenizer(folder)
+    entries = schema["containers"]["state_dict"]
+    return {k: fill(k, e["shape"]) for k, e in entries.items() if e["role"] != "buffer_constructed"}
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, test_device):
     torch.set_num_threads(2)
     folder = tmp_path_factory.mktemp("medclip")
-    fx = load_file(str(FIXTURE / "case.safetensors"))
-    torch.save(_state(), folder / "pytorch_model.bin")
-    tokenizer = _tokenizer(folder)
+    fixture = load_fixture(FIXTURE)
+    fx = fixture["tensors"]
+    torch.save(_state(fixture["schema"]), folder / "pytorch_model.bin")
+    write_vocab(folder, fixture["json"]["vocab"])
+    tokenizer = load_bert_tokenizer(folder)
     adapter = MedCLIPAdapter.from_checkpoint(load_checkpoint(folder / "pytorch_model.bin"), tokenizer,
                                              device=test_device)
     captured: dict[str, object] = {}
@@ -65,8 +56,8 @@ def run(tmp_path_factory, test_device):
     pixels = fx["pixel_values"].repeat(1, 3, 1, 1)
     prediction = adapter.predict(pixels, CLASSES)
     hook.remove()
-    return SimpleNamespace(fx=fx, adapter=adapter, pixels=pixels, prediction=prediction, tokenizer=tokenizer,
-                           swin=captured["swin"])
+    return SimpleNamespace(fx=fx, case=fixture["json"], schema=fixture["schema"], adapter=adapter, pixels=pixels,
+                           prediction=prediction, tokenizer=tokenizer, swin=captured["swin"])
 
 
 def test_preprocessing_matches_fixture(run):
@@ -78,7 +69,7 @@ def test_preprocessing_matches_fixture(run):
 
 
 def test_official_prompts_and_token_ids(run):
-    counts = json.loads((FIXTURE / "case.json").read_text())["n_prompts"]
+    counts = run.case["n_prompts"]
     for c, name in enumerate(CLASSES):
         texts = class_prompts(name, run.adapter.prompt_sets)
         assert len(texts) == counts[name]
@@ -123,7 +114,7 @@ def test_single_image_forward_equals_batched(run):
 
 
 def test_truncated_or_foreign_checkpoint_is_rejected(run):
-    state = _state()
+    state = _state(run.schema)
     del state["vision_model.projection_head.weight"]
     with pytest.raises(CheckpointError, match=r"vision_model\.projection_head\.weight"):
         MedCLIPAdapter.from_checkpoint(state, run.tokenizer)

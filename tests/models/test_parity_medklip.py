@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_path
-from parity_recipe import build_state
-from safetensors.torch import load_file
+from parity_recipe import build_state, load_fixture, strict
+from xbench.datasets.images import read_image
 
 import xbench
 from xbench.core.errors import CheckpointError, MissingFileError, UnknownNameError, XBenchWarning
@@ -27,31 +27,18 @@ CLASSES = ["pneumonia", "pneumothorax", "cardiomegaly", "pleural effusion"]
 SAMPLES = ["00000001_000.png", "00027426_000.png"]
 
 
-def _read_png(path) -> np.ndarray:
-    from xbench.datasets.images import read_image
-
-    return read_image(path)
-
-
-def _strict(case: dict, name: str) -> dict:
-    tol = case["tolerances"]["recommended_strict"][name]
-    return {"atol": tol["atol"], "rtol": tol["rtol"]}
-
-
 @pytest.fixture(scope="module")
 def run(test_device):
     torch.set_num_threads(1)  # 2 threads are slower on the shared CI machine
     folder = shared_path("parity", "medklip")
-    fx = load_file(str(folder / "case.safetensors"))
-    case = json.loads((folder / "case.json").read_text())
-    schema = json.loads((folder / "schema.json").read_text())
-    text_schema = json.loads((folder / "text_schema.json").read_text())
+    fixture = load_fixture(folder)
+    fx, case, schema, text_schema = (fixture[k] for k in ("tensors", "json", "schema", "text_schema"))
     checkpoint = {"model": build_state(schema["state_dict"])}
     adapter = MedKLIPAdapter.from_official_checkpoint(checkpoint, bert_from_state(build_state(text_schema["state_dict"])),
                                                       device=test_device)
     book = adapter.encode_text_ids(fx["disease_input_ids"], fx["disease_attention_mask"]).cpu()
     adapter.set_entity_book(book)
-    pixels = torch.stack([adapter.preprocess(_read_png(shared_path("samples", s))) for s in SAMPLES])
+    pixels = torch.stack([adapter.preprocess(read_image(shared_path("samples", s))) for s in SAMPLES])
     prediction = adapter.predict(pixels, CLASSES)
     features = {k: v.cpu() for k, v in adapter.forward_features(fx["pixel_values"], book).items()}
     return SimpleNamespace(fx=fx, case=case, schema=schema, checkpoint=checkpoint, adapter=adapter, book=book,
@@ -69,7 +56,7 @@ def test_fixture_entities_and_classes_match_adapter(run):
 @pytest.mark.shared
 def test_preprocess_matches_official_transform(run):
     for i, sample in enumerate(SAMPLES):
-        image = _read_png(shared_path("samples", sample))
+        image = read_image(shared_path("samples", sample))
         assert np.array_equal(resize_uint8(image), run.fx["image_uint8"][i].numpy())
     torch.testing.assert_close(run.pixels, run.fx["pixel_values"], atol=1e-6, rtol=0)
 
@@ -96,28 +83,28 @@ def test_image_path_reproduces_trunk_and_tokens(run):
 @pytest.mark.shared
 def test_cross_attention_layers_and_logits(run):
     idx = run.fx["class_indices"]
-    torch.testing.assert_close(run.features["attention"][:, :, idx], run.fx["cross_attn_layers"], **_strict(run.case, "cross_attn_layers"))
+    torch.testing.assert_close(run.features["attention"][:, :, idx], run.fx["cross_attn_layers"], **strict(run.case, "cross_attn_layers"))
     torch.testing.assert_close(run.features["logits"], run.fx["logits_all"], atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(run.features["scores"], run.fx["scores_all"], **_strict(run.case, "scores_all"))
+    torch.testing.assert_close(run.features["scores"], run.fx["scores_all"], **strict(run.case, "scores_all"))
 
 
 # -- outputs through the public predict path -------------------------------------------------
 @pytest.mark.shared
 def test_predict_scores_match_official(run):
     assert run.prediction.scores.shape == (2, 4) and run.prediction.scores.dtype == torch.float32
-    torch.testing.assert_close(run.prediction.scores, run.fx["scores"], **_strict(run.case, "scores"))
+    torch.testing.assert_close(run.prediction.scores, run.fx["scores"], **strict(run.case, "scores"))
     # the two images differ by ~3e-3, far above the tolerance: the check is discriminative
-    assert (run.fx["scores"][0] - run.fx["scores"][1]).abs().min() > 100 * _strict(run.case, "scores")["atol"]
+    assert (run.fx["scores"][0] - run.fx["scores"][1]).abs().min() > 100 * strict(run.case, "scores")["atol"]
 
 
 @pytest.mark.shared
 def test_predict_maps_match_official_grid_and_upsampled_map(run):
     maps = run.prediction.maps
     assert maps.shape == (2, 4, 14, 14) and maps.dtype == torch.float32
-    torch.testing.assert_close(maps, run.fx["map_grid"], **_strict(run.case, "map_grid"))
+    torch.testing.assert_close(maps, run.fx["map_grid"], **strict(run.case, "map_grid"))
     # official final heatmap: nearest x16 repetition of the raw grid, no normalisation
     upsampled = maps.repeat_interleave(16, dim=2).repeat_interleave(16, dim=3)
-    torch.testing.assert_close(upsampled, run.fx["map_224"], **_strict(run.case, "map_224"))
+    torch.testing.assert_close(upsampled, run.fx["map_224"], **strict(run.case, "map_224"))
 
 
 # -- checkpoint loading -----------------------------------------------------------------------

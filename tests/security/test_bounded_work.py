@@ -1,10 +1,12 @@
-"""Work bounded by a file's size, at the readers (the CLI cases are in ``test_cli_errors.py``).
+"""Work bounded by a file's size, at the readers (the CLI cases are in ``test_cli_errors.py`` and
+``test_cli_checkpoints.py``).
 
 On 5da1164: a checkpoint applying ``_codecs.encode`` K times to one memoised string built K copies (1.5 GB from
 1.06 MB); a zero-stride view loaded as a 1.6 GB tensor view of 4 bytes; PNG text chunks over Pillow's limits and a
 forged IDAT length ended in raw ``ValueError`` / ``MemoryError`` (an image under ``on_missing_image: skip`` killed
 the run); a deflated DICOM was inflated whole before its pixel bound was checked; bounded text of untrusted values
-(``brief``) did not exist — ``{pid!r:.80}`` built the whole text first."""
+(``brief``) did not exist — ``{pid!r:.80}`` built the whole text first. On 64b3395 a PNG with 1.2 MB of text
+loaded (Pillow's total is 64 MiB; XBench's is now 1 MiB)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +14,7 @@ import re
 import time
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -124,24 +127,48 @@ def test_doubling_tuple_in_a_persistent_id_is_summarised_fast(tmp_path):
 
 
 # -- images ------------------------------------------------------------------------------------------------------
+def _text(kind: bytes, chars: int, chunks: int) -> bytes:
+    """``chunks`` text chunks of ``kind`` holding ``chars`` characters each (``zTXt``: compressed)."""
+    out = []
+    for i in range(chunks):
+        key, value = f"Comment{i}".encode() + b"\x00", b"v" * chars
+        out.append(hostile.png_chunk(kind, key + (b"\x00" + zlib.compress(value, 9) if kind == b"zTXt" else value)))
+    return b"".join(out)
+
+
 PNG_CASES = {
     "ztxt-8MiB": hostile.png(hostile.ztxt_bomb()),
     "iccp-8MiB": hostile.png(hostile.iccp_bomb()),
     "text-72MB": hostile.png(b"".join(hostile.png_chunk(b"tEXt", b"k\x00" + b"v" * (2**20 - 8)) for _ in range(72))),
+    # over XBench's 1 MiB bound on a PNG's text in all (MAX_PNG_TEXT), under Pillow's 64 MiB: loaded on 64b3395
+    "text-1.2MB": hostile.png(_text(b"tEXt", 600_000, 2)),
+    "ztxt-2x700KB": hostile.png(_text(b"zTXt", 700_000, 2)),
     "ihdr-length": hostile.png(ihdr_length=4),  # a fuzzed length field: Pillow's ValueError("Truncated IHDR chunk")
 }
+TEXT_BOUND = {"text-1.2MB", "ztxt-2x700KB"}  # refused by the text bound: Pillow's message names MAX_TEXT_MEMORY
 
 
 @pytest.mark.parametrize("name", sorted(PNG_CASES))
 def test_hostile_png_is_a_format_error(tmp_path, name):
     path = tmp_path / f"{name}.png"
     path.write_bytes(PNG_CASES[name])
-    for reader in (read_image, read_source):
-        with pytest.raises(FormatError, match=rf"{name}\.png"):
+    for reader in (read_image, read_source, image_size):
+        if reader is image_size and name == "ihdr-length":
+            continue  # a header-only read: the forged IHDR length is met when pixels are decoded
+        with pytest.raises(FormatError, match=rf"{name}\.png.*{'MAX_TEXT_MEMORY' if name in TEXT_BOUND else ''}"):
             reader(path)
 
 
-def test_hostile_png_is_a_counted_skip(tmp_path, monkeypatch):
+def test_png_with_a_little_text_still_reads(tmp_path):
+    """200 KB of text chunks (NIH's PNGs carry two dates) reads as before."""
+    path = tmp_path / "small.png"
+    path.write_bytes(hostile.png(_text(b"tEXt", 64_000, 2) + _text(b"zTXt", 100_000, 1)))
+    assert image_size(path) == (4, 4)
+    assert torch.equal(torch.from_numpy(read_image(path)[0]), torch.arange(4, dtype=torch.float32) / 255)
+
+
+@pytest.mark.parametrize("name", ["ihdr-length", "text-1.2MB"])
+def test_hostile_png_is_a_counted_skip(tmp_path, monkeypatch, name):
     """Under ``on_missing_image: skip`` an unreadable PNG is one counted skip (reason FormatError); the run goes on."""
     import xbench
     from xbench.spec.config import RunConfig
@@ -150,7 +177,7 @@ def test_hostile_png_is_a_counted_skip(tmp_path, monkeypatch):
     monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
     data = xbench.load_dataset("phantom", split="test", cases=6)
     path = Path(data.cases["image_path"].iloc[2])
-    path.write_bytes(PNG_CASES["ihdr-length"])
+    path.write_bytes(PNG_CASES[name])
     raw = {"output_dir": str(tmp_path / "run"), "datasets": [{"name": "phantom", "split": "test", "cases": 6}],
            "models": ["center_prior"], "grid": [32, 32], "chunk_size": 4, "batch_size": 4,
            "bootstrap": {"replicates": 0}, "on_missing_image": "skip"}

@@ -144,10 +144,12 @@ CASES = [
 
 
 class CliWorker:
-    """One ``cli_runner.py`` process answering commands; restarted after a time-out."""
+    """One ``cli_runner.py`` process answering commands; restarted after a time-out. ``preload``: modules imported
+    before the cap; ``headroom``: bytes of address space above the process's size after imports."""
 
-    def __init__(self, cwd: Path):
+    def __init__(self, cwd: Path, preload: tuple[str, ...] = (), headroom: int = 3 << 29):
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+               "XBENCH_CLI_PRELOAD": ",".join(preload), "XBENCH_CLI_HEADROOM": str(headroom),
                "XBENCH_WEIGHTS": str(cwd / "weights"), "HOME": str(cwd), "XBENCH_CACHE": str(cwd / "cache")}
         self.proc = subprocess.Popen([sys.executable, str(RUNNER)], env=env, cwd=cwd, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

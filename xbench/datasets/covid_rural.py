@@ -55,7 +55,7 @@ import pandas as pd
 
 from ..core.errors import FormatError, MissingFileError
 from .base import BaseDataset, Box, EncodedMask, Polygon, Region
-from .images import image_size
+from .images import image_size, read_mask
 from .records import csv_records
 from .regions import validate_box
 
@@ -182,13 +182,7 @@ def _mask_reader(mask_path: Path, image_path: Path) -> Callable[[], np.ndarray]:
 
 def _read_mask(mask_path: Path, image_path: Path) -> np.ndarray:
     """The mask of :func:`_mask_reader`, read and checked now."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(mask_path) as img:
-            mask = np.asarray(img)
-    except (UnidentifiedImageError, OSError) as exc:
-        raise FormatError(mask_path, f"not a readable PNG mask: {exc}") from exc
+    mask = read_mask(mask_path)  # bounded like the images (pixel count, PNG text); unreadable → FormatError
     if mask.ndim != 2:
         raise FormatError(mask_path, f"expected a single-channel mask, got shape {mask.shape}")
     values = np.unique(mask)

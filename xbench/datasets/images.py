@@ -41,8 +41,10 @@ SamplesPerPixel) is checked against ``max_pixels`` (default :data:`MAX_PIXELS`
 overrides it). A larger claim (a decompression bomb) raises
 :class:`~xbench.core.errors.FormatError`, which the runner counts as a skip under
 ``on_missing_image: skip``. A deflated DICOM (transfer syntax 1.2.840.10008.1.2.1.99) is inflated in pieces and
-counted before pydicom reads it (:func:`_check_deflated`). Any other decoder failure (Pillow's text-chunk limits,
-a forged chunk length, ...) is a ``FormatError`` too.
+counted before pydicom reads it (:func:`_check_deflated`). A PNG's text chunks (``tEXt``, ``zTXt``, ``iTXt``,
+inflated) may hold :data:`MAX_PNG_TEXT` = 1 MiB of text in all (a chest X-ray carries a few dates or a short
+comment; Pillow's own total is 64 MiB): more is a ``FormatError`` as well (:func:`_pillow`). Any other decoder
+failure (a forged chunk length, ...) is a ``FormatError`` too.
 A file is read as DICOM when its suffix is ``.dcm`` / ``.dicom`` or it has the
 ``DICM`` marker at byte 128; otherwise with Pillow.
 
@@ -67,10 +69,11 @@ import numpy as np
 
 from ..core.errors import FormatError, MissingFileError
 
-__all__ = ["read_image", "read_source", "SourceImage", "image_size", "is_dicom", "ImageFolder", "MAX_PIXELS",
-           "max_pixels"]
+__all__ = ["read_image", "read_source", "read_mask", "SourceImage", "image_size", "is_dicom", "ImageFolder",
+           "MAX_PIXELS", "MAX_PNG_TEXT", "max_pixels"]
 
 MAX_PIXELS = 100_000_000  #: default bound on the pixels a header may claim (``XBENCH_MAX_PIXELS`` overrides)
+MAX_PNG_TEXT = 1 << 20  #: characters of PNG text (``tEXt``/``zTXt``/``iTXt``, inflated) one image may carry in all
 
 _DICOM_SUFFIXES = {".dcm", ".dicom"}
 _SIXTEEN_BIT_MODES = {"I;16", "I;16B", "I;16L", "I;16N", "I"}
@@ -228,8 +231,9 @@ def image_size(path: str | Path) -> tuple[int, int]:
             raise
         except Exception as exc:  # pydicom raises many types for broken headers
             raise FormatError(path, f"cannot read DICOM header Rows/Columns: {exc}") from exc
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
 
+    Image = _pillow()
     try:
         with Image.open(path) as img:
             width, height = img.size
@@ -241,6 +245,24 @@ def image_size(path: str | Path) -> tuple[int, int]:
         raise FormatError(path, f"not a readable image ({type(exc).__name__}: {exc})") from exc
     _check_pixels(path, width * height, f"{width} x {height}", None)
     return int(height), int(width)
+
+
+def read_mask(path: str | Path) -> np.ndarray:
+    """A mask image's stored values as Pillow decodes them (``np.asarray(img)``: no conversion, no scaling), under
+    the bounds of :func:`read_image` (pixel count, PNG text): a file that cannot be read within them is a
+    :class:`FormatError` naming it."""
+    path = _require(path)
+    Image = _pillow()
+    try:
+        with Image.open(path) as img:
+            _check_pixels(path, img.width * img.height, f"{img.width} x {img.height}", None)
+            return np.asarray(img)
+    except FormatError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise _bomb(path, exc, None) from exc
+    except Exception as exc:  # Pillow's errors of any kind (OSError, text bound ValueError, forged lengths, ...)
+        raise FormatError(path, f"not a readable image ({type(exc).__name__}: {exc})") from exc
 
 
 class ImageFolder:
@@ -289,9 +311,26 @@ class ImageFolder:
         return read_source(self.locate(Path(path).name))
 
 
-def _read_pillow(path: Path, limit: int | None = None, source: bool = False) -> Any:
-    from PIL import Image, UnidentifiedImageError
+def _pillow() -> Any:
+    """``PIL.Image``, with the total of a PNG's text chunks bounded by :data:`MAX_PNG_TEXT` (Pillow raises
+    ``ValueError`` beyond it, which the readers turn into :class:`FormatError`).
 
+    Pillow offers that bound only as a module global (``PIL.PngImagePlugin.MAX_TEXT_MEMORY``, read while a PNG's
+    header is parsed), so it is set here, where XBench opens images, and holds for the whole process from the first
+    image XBench reads: it is lowered, never raised (a smaller value set by other code is kept), and not restored.
+    Pillow's per-chunk bound on inflated text (``MAX_TEXT_CHUNK``, 1 MiB) is left as it is.
+    """
+    from PIL import Image, PngImagePlugin
+
+    if PngImagePlugin.MAX_TEXT_MEMORY > MAX_PNG_TEXT:
+        PngImagePlugin.MAX_TEXT_MEMORY = MAX_PNG_TEXT
+    return Image
+
+
+def _read_pillow(path: Path, limit: int | None = None, source: bool = False) -> Any:
+    from PIL import UnidentifiedImageError
+
+    Image = _pillow()
     try:
         with Image.open(path) as img:  # reads the header only
             _check_pixels(path, img.width * img.height, f"{img.width} x {img.height}", limit)

@@ -64,6 +64,7 @@ from transformers import BertConfig
 from xbench.core.errors import CheckpointError, FormatError
 from xbench.models._common import seeded_or_uninitialised
 from xbench.models.base import load_checkpoint, load_state_strict, resize_crop_window
+from xbench.models.checkpoint import require_tensor_state
 from xbench.models.clip import PromptPairCLIP  # the shared prompt-pair score and similarity-map rules
 
 DEFAULT_VOCAB_SIZE = 30522  # BiomedBERT-base uncased vocabulary size
@@ -143,24 +144,17 @@ def build_biomedclip(model_cfg: Mapping[str, Any], vocab_size: int = DEFAULT_VOC
     return seeded_or_uninitialised(network, seed).eval()
 
 
-def biomedclip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def biomedclip_state_dict(checkpoint: Mapping[str, Any], where: str = "BiomedCLIP checkpoint") -> dict[str, torch.Tensor]:
     """A loaded ``open_clip_pytorch_model.bin`` object → state dict for :class:`BiomedCLIP` (float32).
 
-    Unwraps ``{"state_dict": ...}``, strips ``module.`` and drops the stale ``position_ids`` buffer.
+    Unwraps ``{"state_dict": ...}``, strips ``module.`` and drops the stale ``position_ids`` buffer. A non-string key
+    or a value that is not a tensor → :class:`CheckpointError` naming ``where`` (the file) and the entry.
     """
     if not isinstance(checkpoint, Mapping):
-        raise CheckpointError(
-            f"BiomedCLIP checkpoint: expected a state dict (mapping), got {type(checkpoint).__name__}")
-    state = checkpoint.get("state_dict", checkpoint)
-    out: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        key = key.removeprefix("module.")
-        if key in STALE_BUFFER_KEYS:
-            continue
-        if not isinstance(value, torch.Tensor):
-            raise CheckpointError(f"BiomedCLIP checkpoint: entry {key!r} is a {type(value).__name__}, not a tensor")
-        out[key] = value.float() if value.is_floating_point() else value
-    return out
+        raise CheckpointError(f"{where}: expected a state dict (mapping), got {type(checkpoint).__name__}")
+    state = require_tensor_state(checkpoint.get("state_dict", checkpoint), where)
+    return {key.removeprefix("module."): value.float() if value.is_floating_point() else value
+            for key, value in state.items() if key.removeprefix("module.") not in STALE_BUFFER_KEYS}
 
 
 # -- adapter ----------------------------------------------------------------------------
@@ -236,7 +230,7 @@ class BiomedCLIPAdapter(PromptPairCLIP):
         The text vocabulary size is read from the checkpoint's word embedding; a mismatching checkpoint raises
         :class:`~xbench.core.errors.CheckpointError` listing missing / unexpected / mis-shaped keys.
         """
-        state = biomedclip_state_dict(checkpoint)
+        state = biomedclip_state_dict(checkpoint, where)
         words = state.get(WORD_EMBEDDING_KEY)
         vocab_size = int(words.shape[0]) if words is not None else DEFAULT_VOCAB_SIZE
         model = build_biomedclip(model_cfg, vocab_size=vocab_size, seed=None)  # every parameter is loaded next

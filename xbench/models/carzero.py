@@ -99,6 +99,7 @@ __all__ = [
     "FusionModule",
     "HashWordTokenizer",
     "VisionTransformer",
+    "WordPieceAdapter",
     "aggregate_word_pieces",
     "attention_maps",
     "bert_config_from_state",
@@ -626,7 +627,63 @@ def attention_maps(attention: Sequence[torch.Tensor], grid: tuple[int, int]) -> 
     return mean.reshape(mean.shape[0], mean.shape[1], *grid)
 
 
-class CARZeroAdapter(Adapter):
+class WordPieceAdapter(Adapter):
+    """What CARZero and GLoRIA share (CARZero's text side is GLoRIA's): a network with a ``text_encoder`` BERT, a
+    word-piece tokenizer (the :class:`~xbench.models._common.HashWordTokenizer` stand-in in a random-init build)
+    and its vocabulary (id → token string, for the word-piece merging); prompts tokenized as the official
+    ``process_text`` does (:meth:`tokenize`). Subclasses name their vocabulary (:attr:`vocab_name`)."""
+
+    vocab_name = "BERT vocabulary"  #: what a missing ``text_encoder/vocab.txt`` is called in the error
+    max_words = MAX_WORDS  #: token slots of a prompt (``cfg.data.text.word_num``)
+
+    def __init__(self, model: nn.Module, tokenizer: Any, vocab: Sequence[str],
+                 config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
+        super().__init__(config, device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.vocab = list(vocab)
+        vocab_size = self.model.text_encoder.model.config.vocab_size
+        if len(self.vocab) < vocab_size:
+            raise ValueError(f"vocab has {len(self.vocab)} tokens but the text encoder has {vocab_size} embeddings")
+        self._text_cache: PromptCache[Any] = PromptCache()
+
+    @classmethod
+    def _text_files(cls, files: Mapping[str, Path], config: Mapping[str, Any]) -> tuple[Any, list[str]]:
+        """The ``text_encoder`` folder's tokenizer and its ``vocab.txt`` (a missing one names the publisher)."""
+        tok_dir = files["text_encoder"]
+        source = config["weights"]["text_encoder"].get("source")
+        vocab_path = require_file(tok_dir, "vocab.txt", cls.vocab_name, source)
+        return load_bert_tokenizer(tok_dir, source=source), read_vocab(vocab_path)
+
+    @classmethod
+    def _seeded(cls, model: nn.Module, config: Mapping[str, Any], device: str | torch.device) -> Any:
+        """The adapter of a seeded random-init ``model``: the hash-word tokenizer and :func:`synthetic_vocab`."""
+        vocab = synthetic_vocab(model.text_encoder.model.config.vocab_size)
+        return cls(model, HashWordTokenizer(cls.max_words), vocab, config, device)
+
+    @classmethod
+    def _official(cls, model: nn.Module, tokenizer: Any, vocab: Sequence[str], config: Mapping[str, Any] | None,
+                  device: str | torch.device) -> Any:
+        """The adapter of a ``model`` loaded from the official checkpoint, labelled ``"official"``."""
+        adapter = cls(model, tokenizer, vocab, config, device)
+        adapter.weights_label = "official"
+        return adapter
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Official ``process_text``: :func:`clean_text`, then ``(input_ids, attention_mask, token_type_ids)``
+        ``(n, max_words)`` int64."""
+        texts = [clean_text(t) for t in texts]
+        if isinstance(self.tokenizer, HashWordTokenizer):  # random init: (ids, mask), no token types
+            ids, mask = self.tokenizer(texts)
+            return ids, mask, torch.zeros_like(ids)
+        enc = self.tokenizer(texts, truncation=True, padding="max_length", max_length=self.max_words)
+        ids = torch.as_tensor(enc["input_ids"], dtype=torch.int64)
+        mask = torch.as_tensor(enc["attention_mask"], dtype=torch.int64)
+        types = torch.as_tensor(enc["token_type_ids"], dtype=torch.int64) if "token_type_ids" in enc else torch.zeros_like(ids)
+        return ids, mask, types
+
+
+class CARZeroAdapter(WordPieceAdapter):
     """XBench adapter for CARZero (see the module docstring for every convention).
 
     Parameters
@@ -646,17 +703,11 @@ class CARZeroAdapter(Adapter):
     gpu_preprocess = "carzero"  # :meth:`preprocess` as a GPU kernel (:mod:`xbench.inference.gpu_preprocess`)
 
     config_name = "carzero"
+    vocab_name = "BioClinicalMPBERT vocabulary"
 
     def __init__(self, model: CARZeroModel, tokenizer: Any, vocab: Sequence[str],
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
-        super().__init__(config, device)
-        self.model = model.to(self.device).eval()
-        self.tokenizer = tokenizer
-        self.vocab = list(vocab)
-        vocab_size = self.model.text_encoder.model.config.vocab_size
-        if len(self.vocab) < vocab_size:
-            raise ValueError(f"vocab has {len(self.vocab)} tokens but the text encoder has {vocab_size} embeddings")
-        self._text_cache: PromptCache[tuple[torch.Tensor, torch.Tensor]] = PromptCache()
+        super().__init__(model, tokenizer, vocab, config, device)
         side = self.input_size // self.model.img_encoder.model.patch
         self.check_fact("grid", (side, side), f"input_size {self.input_size} over the ViT's 16-pixel patches")
 
@@ -666,20 +717,17 @@ class CARZeroAdapter(Adapter):
         """Official ``checkpoint`` and the ``text_encoder`` tokenizer folder (``vocab.txt``; its ``config.json``
         is used when present)."""
         tok_dir = files["text_encoder"]
-        source = config["weights"]["text_encoder"].get("source")
-        vocab_path = require_file(tok_dir, "vocab.txt", "BioClinicalMPBERT vocabulary", source)
-        tokenizer = load_bert_tokenizer(tok_dir, source=source)
+        tokenizer, vocab = cls._text_files(files, config)
         bert_config = BertConfig.from_json_file(str(tok_dir / "config.json")) if (tok_dir / "config.json").exists() else None
-        return cls.from_checkpoint(load_carzero_checkpoint(files["checkpoint"]), tokenizer, read_vocab(vocab_path),
-                                            bert_config, config, device, where=str(files["checkpoint"]))
+        return cls.from_checkpoint(load_carzero_checkpoint(files["checkpoint"]), tokenizer, vocab, bert_config, config,
+                                   device, where=str(files["checkpoint"]))
 
     @classmethod
     def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> CARZeroAdapter:
         """Full-size network with torch's default initialisation seeded by ``params.seed`` (global RNG restored),
         the :class:`~xbench.models._common.HashWordTokenizer` stand-in and :func:`synthetic_vocab`."""
-        model = seeded_build(int(config["params"].get("seed", 0)), lambda: CARZeroModel(image_size=config["input_size"]))
-        vocab = synthetic_vocab(model.text_encoder.model.config.vocab_size)
-        return cls(model, HashWordTokenizer(MAX_WORDS), vocab, config, device)
+        return cls._seeded(seeded_build(int(config["params"].get("seed", 0)),
+                                        lambda: CARZeroModel(image_size=config["input_size"])), config, device)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str], bert_config: BertConfig | None = None,
@@ -694,9 +742,7 @@ class CARZeroAdapter(Adapter):
         bert_config = bert_config_from_state(official_state(checkpoint, where), bert_config)
         model = build_uninitialised(lambda: CARZeroModel(bert_config, image_size))  # every parameter loaded next
         load_official_checkpoint(model, checkpoint, where)
-        adapter = cls(model, tokenizer, vocab, config, device)
-        adapter.weights_label = "official"
-        return adapter
+        return cls._official(model, tokenizer, vocab, config, device)
 
     # -- inputs --------------------------------------------------------------------------------
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
@@ -711,18 +757,6 @@ class CARZeroAdapter(Adapter):
         along the shorter side of a non-square image.
         """
         return pad_crop_window(size, RESIZE, self.input_size)
-
-    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Official ``process_text``: :func:`clean_text`, then ``(input_ids, attention_mask, token_type_ids)`` ``(n, 97)`` int64."""
-        texts = [clean_text(t) for t in texts]
-        if isinstance(self.tokenizer, HashWordTokenizer):  # random init: (ids, mask), no token types
-            ids, mask = self.tokenizer(texts)
-            return ids, mask, torch.zeros_like(ids)
-        enc = self.tokenizer(texts, truncation=True, padding="max_length", max_length=MAX_WORDS)
-        ids = torch.as_tensor(enc["input_ids"], dtype=torch.int64)
-        mask = torch.as_tensor(enc["attention_mask"], dtype=torch.int64)
-        types = torch.as_tensor(enc["token_type_ids"], dtype=torch.int64) if "token_type_ids" in enc else torch.zeros_like(ids)
-        return ids, mask, types
 
     # -- forward pieces (shared by predict and the parity test) --------------------------------
     @torch.no_grad()

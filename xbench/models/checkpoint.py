@@ -817,7 +817,8 @@ def _read_zip_archive(fh: Any, size: int, where: str) -> tuple[Any, list[str]]:
             storages[key] = _typed_storage(member(name), stype.dtype)
         return storages[key]
 
-    return load_pickle(io.BytesIO(member(prefix + "data.pkl")), where, persistent_load=persistent_load)
+    return load_pickle(io.BytesIO(member(prefix + "data.pkl")), f"{where} (member {prefix}data.pkl)",
+                       persistent_load=persistent_load)
 
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C

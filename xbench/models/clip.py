@@ -65,6 +65,7 @@ from PIL import Image
 from xbench.core.errors import CheckpointError
 from xbench.models._common import check_inputs, seeded_or_uninitialised
 from xbench.models.base import Adapter, Prediction, load_checkpoint, load_state_strict, resize_crop_window
+from xbench.models.checkpoint import require_tensor_state
 
 ARCHITECTURE = "ViT-B-16-quickgelu"  # open_clip config of OpenAI's ViT-B/16 (QuickGELU activations)
 OPENAI_METADATA_KEYS = ("input_resolution", "context_length", "vocab_size")  # entries of OpenAI's archive, not weights
@@ -106,23 +107,21 @@ def build_clip(seed: int | None = 0, architecture: str = ARCHITECTURE) -> torch.
     return seeded_or_uninitialised(network, seed).eval()
 
 
-def clip_state_dict(checkpoint: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def clip_state_dict(checkpoint: Mapping[str, Any], where: str = "CLIP checkpoint") -> dict[str, torch.Tensor]:
     """A loaded official checkpoint object → open_clip ``CLIP`` state dict (float32).
 
     Accepts the HF/open_clip state dict, an open_clip training checkpoint (``{"state_dict": ...}``, ``module.``
     prefixes) or the ``state_dict()`` of OpenAI's TorchScript archive (fp16, with metadata entries, which are dropped).
+    Anything else (a non-string key, a value that is not a tensor) → :class:`CheckpointError` naming ``where`` (the
+    file) and the entry.
     """
     if not isinstance(checkpoint, Mapping):
-        raise CheckpointError(f"CLIP checkpoint: expected a state dict (mapping), got {type(checkpoint).__name__}")
+        raise CheckpointError(f"{where}: expected a state dict (mapping), got {type(checkpoint).__name__}")
     state = checkpoint.get("state_dict", checkpoint)
-    out: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        if key in OPENAI_METADATA_KEYS:
-            continue
-        if not isinstance(value, torch.Tensor):
-            raise CheckpointError(f"CLIP checkpoint: entry {key!r} is a {type(value).__name__}, not a tensor")
-        out[key.removeprefix("module.")] = value.float() if value.is_floating_point() else value
-    return out
+    if isinstance(state, Mapping):
+        state = {key: value for key, value in state.items() if key not in OPENAI_METADATA_KEYS}
+    return {key.removeprefix("module."): value.float() if value.is_floating_point() else value
+            for key, value in require_tensor_state(state, where).items()}
 
 
 def load_openai_archive(path: str | Path, hint: str = "") -> dict[str, torch.Tensor]:
@@ -144,7 +143,7 @@ def read_clip_checkpoint(path: str | Path, hint: str = "") -> dict[str, torch.Te
     """One official CLIP file (the YAML's ``checkpoint`` or an alternative), converted by :func:`clip_state_dict`:
     a ``.pt`` is OpenAI's TorchScript archive, anything else a state-dict file."""
     path = Path(path)
-    return clip_state_dict(load_openai_archive(path, hint) if path.suffix == ".pt" else load_checkpoint(path))
+    return clip_state_dict(load_openai_archive(path, hint) if path.suffix == ".pt" else load_checkpoint(path), str(path))
 
 
 def maskclip_value_path(block: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
@@ -298,7 +297,7 @@ class CLIPAdapter(PromptPairCLIP):
         missing / unexpected / mis-shaped keys.
         """
         model = build_clip(None, cls.architecture)  # every parameter is loaded next
-        load_state_strict(model, clip_state_dict(checkpoint), where)
+        load_state_strict(model, clip_state_dict(checkpoint, where), where)
         return cls(model, config, device, weights_label="official")
 
     def logit_scale(self) -> float:

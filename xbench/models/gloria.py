@@ -69,19 +69,16 @@ from torch import nn
 from transformers import BertConfig
 
 from ..core.errors import CheckpointError
-from ._common import HashWordTokenizer, PromptCache, build_uninitialised, check_inputs, seeded_build
-from .base import Adapter, Prediction, load_checkpoint, load_state_strict, require_file
+from ._common import build_uninitialised, check_inputs, seeded_build
+from .base import Prediction, load_checkpoint, load_state_strict
 from .carzero import (
     CARZeroTextEncoder,
+    WordPieceAdapter,
     bert_config_from_state,
-    clean_text,
     pad_crop_window,
     preprocess_stages,
-    read_vocab,
-    synthetic_vocab,
 )
 from .checkpoint import require_tensor_state
-from .text import load_bert_tokenizer
 
 __all__ = ["GLoRIAAdapter", "GLoRIAModel", "GLoRIAOutput", "gloria_state", "local_similarity", "word_slots"]
 
@@ -171,7 +168,7 @@ class GLoRIAOutput:
     maps: torch.Tensor
 
 
-class GLoRIAAdapter(Adapter):
+class GLoRIAAdapter(WordPieceAdapter):
     """XBench adapter for GLoRIA (the module docstring states every convention).
 
     Parameters
@@ -190,22 +187,17 @@ class GLoRIAAdapter(Adapter):
     gpu_preprocess = "gloria"  # :meth:`preprocess` as a GPU kernel (:mod:`xbench.inference.gpu_preprocess`)
 
     config_name = "gloria"
+    vocab_name = "Bio_ClinicalBERT vocabulary"
+    max_words = MAX_WORDS
 
     def __init__(self, model: GLoRIAModel, tokenizer: Any, vocab: Sequence[str],
                  config: Mapping[str, Any] | None = None, device: str | torch.device = "cpu"):
-        super().__init__(config, device)
+        super().__init__(model, tokenizer, vocab, config, device)
         params = self.config.get("params", {})
         self.templates: list[str] = list(params.get("templates") or ["There is {}"])
         if not all("{}" in t for t in self.templates):
             raise ValueError(f"GLoRIA params.templates must each contain '{{}}', got {self.templates!r}")
         self.resize, self.mean, self.std = int(params["resize"]), float(params["mean"]), float(params["std"])
-        self.model = model.to(self.device).eval()
-        self.tokenizer = tokenizer
-        self.vocab = list(vocab)
-        vocab_size = self.model.text_encoder.model.config.vocab_size
-        if len(self.vocab) < vocab_size:
-            raise ValueError(f"vocab has {len(self.vocab)} tokens but the text encoder has {vocab_size} embeddings")
-        self._text_cache: PromptCache[tuple[torch.Tensor, torch.Tensor, list[int], list[int]]] = PromptCache()
         side = UPSAMPLE
         for _ in range(4):  # conv1 (k7 s2 p3), maxpool (k3 s2 p1), layer2 and layer3 (k3 s2 p1): each halves, rounding up
             side = (side + 1) // 2
@@ -215,20 +207,15 @@ class GLoRIAAdapter(Adapter):
     @classmethod
     def _load(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> GLoRIAAdapter:
         """The Lightning ``checkpoint`` and the ``text_encoder`` tokenizer folder (``vocab.txt``)."""
-        tok_dir = files["text_encoder"]
-        source = config["weights"]["text_encoder"].get("source")
-        vocab_path = require_file(tok_dir, "vocab.txt", "Bio_ClinicalBERT vocabulary", source)
-        tokenizer = load_bert_tokenizer(tok_dir, source=source)
-        return cls.from_checkpoint(load_checkpoint(files["checkpoint"]), tokenizer, read_vocab(vocab_path), config,
-                                   device, where=str(files["checkpoint"]))
+        tokenizer, vocab = cls._text_files(files, config)
+        return cls.from_checkpoint(load_checkpoint(files["checkpoint"]), tokenizer, vocab, config, device,
+                                   where=str(files["checkpoint"]))
 
     @classmethod
     def _random(cls, files: Mapping[str, Path], config: Mapping[str, Any], device: str | torch.device) -> GLoRIAAdapter:
         """Full-size network seeded by ``params.seed`` (global RNG restored), the hash-word tokenizer stand-in and
         :func:`~xbench.models.carzero.synthetic_vocab`."""
-        model = seeded_build(int(config["params"].get("seed", 0)), GLoRIAModel)
-        vocab = synthetic_vocab(model.text_encoder.model.config.vocab_size)
-        return cls(model, HashWordTokenizer(MAX_WORDS), vocab, config, device)
+        return cls._seeded(seeded_build(int(config["params"].get("seed", 0)), GLoRIAModel), config, device)
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Any, tokenizer: Any, vocab: Sequence[str],
@@ -240,9 +227,7 @@ class GLoRIAAdapter(Adapter):
         state = gloria_state(checkpoint, where)
         model = build_uninitialised(lambda: GLoRIAModel(bert_config_from_state(state)))
         load_state_strict(model, state, f"{where}['state_dict']")
-        adapter = cls(model, tokenizer, vocab, config, device)
-        adapter.weights_label = "official"
-        return adapter
+        return cls._official(model, tokenizer, vocab, config, device)
 
     # -- inputs --------------------------------------------------------------------------------
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
@@ -252,19 +237,6 @@ class GLoRIAAdapter(Adapter):
     def input_window(self, size: tuple[int, int]) -> tuple[float, float, float, float]:
         """Longest side to 256, zero pad, centre crop 224 (:func:`~xbench.models.carzero.pad_crop_window`)."""
         return pad_crop_window(size, self.resize, self.input_size)
-
-    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Official ``process_text``: :func:`clean_text`, then ``(input_ids, attention_mask, token_type_ids)``
-        ``(n, 97)`` int64."""
-        texts = [clean_text(t) for t in texts]
-        if isinstance(self.tokenizer, HashWordTokenizer):
-            ids, mask = self.tokenizer(texts)
-            return ids, mask, torch.zeros_like(ids)
-        enc = self.tokenizer(texts, truncation=True, padding="max_length", max_length=MAX_WORDS)
-        ids = torch.as_tensor(enc["input_ids"], dtype=torch.int64)
-        mask = torch.as_tensor(enc["attention_mask"], dtype=torch.int64)
-        types = torch.as_tensor(enc["token_type_ids"], dtype=torch.int64) if "token_type_ids" in enc else torch.zeros_like(ids)
-        return ids, mask, types
 
     def real_words(self, input_ids: torch.Tensor) -> list[int]:
         """Per text, the number of merged words between ``[CLS]`` and ``[SEP]`` (tokens not starting with ``##``)."""

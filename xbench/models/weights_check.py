@@ -11,10 +11,14 @@ For each file the model's config names (``weights:`` of ``xbench/configs/models/
   architecture. Its error, if any, is printed as is.
 
 When a config lists several checkpoint files (CLIP: ``.bin``, ``.safetensors`` or OpenAI's ``.pt``),
-one of them is enough. The report's :attr:`WeightsReport.ok` is the exit status of the command.
+one of them is enough. The report's :attr:`WeightsReport.ok` is the exit status of the command: 0 when every file
+is present and loads strictly, 1 when the check found problems (:attr:`WeightsReport.problems` lines, also counted
+on stderr), as ``xbench check``; a command that cannot run (an unknown model) is an error, exit 2. A file's error
+line names it by its name in the folder (``chexzero.pt (member archive/data.pkl): …``), not by its full path again.
 """
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +43,14 @@ class WeightsReport:
     build: tuple[str, str] | None = None  # (status, detail)
 
     @property
+    def problems(self) -> int:
+        """Lines that are neither ``ok`` nor ``skipped`` (the architecture line included)."""
+        return sum(s not in ("ok", "skipped") for s, _, _ in self.lines) + (self.build is not None
+                                                                            and self.build[0] == "error")
+
+    @property
     def ok(self) -> bool:
-        return all(s in ("ok", "skipped") for s, _, _ in self.lines) and (self.build is None or self.build[0] == "ok")
+        return self.problems == 0
 
     def format(self) -> str:
         out = [f"weights check: {self.name} in {self.folder}"]
@@ -59,6 +69,19 @@ def _count_tensors(obj: object) -> int:
     if isinstance(obj, list | tuple):
         return sum(_count_tensors(v) for v in obj)
     return 0
+
+
+def _short(path: Path, rel: str, text: str) -> tuple[str, str]:
+    """``(name, detail)`` of a reader's message about ``path``: its leading ``<path>[ (member M)]: `` becomes the
+    line's name ``rel[ (member M)]`` (the report's header names the folder already).
+
+    >>> _short(Path("/w/a.pt"), "a.pt", "/w/a.pt (member archive/data.pkl): refused")
+    ('a.pt (member archive/data.pkl)', 'refused')
+    >>> _short(Path("/w/a.pt"), "a.pt", "something else")
+    ('a.pt', 'something else')
+    """
+    found = re.match(rf"{re.escape(str(path))}( \(member [^)]*\))?: ", text)
+    return (rel + (found.group(1) or ""), text[found.end():]) if found else (rel, text)
 
 
 def _check_checkpoint(path: Path) -> tuple[str, str]:
@@ -120,7 +143,7 @@ def check_weights(name: str, folder: str | Path) -> WeightsReport:
             continue
         if key in checkpoints:
             status, detail = _check_checkpoint(path)
-            report.lines.append((status, rel, detail))
+            report.lines.append((status, *_short(path, rel, detail)))
         elif rel.endswith("/") and (path / "vocab.txt").exists():
             status, detail = _check_tokenizer(path, source)
             report.lines.append((status, rel, detail))

@@ -43,8 +43,15 @@ class PreflightError(XBenchError):
 
 
 @dataclass
-class DatasetCheck:
+class _Check:
+    """What the preflight found about one dataset or model: its ``problems`` (each stops the run)."""
+
     name: str
+    problems: list[str] = field(default_factory=list, kw_only=True)
+
+
+@dataclass
+class DatasetCheck(_Check):
     split: str
     root: str
     files: list[str] = field(default_factory=list)
@@ -52,17 +59,14 @@ class DatasetCheck:
     images_present: int = 0
     images_missing: list[str] = field(default_factory=list)
     decoded: str | None = None
-    problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
 @dataclass
-class ModelCheck:
-    name: str
+class ModelCheck(_Check):
     status: str  # "weights", "fits on split '…' when the run starts", "none-needed", "random_init", "missing", "left-out"
     folder: str | None = None
     missing: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
 
 
 @dataclass
