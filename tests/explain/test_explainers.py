@@ -389,3 +389,20 @@ def test_explainer_maps_survive_the_float16_store_within_its_bound(ref_xattn):
         big = np.abs(m) >= top * 2.0**-28
         assert (np.abs(half - m)[big] <= 2.0**-11 * np.abs(m)[big]).all(), method
         assert (np.abs(half - m)[~big] <= 2.0**-25 * np.broadcast_to(top, m.shape)[~big]).all(), method
+
+
+def test_explained_adapter_keeps_the_models_gpu_preprocessing_plan():
+    """An explainer over a model preprocesses as the model: the same GPU preprocessing plan (proven equal to its
+    ``preprocess``) and the same decode-once input key, so explainer runs ride the native runs' feed and kernels."""
+    from xbench.inference.cache import model_input
+    from xbench.inference.gpu_preprocess import check_plan, plan_for
+    from xbench.models.base import Adapter
+    from xbench.models.kad import KADAdapter
+
+    kad = object.__new__(KADAdapter)  # no network: preprocess reads the YAML's input size only
+    Adapter.__init__(kad, {"name": "kad"})
+    wrapped = explained(kad, "gradcam")
+    assert plan_for(kad) is not None and plan_for(wrapped) == plan_for(kad)
+    assert check_plan(wrapped, plan_for(wrapped)) is not None
+    assert model_input(wrapped).key == model_input(kad).key
+    assert plan_for(explained(create_model("ref_xattn"), "gradcam")) is None  # a model without a plan: none

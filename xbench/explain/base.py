@@ -355,6 +355,12 @@ class ExplainedAdapter(Adapter):
         self.grid = explainer.grid(adapter)
         self._warm: set[tuple[str, ...]] = set()
 
+    @property
+    def preprocess_delegate(self) -> Adapter:
+        """The adapter whose preprocessing this one is: its GPU preprocessing plan is this one's
+        (:func:`xbench.inference.gpu_preprocess.plan_for`), so explainer runs decode and preprocess as native runs."""
+        return self.inner
+
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         return self.inner.preprocess(image)
 
