@@ -112,28 +112,28 @@ def test_no_grad_is_restored_after_an_explanation(ref_xattn):
 
 
 @pytest.mark.slow
-def test_every_image_model_gets_gradcam_at_its_grid(tmp_path):
+@pytest.mark.parametrize("name", ["kad", "medklip", "mavl", "carzero", "devide", "clip", "biomedclip"])
+def test_every_image_model_gets_gradcam_at_its_grid(tmp_path, name):
     """Each registered VLM (seeded random weights) gives non-zero Grad-CAM maps at its native grid; the ViTs
     also gradient-weighted attention (CLIP: nn.MultiheadAttention, BiomedCLIP: timm Attention)."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
     from biomedclip_folder import write_folder
 
     torch.set_num_threads(2)
-    for name in ["kad", "medklip", "mavl", "carzero", "devide", "clip", "biomedclip"]:
-        weights = write_folder(tmp_path / "bmc") if name == "biomedclip" else None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", XBenchWarning)
-            adapter = create_model(name, weights=weights, random_init=True)
-        px = _pixels(adapter, 1)
-        for method in ["gradcam"] + (["attngrad"] if name in ("clip", "biomedclip") else []):  # MHA and timm paths
-            maps = explained(adapter, method).predict(px, PROMPTS).maps
-            assert tuple(maps.shape) == (1, 2, *adapter.grid), (name, method)
-            assert torch.isfinite(maps).all() and maps.abs().sum() > 0, (name, method)
-        # batched on the device = the per-class computation, on every explainer the model takes (IG: the reference
-        # models' test; its batching is the same code)
-        for method in ["gradcam", "gradcampp", "gradxinput"] + (["attngrad"] if adapter.config.get("explain_attention")
-                                                               else []):
-            _assert_same_maps(_batched(adapter, px, method), _per_class_reference(adapter, px, method), (name, method))
+    weights = write_folder(tmp_path / "bmc") if name == "biomedclip" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        adapter = create_model(name, weights=weights, random_init=True)
+    px = _pixels(adapter, 1)
+    for method in ["gradcam"] + (["attngrad"] if name in ("clip", "biomedclip") else []):  # MHA and timm paths
+        maps = explained(adapter, method).predict(px, PROMPTS).maps
+        assert tuple(maps.shape) == (1, 2, *adapter.grid), (name, method)
+        assert torch.isfinite(maps).all() and maps.abs().sum() > 0, (name, method)
+    # batched on the device = the per-class computation, on every explainer the model takes (IG: the reference
+    # models' test; its batching is the same code)
+    for method in ["gradcam", "gradcampp", "gradxinput"] + (["attngrad"] if adapter.config.get("explain_attention")
+                                                           else []):
+        _assert_same_maps(_batched(adapter, px, method), _per_class_reference(adapter, px, method), (name, method))
 
 
 def test_run_config_explainer_entries(tmp_path):
@@ -274,14 +274,21 @@ def _per_class_reference(adapter, px, method, n_steps=4):
             captured = []
             original = AttentionGrad.explain
 
-            def capture(self, adapter, pixels, prompts):  # the forward with its hooks, then per-class rollouts
+            class Captured(Exception):
+                pass
+
+            def capture(self, adapter, pixels, prompts):  # the explainer's forward with its hooks, then stop
                 import xbench.explain.methods as m
 
+                def stop(logits, attns, chunk=None):
+                    captured.append((logits, attns))
+                    raise Captured
+
                 real = m.class_gradients
-                m.class_gradients = lambda logits, attns, chunk=None: captured.append((logits, attns)) or iter(())
+                m.class_gradients = stop
                 try:
                     original(self, adapter, pixels, prompts)
-                except RuntimeError:  # torch.cat of no chunk
+                except Captured:
                     pass
                 finally:
                     m.class_gradients = real
