@@ -264,19 +264,20 @@ GRADIENT_BUDGET_BYTES = 2**31
 
 
 def class_chunk(wrt: Sequence[torch.Tensor], classes: int, chunk: int | None = None) -> int:
-    """Classes per batched backward: ``chunk`` when given, else as many as keep the gradients at ``wrt`` (4 bytes
-    per element, float32) within :data:`GRADIENT_BUDGET_BYTES`, at least 1.
+    """Classes per batched backward: ``chunk`` when given, else the fewest equal chunks whose gradients at ``wrt``
+    (4 bytes per element, float32) stay within :data:`GRADIENT_BUDGET_BYTES` (at least 1 class).
 
     >>> big = torch.empty(2**28, device="meta")  # 1 GiB of float32 gradients per class
-    >>> class_chunk([torch.zeros(2**20)], 14), class_chunk([big], 14), class_chunk([], 3, chunk=2)
-    (14, 2, 2)
+    >>> class_chunk([torch.zeros(2**20)], 14), class_chunk([big], 14), class_chunk([big[:2**27 + 1]], 14)
+    (14, 2, 3)
     """
     if chunk is not None:
         if int(chunk) < 1:
             raise XBenchError(f"class_chunk must be >= 1 (classes per batched backward), got {chunk}")
         return int(chunk)
     per_class = 4 * sum(t.numel() for t in wrt)
-    return max(1, min(classes, GRADIENT_BUDGET_BYTES // max(per_class, 1)))
+    most = max(1, min(classes, GRADIENT_BUDGET_BYTES // max(per_class, 1)))
+    return -(-classes // -(-classes // most))  # chunks of equal size: 14 classes by at most 13 → 7 + 7
 
 
 def class_gradients(logits: torch.Tensor, wrt: Sequence[torch.Tensor], chunk: int | None = None
