@@ -145,6 +145,28 @@ class _LogOdds(TorchFunctionMode):
 
 
 @contextmanager
+def frozen_weights(adapter: Adapter) -> Iterator[None]:
+    """Within the block, the parameters of the adapter's networks (its attributes that are torch modules) do not
+    require gradients; restored after.
+
+    Why: explainers differentiate with respect to pixels or a layer's output, never weights. With the weights frozen
+    a forward pass records a graph only from tensors that require gradients: a layer explainer that marks the hooked
+    layer's output (:class:`~xbench.explain.methods._LayerCAM`) records none for the trunk below it, and backward
+    passes compute no weight-side products. Gradients with respect to pixels or activations are unchanged.
+    """
+    params = [p for value in vars(adapter).values() if isinstance(value, nn.Module)
+              for p in value.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+
+@contextmanager
 def gradients_through_adapters() -> Iterator[None]:
     """Within the block, ``torch.no_grad()`` keeps the grad mode it finds; grad mode is on, inference mode off."""
     no_grad = torch.autograd.grad_mode.no_grad
@@ -377,7 +399,7 @@ class ExplainedAdapter(Adapter):
             with torch.inference_mode(False), torch.no_grad():
                 self.inner.predict(pixels[:1].clone(), prompts)
             self._warm.add(key)
-        with gradients_through_adapters():
+        with gradients_through_adapters(), frozen_weights(self.inner):
             pred = self.explainer.explain(self.inner, pixels.clone(), prompts)  # a clone: not an inference tensor
         maps = float16_ready(pred.maps.detach().float()).cpu()  # on the device; one copy to the host
         if tuple(maps.shape[2:]) != tuple(self.grid):

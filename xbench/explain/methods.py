@@ -60,8 +60,14 @@ class _LayerCAM(Explainer):
         layer = module_at(adapter, explain_fact(adapter, "explain_layer", self.name))
         captured: list[torch.Tensor] = []
 
-        def hook(_: nn.Module, __: Any, out: Any) -> None:
-            captured.append(out[0] if isinstance(out, (tuple, list)) else out)
+        def hook(_: nn.Module, __: Any, out: Any) -> Any:
+            first = out[0] if isinstance(out, (tuple, list)) else out
+            if not first.requires_grad:  # weights frozen (frozen_weights): the graph starts at this layer
+                first = first.detach().requires_grad_(True)
+                out = (first, *out[1:]) if isinstance(out, tuple) else [first, *out[1:]] if isinstance(out, list) \
+                    else first
+            captured.append(first)
+            return out
 
         handle = layer.register_forward_hook(hook)
         try:
@@ -216,8 +222,9 @@ class AttentionGrad(Explainer):
                 handles.append(module.attn_drop.register_forward_hook(lambda m, a, out: attns.append(out)))
         if not handles:
             raise XBenchError(f"{adapter.name}: no nn.MultiheadAttention or timm Attention under explain_attention")
+        # pixels require gradients so the attention maps are in the graph with the weights frozen
         try:
-            scores, logits = forward_logits(adapter, pixels, prompts)
+            scores, logits = forward_logits(adapter, pixels.detach().requires_grad_(True), prompts)
         finally:
             for h in handles:
                 h.remove()
