@@ -3,7 +3,8 @@
 For each model (seeded random weights: speed does not depend on the values) and each explainer of
 :data:`xbench.explain.EXPLAINERS` that applies to it, the time of ``ExplainedAdapter.predict`` on a batch of
 ``--batch-size`` images and ``--classes`` prompts, after ``--warmup`` untimed calls, over ``--iters`` timed calls
-(CUDA synchronised). ``native`` is the model's own ``predict`` (no gradients) for reference. Reported per
+(CUDA synchronised; fp32 with TF32 off, as a run's ``precision: fp32``). ``native`` is the model's own ``predict``
+(no gradients) for reference. Reported per
 (model, explainer): ``images_per_s`` (images explained, all classes, per second), ``image_classes_per_s``
 (× classes), ``native_fraction`` (of the same model's native rate) and, on CUDA, ``peak_gpu_bytes``; an explainer a
 model cannot take (no ``explain_layer`` / ``explain_attention`` in its YAML) is listed under ``skipped`` with the
@@ -95,8 +96,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
               "torch": torch.__version__, "batch_size": args.batch_size, "classes": len(prompts),
               "ig_steps": args.ig_steps, "warmup": args.warmup, "iters": args.iters, "results": rows,
               "skipped": skipped}
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    from xbench.inference.speed import precision_mode
+
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), precision_mode("fp32", device):
+        warnings.simplefilter("ignore")  # fp32: TF32 off on CUDA, as a run's precision fp32
         for name in args.models:
             try:
                 measure_model(name, device, Path(tmp), prompts, args, rows, skipped, errors)
