@@ -119,6 +119,7 @@ def measure_model(name: str, device: str, tmp: Path, prompts: list[str], args: a
     """Time the native pass and every applicable explainer of one model; appends to ``rows`` / ``skipped`` /
     ``errors`` (an explainer that fails is reported there and the next one runs)."""
     from xbench.explain import EXPLAINERS, explained
+    from xbench.explain.base import FALLBACK_NOTE
 
     adapter = build(name, device, tmp)
     rng = np.random.default_rng(0)
@@ -145,13 +146,17 @@ def measure_model(name: str, device: str, tmp: Path, prompts: list[str], args: a
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         try:
-            seconds = time_calls(fn, device, args.warmup, args.iters)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                seconds = time_calls(fn, device, args.warmup, args.iters)
         except Exception as exc:
             errors.append({"model": name, "explainer": method, "error": f"{type(exc).__name__}: {exc}"})
             continue
         row = {"model": name, "explainer": method, "seconds_per_batch": round(seconds, 5),
                "images_per_s": round(args.batch_size / seconds, 3),
                "image_classes_per_s": round(args.batch_size * len(prompts) / seconds, 3)}
+        if method != "native":  # whether the classes went through one batched backward (base.FALLBACK_NOTE)
+            row["per_class_fallback"] = any(str(w.message).startswith(FALLBACK_NOTE) for w in caught)
         if method == "native":
             native_rate = args.batch_size / seconds
         elif native_rate:

@@ -23,6 +23,7 @@ def test_tiny_explainer_benchmark(tmp_path, capsys):
         assert r["images_per_s"] > 0 and abs(r["image_classes_per_s"] - 2 * r["images_per_s"]) < 0.01, r
         if r["explainer"] != "native":  # the cost model: measured pass times, the limit and the fraction of it reached
             assert r["native_fraction"] > 0 and r["forward_seconds"] > 0 and r["backward_seconds"] > 0, r
+            assert r["per_class_fallback"] is False, r  # one batched backward per chunk of classes
             passes = {"gradcam": r["forward_seconds"] + 2 * r["head_backward_seconds"],
                       "gradxinput": r["forward_seconds"] + 2 * r["backward_seconds"],
                       "ig": r["forward_seconds"] + 4 * (r["forward_seconds"] + 2 * r["backward_seconds"])}

@@ -380,7 +380,9 @@ def test_maps_do_not_depend_on_the_class_chunking_or_the_batched_backward(ref_xa
         return real_grad(*args, **kwargs)
 
     monkeypatch.setattr(torch.autograd, "grad", no_vmap)
-    torch.testing.assert_close(maps(), whole, rtol=1e-6, atol=1e-6 * whole.abs().max().item())
+    with pytest.warns(XBenchWarning, match="batched backward failed, one backward per class"):
+        fallback = maps()
+    torch.testing.assert_close(fallback, whole, rtol=1e-6, atol=1e-6 * whole.abs().max().item())
     with pytest.raises(XBenchError, match="class_chunk must be >= 1"):
         maps(class_chunk=0)
 
