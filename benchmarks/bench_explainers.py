@@ -21,7 +21,9 @@ Whole run (``--whole-run``): one explainer over the GPU benchmark's stand-in (``
 generated under ``--root`` when absent, its stand-in weight files) for the six paper models it runs, end to end
 through ``xbench run`` (decode once, explain, store, evaluate) with every model entry carrying ``explainer:``; JSON
 like ``bench_gpu.py``'s (``args``, ``environment``, ``generate``, ``weights``, the phase ``explained`` with its
-``whole_seconds`` and, with ``--native``, the phase ``native``: the same run with the models' own maps).
+``whole_seconds`` and, with ``--phases native,explained``, the phase ``native``: the same run with the models' own
+maps; each phase decodes from a cold cache of its own). A stand-in already under ``--root`` and its weight files
+are reused.
 
     python benchmarks/bench_explainers.py --device cuda            # the per-model table (docs/performance.md)
     python benchmarks/bench_explainers.py --tiny                   # CPU smoke version (tests)
@@ -270,8 +272,12 @@ def whole_run(args: argparse.Namespace) -> dict[str, Any]:
         result["weights"] = {"seconds": round(time.perf_counter() - started, 2), "models": sorted(weights)}
         save()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    phases = [("native", None)] if args.native else []
-    for phase, explainer in phases + [("explained", args.explainer)]:
+    wanted = args.phases.split(",")
+    unknown = set(wanted) - {"native", "explained"}
+    if unknown:
+        raise SystemExit(f"--phases: unknown {sorted(unknown)}; known: native, explained")
+    for phase, explainer in [(p, args.explainer if p == "explained" else None) for p in ("native", "explained")
+                             if p in wanted]:
         raw = gpu.run_config(root, out / phase, models=models, weights=weights, device=device, precision="fp32",
                              batch_size=args.batch_size, num_workers=args.workers, decode_once=True,
                              cache_dir=str(out / f"cache_{phase}"))  # each phase decodes cold
@@ -318,7 +324,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     w.add_argument("--gen-workers", type=int, default=os.cpu_count() or 1)
     w.add_argument("--bootstrap", type=int, default=1000, help="replicates of the evaluation")
     w.add_argument("--weights", default="files", choices=["files", "random"], help="as bench_gpu.py's --weights")
-    w.add_argument("--native", action="store_true", help="also time the same run with the models' own maps")
+    w.add_argument("--phases", default="explained", help="comma-separated: explained (the explainer's run), native "
+                                                        "(the same run with the models' own maps)")
     args = p.parse_args(argv)
     if args.models is None:
         args.models = PAPER_MODELS if args.whole_run else MODELS
@@ -326,7 +333,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.batch_size = 128 if args.whole_run else 16
     if args.tiny and args.whole_run:
         args.models, args.device, args.batch_size, args.scale, args.size_div = ["ref_xattn"], "cpu", 8, 0.002, 4
-        args.bootstrap, args.workers, args.gen_workers, args.native = 5, 0, 2, True  # decoded in this process
+        args.bootstrap, args.workers, args.gen_workers, args.phases = 5, 0, 2, "native,explained"  # decoded here
     elif args.tiny:
         args.models, args.device, args.batch_size, args.classes = ["ref_xattn", "ref_patchsim"], "cpu", 2, 2
         args.ig_steps, args.warmup, args.iters = 4, 1, 1

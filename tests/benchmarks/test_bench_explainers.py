@@ -52,8 +52,8 @@ def test_tiny_whole_run(tmp_path, capsys, monkeypatch):
     import pytest
 
     pytest.importorskip("pydicom", reason="pydicom (a core dependency) is not installed")
+    bench = _load(monkeypatch)  # imports the registry first: its manifest folders are read at import
     monkeypatch.setenv("XBENCH_MANIFESTS", str(tmp_path / "standin" / "manifests"))  # removed afterwards
-    bench = _load(monkeypatch)
     result = bench.main(["--whole-run", "--tiny", "--explainer", "gradcam", "--root", str(tmp_path / "standin"),
                          "--out", str(tmp_path / "w.json")])
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(result)) == json.loads((tmp_path / "w.json").read_text())
