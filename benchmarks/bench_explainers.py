@@ -273,9 +273,10 @@ def whole_run(args: argparse.Namespace) -> dict[str, Any]:
         save()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     wanted = args.phases.split(",")
-    unknown = set(wanted) - {"native", "explained"}
+    unknown = set(wanted) - {"native", "explained", "none"}
     if unknown:
-        raise SystemExit(f"--phases: unknown {sorted(unknown)}; known: native, explained")
+        raise SystemExit(f"--phases: unknown {sorted(unknown)}; known: native, explained, none (only the stand-in and "
+                         "its weight files)")
     for phase, explainer in [(p, args.explainer if p == "explained" else None) for p in ("native", "explained")
                              if p in wanted]:
         raw = gpu.run_config(root, out / phase, models=models, weights=weights, device=device, precision="fp32",
@@ -290,7 +291,7 @@ def whole_run(args: argparse.Namespace) -> dict[str, Any]:
         except Exception as exc:  # reported; the next phase still runs
             result.setdefault("errors", {})[phase] = f"{type(exc).__name__}: {exc}"
         save()
-    if "native" in result and "explained" in result:
+    if "native" in result and "explained" in result and "whole_seconds" in result["native"]:
         result["explained"]["whole_vs_native"] = round(result["explained"]["whole_seconds"]
                                                        / result["native"]["whole_seconds"], 3)
     result["total_seconds"] = round(time.perf_counter() - t0, 1)
@@ -325,7 +326,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     w.add_argument("--bootstrap", type=int, default=1000, help="replicates of the evaluation")
     w.add_argument("--weights", default="files", choices=["files", "random"], help="as bench_gpu.py's --weights")
     w.add_argument("--phases", default="explained", help="comma-separated: explained (the explainer's run), native "
-                                                        "(the same run with the models' own maps)")
+                                                        "(the same run with the models' own maps); none: only write "
+                                                        "the stand-in and its weight files")
     args = p.parse_args(argv)
     if args.models is None:
         args.models = PAPER_MODELS if args.whole_run else MODELS
