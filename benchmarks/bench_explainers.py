@@ -335,7 +335,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.batch_size = 128 if args.whole_run else 16
     if args.tiny and args.whole_run:
         args.models, args.device, args.batch_size, args.scale, args.size_div = ["ref_xattn"], "cpu", 8, 0.002, 4
-        args.bootstrap, args.workers, args.gen_workers, args.phases = 5, 0, 2, "native,explained"  # decoded here
+        args.bootstrap, args.workers, args.gen_workers = 5, 0, 2  # decoded in this process
+        args.phases = "native,explained" if args.phases == "explained" else args.phases  # both unless chosen
     elif args.tiny:
         args.models, args.device, args.batch_size, args.classes = ["ref_xattn", "ref_patchsim"], "cpu", 2, 2
         args.ig_steps, args.warmup, args.iters = 4, 1, 1
