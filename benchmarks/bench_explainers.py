@@ -3,7 +3,8 @@
 For each model (seeded random weights: speed does not depend on the values) and each explainer of
 :data:`xbench.explain.EXPLAINERS` that applies to it, the time of ``ExplainedAdapter.predict`` on a batch of
 ``--batch-size`` images and ``--classes`` prompts, after ``--warmup`` untimed calls, over ``--iters`` timed calls
-(CUDA synchronised). ``native`` is the model's own ``predict`` (no gradients) for reference. Reported per
+(CUDA synchronised; fp32 with TF32 off, as a run's ``precision: fp32``). ``native`` is the model's own ``predict``
+(no gradients) for reference. Reported per
 (model, explainer): ``images_per_s`` (images explained, all classes, per second), ``image_classes_per_s``
 (× classes), ``native_fraction`` (of the same model's native rate) and, on CUDA, ``peak_gpu_bytes``; an explainer a
 model cannot take (no ``explain_layer`` / ``explain_attention`` in its YAML) is listed under ``skipped`` with the
@@ -20,7 +21,9 @@ Whole run (``--whole-run``): one explainer over the GPU benchmark's stand-in (``
 generated under ``--root`` when absent, its stand-in weight files) for the six paper models it runs, end to end
 through ``xbench run`` (decode once, explain, store, evaluate) with every model entry carrying ``explainer:``; JSON
 like ``bench_gpu.py``'s (``args``, ``environment``, ``generate``, ``weights``, the phase ``explained`` with its
-``whole_seconds`` and, with ``--native``, the phase ``native``: the same run with the models' own maps).
+``whole_seconds`` and, with ``--phases native,explained``, the phase ``native``: the same run with the models' own
+maps; each phase decodes from a cold cache of its own). A stand-in already under ``--root`` and its weight files
+are reused.
 
     python benchmarks/bench_explainers.py --device cuda            # the per-model table (docs/performance.md)
     python benchmarks/bench_explainers.py --tiny                   # CPU smoke version (tests)
@@ -95,8 +98,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
               "torch": torch.__version__, "batch_size": args.batch_size, "classes": len(prompts),
               "ig_steps": args.ig_steps, "warmup": args.warmup, "iters": args.iters, "results": rows,
               "skipped": skipped}
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    from xbench.inference.speed import precision_mode
+
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), precision_mode("fp32", device):
+        warnings.simplefilter("ignore")  # fp32: TF32 off on CUDA, as a run's precision fp32
         for name in args.models:
             try:
                 measure_model(name, device, Path(tmp), prompts, args, rows, skipped, errors)
@@ -116,6 +121,7 @@ def measure_model(name: str, device: str, tmp: Path, prompts: list[str], args: a
     """Time the native pass and every applicable explainer of one model; appends to ``rows`` / ``skipped`` /
     ``errors`` (an explainer that fails is reported there and the next one runs)."""
     from xbench.explain import EXPLAINERS, explained
+    from xbench.explain.base import FALLBACK_NOTE
 
     adapter = build(name, device, tmp)
     rng = np.random.default_rng(0)
@@ -142,13 +148,17 @@ def measure_model(name: str, device: str, tmp: Path, prompts: list[str], args: a
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         try:
-            seconds = time_calls(fn, device, args.warmup, args.iters)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                seconds = time_calls(fn, device, args.warmup, args.iters)
         except Exception as exc:
             errors.append({"model": name, "explainer": method, "error": f"{type(exc).__name__}: {exc}"})
             continue
         row = {"model": name, "explainer": method, "seconds_per_batch": round(seconds, 5),
                "images_per_s": round(args.batch_size / seconds, 3),
                "image_classes_per_s": round(args.batch_size * len(prompts) / seconds, 3)}
+        if method != "native":  # whether the classes went through one batched backward (base.FALLBACK_NOTE)
+            row["per_class_fallback"] = any(str(w.message).startswith(FALLBACK_NOTE) for w in caught)
         if method == "native":
             native_rate = args.batch_size / seconds
         elif native_rate:
@@ -262,8 +272,13 @@ def whole_run(args: argparse.Namespace) -> dict[str, Any]:
         result["weights"] = {"seconds": round(time.perf_counter() - started, 2), "models": sorted(weights)}
         save()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    phases = [("native", None)] if args.native else []
-    for phase, explainer in phases + [("explained", args.explainer)]:
+    wanted = args.phases.split(",")
+    unknown = set(wanted) - {"native", "explained", "none"}
+    if unknown:
+        raise SystemExit(f"--phases: unknown {sorted(unknown)}; known: native, explained, none (only the stand-in and "
+                         "its weight files)")
+    for phase, explainer in [(p, args.explainer if p == "explained" else None) for p in ("native", "explained")
+                             if p in wanted]:
         raw = gpu.run_config(root, out / phase, models=models, weights=weights, device=device, precision="fp32",
                              batch_size=args.batch_size, num_workers=args.workers, decode_once=True,
                              cache_dir=str(out / f"cache_{phase}"))  # each phase decodes cold
@@ -276,7 +291,7 @@ def whole_run(args: argparse.Namespace) -> dict[str, Any]:
         except Exception as exc:  # reported; the next phase still runs
             result.setdefault("errors", {})[phase] = f"{type(exc).__name__}: {exc}"
         save()
-    if "native" in result and "explained" in result:
+    if "native" in result and "explained" in result and "whole_seconds" in result["native"]:
         result["explained"]["whole_vs_native"] = round(result["explained"]["whole_seconds"]
                                                        / result["native"]["whole_seconds"], 3)
     result["total_seconds"] = round(time.perf_counter() - t0, 1)
@@ -310,7 +325,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     w.add_argument("--gen-workers", type=int, default=os.cpu_count() or 1)
     w.add_argument("--bootstrap", type=int, default=1000, help="replicates of the evaluation")
     w.add_argument("--weights", default="files", choices=["files", "random"], help="as bench_gpu.py's --weights")
-    w.add_argument("--native", action="store_true", help="also time the same run with the models' own maps")
+    w.add_argument("--phases", default="explained", help="comma-separated: explained (the explainer's run), native "
+                                                        "(the same run with the models' own maps); none: only write "
+                                                        "the stand-in and its weight files")
     args = p.parse_args(argv)
     if args.models is None:
         args.models = PAPER_MODELS if args.whole_run else MODELS
@@ -318,7 +335,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.batch_size = 128 if args.whole_run else 16
     if args.tiny and args.whole_run:
         args.models, args.device, args.batch_size, args.scale, args.size_div = ["ref_xattn"], "cpu", 8, 0.002, 4
-        args.bootstrap, args.workers, args.gen_workers, args.native = 5, 0, 2, True  # decoded in this process
+        args.bootstrap, args.workers, args.gen_workers = 5, 0, 2  # decoded in this process
+        args.phases = "native,explained" if args.phases == "explained" else args.phases  # both unless chosen
     elif args.tiny:
         args.models, args.device, args.batch_size, args.classes = ["ref_xattn", "ref_patchsim"], "cpu", 2, 2
         args.ig_steps, args.warmup, args.iters = 4, 1, 1

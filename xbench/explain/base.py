@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+import warnings
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..core.errors import XBenchError
+from ..core.errors import XBenchError, XBenchWarning
 from ..models.base import Adapter, Prediction
 
 _LO = "_xbench_log_odds"  # tensor attribute: the lazy (log p, log(1 − p)) of a probability tensor
@@ -302,6 +303,10 @@ def class_chunk(wrt: Sequence[torch.Tensor], classes: int, chunk: int | None = N
     return -(-classes // -(-classes // most))  # chunks of equal size: 14 classes by at most 13 → 7 + 7
 
 
+#: the start of the warning given when a model's backward cannot be batched over classes (benchmarks look for it)
+FALLBACK_NOTE = "class gradients: the batched backward failed, one backward per class instead (same values, slower)"
+
+
 def class_gradients(logits: torch.Tensor, wrt: Sequence[torch.Tensor], chunk: int | None = None
                     ) -> Iterator[tuple[int, int, list[torch.Tensor]]]:
     """The gradients of every class logit ``logits[:, c].sum()`` with respect to each of ``wrt``, by chunks of
@@ -330,7 +335,8 @@ def _chunk_gradients(logits: torch.Tensor, wrt: list[torch.Tensor], start: int, 
     try:
         grads = torch.autograd.grad([logits], wrt, grad_outputs=[one_hot], retain_graph=True, allow_unused=True,
                                     is_grads_batched=True)
-    except (RuntimeError, NotImplementedError):  # an operation vmap cannot batch: one backward per class
+    except (RuntimeError, NotImplementedError) as exc:  # an operation vmap cannot batch: one backward per class
+        warnings.warn(f"{FALLBACK_NOTE}: {type(exc).__name__}: {str(exc)[:200]}", XBenchWarning, stacklevel=2)
         per_class = [torch.autograd.grad([logits], wrt, grad_outputs=[one_hot[j]], retain_graph=True,
                                          allow_unused=True) for j in range(k)]
         grads = tuple(None if per_class[0][i] is None else torch.stack([g[i] for g in per_class])

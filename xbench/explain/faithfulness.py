@@ -68,7 +68,8 @@ class _Scores:
 
 def score_function(adapter: Adapter, prompts: Sequence[str], index: int) -> _Scores:
     """``score_fn`` for the metrics: model inputs ``(M, 3, S, S)`` on the model's device → the adapter's score of
-    class ``index`` (a device score: the metrics make their perturbed inputs on that device)."""
+    class ``index`` (a device score: the metrics make their perturbed inputs on that device; called with a NumPy
+    batch alone it returns NumPy scores, as a plain ``score_fn``)."""
     return _ClassScore(adapter, prompts, index)
 
 
@@ -79,9 +80,12 @@ class _ClassScore(_Scores):
         super().__init__(adapter, prompts, np.zeros(0, np.int64))
         self.index = int(index)
 
-    def __call__(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor | np.ndarray, rows: torch.Tensor | None = None) -> torch.Tensor | np.ndarray:
+        """Scores of class ``index``; NumPy inputs (a plain ``score_fn``) give NumPy scores."""
+        tensor = torch.from_numpy(np.ascontiguousarray(x)).to(self.device) if isinstance(x, np.ndarray) else x
         with torch.no_grad():
-            return self.model.predict(x, self.prompts).scores[:, self.index]
+            scores = self.model.predict(tensor, self.prompts).scores[:, self.index]
+        return scores.float().cpu().numpy() if isinstance(x, np.ndarray) else scores
 
 
 def faithfulness_table(adapter: Adapter, dataset: BaseDataset, *, cases: int | None = None, steps: int = 10,
