@@ -112,23 +112,32 @@ def test_no_grad_is_restored_after_an_explanation(ref_xattn):
 
 
 @pytest.mark.slow
-def test_every_image_model_gets_gradcam_at_its_grid(tmp_path):
+@pytest.mark.parametrize("name", ["kad", "medklip", "mavl", "carzero", "devide", "clip", "biomedclip"])
+def test_every_image_model_gets_gradcam_at_its_grid(tmp_path, name, test_device):
     """Each registered VLM (seeded random weights) gives non-zero Grad-CAM maps at its native grid; the ViTs
-    also gradient-weighted attention (CLIP: nn.MultiheadAttention, BiomedCLIP: timm Attention)."""
+    also gradient-weighted attention (CLIP: nn.MultiheadAttention, BiomedCLIP: timm Attention). On
+    ``XBENCH_TEST_DEVICE`` (CUDA: the batched backward checked on the GPU, fp32 without TF32)."""
+    from xbench.inference.speed import precision_mode
+
     sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
     from biomedclip_folder import write_folder
 
     torch.set_num_threads(2)
-    for name in ["kad", "medklip", "mavl", "carzero", "devide", "clip", "biomedclip"]:
-        weights = write_folder(tmp_path / "bmc") if name == "biomedclip" else None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", XBenchWarning)
-            adapter = create_model(name, weights=weights, random_init=True)
-        px = _pixels(adapter, 1)
-        for method in ["gradcam"] + (["attngrad"] if name in ("clip", "biomedclip") else []):  # MHA and timm paths
-            maps = explained(adapter, method).predict(px, PROMPTS).maps
-            assert tuple(maps.shape) == (1, 2, *adapter.grid), (name, method)
-            assert torch.isfinite(maps).all() and maps.abs().sum() > 0, (name, method)
+    weights = write_folder(tmp_path / "bmc") if name == "biomedclip" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", XBenchWarning)
+        adapter = create_model(name, weights=weights, random_init=True, device=test_device)
+    px = _pixels(adapter, 1).to(test_device)
+    for method in ["gradcam"] + (["attngrad"] if name in ("clip", "biomedclip") else []):  # MHA and timm paths
+        maps = explained(adapter, method).predict(px, PROMPTS).maps
+        assert tuple(maps.shape) == (1, 2, *adapter.grid), (name, method)
+        assert torch.isfinite(maps).all() and maps.abs().sum() > 0, (name, method)
+    # batched on the device = the per-class computation, on every explainer the model takes (IG: the reference
+    # models' test; its batching is the same code)
+    for method in ["gradcam", "gradcampp", "gradxinput"] + (["attngrad"] if adapter.config.get("explain_attention")
+                                                           else []):
+        with precision_mode("fp32", test_device):
+            _assert_same_maps(_batched(adapter, px, method), _per_class_reference(adapter, px, method), (name, method))
 
 
 def test_run_config_explainer_entries(tmp_path):
@@ -187,7 +196,7 @@ def test_probability_not_followable_to_logits_is_refused(ref_xattn):
 
 
 def _layer_tensors(adapter, px):
-    """The explain_layer's activations and each class's logit gradients at it, as (B, K, h, w) arrays."""
+    """The explain_layer's activations (B, K, h, w) and the logit gradients at it of every class (C, B, K, h, w)."""
     from xbench.explain.base import class_gradients, module_at, tokens_to_grid
 
     captured = []
@@ -196,10 +205,11 @@ def _layer_tensors(adapter, px):
     try:
         with gradients_through_adapters():
             _, logits = forward_logits(adapter, px.clone(), PROMPTS)
-            grads = [tokens_to_grid(g, len(px)).numpy() for (g,) in class_gradients(logits, captured)]
+            grads = torch.cat([torch.stack([tokens_to_grid(g, len(px)) for g in gs])
+                               for _, _, (gs,) in class_gradients(logits, captured)])
     finally:
         handle.remove()
-    return tokens_to_grid(captured[0].detach(), len(px)).numpy(), grads
+    return tokens_to_grid(captured[0].detach(), len(px)), grads
 
 
 def test_gradcampp_is_well_conditioned_on_signed_layers(ref_xattn):
@@ -213,21 +223,168 @@ def test_gradcampp_is_well_conditioned_on_signed_layers(ref_xattn):
 
     method = GradCAMPlusPlus()
     act, grads = _layer_tensors(ref_xattn, _pixels(ref_xattn, 4, seed=3))
-    assert (act.sum(axis=(2, 3)) < 0).mean() > 0.2  # signed: many negative channel sums
-    rng = np.random.default_rng(0)
-    singular_act = np.full((1, 2, 4, 4), -2.0 / 16)
-    singular_act[0, 1] = rng.random((4, 4))
-    singular_grad = np.ones((1, 2, 4, 4))
+    assert (act.sum((2, 3)) < 0).float().mean() > 0.2  # signed: many negative channel sums
+    gen = torch.Generator().manual_seed(0)
+    singular_act = torch.full((1, 2, 4, 4), -2.0 / 16)
+    singular_act[0, 1] = torch.rand((4, 4), generator=gen)
+    singular_grad = torch.ones((1, 2, 4, 4))
     cases = [(act, g) for g in grads] + [(singular_act, singular_grad)]
     for a, g in cases:
         base = method.cam(a, g)
-        moved = method.cam(a, g * (1 + 1e-6 * rng.uniform(-1, 1, g.shape)))
-        assert np.abs(moved - base).max() <= 1e-3 * np.abs(base).max(), np.abs(moved - base).max() / base.max()
-        stored = float16_ready(torch.from_numpy(base[:, None])).numpy().astype(np.float16)
+        moved = method.cam(a, g * (1 + 1e-6 * (2 * torch.rand(g.shape, generator=gen) - 1)))
+        assert (moved - base).abs().max() <= 1e-3 * base.abs().max(), (moved - base).abs().max() / base.max()
+        stored = float16_ready(base[:, None]).numpy().astype(np.float16)
         assert np.isfinite(stored).all()
     # the library's weights on the raw activations are what blows up there
-    raw = Library.get_cam_weights(None, None, None, None, singular_act, singular_grad)
-    assert np.abs(raw).max() > 1e3 * np.abs(method.cam(singular_act, singular_grad)).max()
+    raw = Library.get_cam_weights(None, None, None, None, singular_act.numpy(), singular_grad.numpy())
+    assert np.abs(raw).max() > 1e3 * method.cam(singular_act, singular_grad).abs().max().item()
+
+
+def _numpy_cam(method: str, act: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    """The per-class NumPy maps of pytorch-grad-cam's ``get_cam_weights`` (Grad-CAM++ on A⁺), as explainers
+    computed them on the host, class by class, before they were batched on the device."""
+    from pytorch_grad_cam import GradCAM, GradCAMPlusPlus
+
+    if method == "gradcampp":
+        act = np.maximum(act, 0.0)
+    cls = GradCAMPlusPlus if method == "gradcampp" else GradCAM
+    weights = cls.get_cam_weights(None, None, None, None, act, grad)
+    return np.maximum((weights[:, :, None, None] * act).sum(1), 0.0)
+
+
+def _per_class_reference(adapter, px, method, n_steps=4):
+    """Maps ``(B, C, h, w)`` of ``method`` computed as before batching: one backward per class
+    (``logits[:, c].sum()``), weights and sums in NumPy on the host per class; IG by captum per class."""
+    from xbench.explain import create_explainer
+    from xbench.explain.base import module_at, tokens_to_grid
+    from xbench.explain.methods import AttentionGrad, black_baseline
+
+    explainer = create_explainer(method, **({"n_steps": n_steps} if method == "ig" else {}))
+    with gradients_through_adapters():
+        if method == "ig":
+            from captum.attr import IntegratedGradients
+
+            ig = IntegratedGradients(lambda x: forward_logits(adapter, x, PROMPTS)[1])
+            base = black_baseline(adapter).to(px.device)[None].expand_as(px).contiguous()
+            return torch.stack([explainer.pool_input(ig.attribute(px.clone(), baselines=base, target=c,
+                                                                   n_steps=n_steps).detach())
+                                for c in range(len(PROMPTS))], 1).cpu()
+        if method == "gradxinput":
+            x = px.clone().requires_grad_(True)
+            logits = forward_logits(adapter, x, PROMPTS)[1]
+            return torch.stack([explainer.pool_input(torch.autograd.grad(logits[:, c].sum(), x, retain_graph=True)[0]
+                                                     * px) for c in range(len(PROMPTS))], 1).cpu()
+        if method == "attngrad":
+            captured = []
+            original = AttentionGrad.explain
+
+            class Captured(Exception):
+                pass
+
+            def capture(self, adapter, pixels, prompts):  # the explainer's forward with its hooks, then stop
+                import xbench.explain.methods as m
+
+                def stop(logits, attns, chunk=None):
+                    captured.append((logits, attns))
+                    raise Captured
+
+                real = m.class_gradients
+                m.class_gradients = stop
+                try:
+                    original(self, adapter, pixels, prompts)
+                except Captured:
+                    pass
+                finally:
+                    m.class_gradients = real
+
+            capture(explainer, adapter, px.clone(), PROMPTS)
+            logits, attns = captured[0]
+            b, n = len(px), attns[0].shape[-1]
+            side = int(np.sqrt(n))
+            maps = []
+            for c in range(len(PROMPTS)):
+                grads = torch.autograd.grad(logits[:, c].sum(), attns, retain_graph=True)
+                rollout = torch.eye(n, device=px.device).expand(b, n, n).clone()
+                for a, g in zip(attns, grads):
+                    rollout = rollout + (g * a).reshape(b, -1, n, n).clamp(min=0).mean(1).float() @ rollout
+                maps.append(rollout[:, 0, n - side * side:].reshape(b, side, side).detach().cpu())
+            return torch.stack(maps, 1)
+        captured = []
+        handle = module_at(adapter, adapter.config["explain_layer"]).register_forward_hook(
+            lambda m, a, out: captured.append(out[0] if isinstance(out, (tuple, list)) else out))
+        try:
+            logits = forward_logits(adapter, px.clone(), PROMPTS)[1]
+        finally:
+            handle.remove()
+        act = tokens_to_grid(captured[0].detach(), len(px)).float().cpu().numpy()
+        maps = [_numpy_cam(method, act, tokens_to_grid(torch.autograd.grad(logits[:, c].sum(), captured[0],
+                                                                            retain_graph=True)[0], len(px)).cpu().numpy())
+                for c in range(len(PROMPTS))]
+        return torch.from_numpy(np.stack(maps, 1))
+
+
+def _batched(adapter, px, method, n_steps=4, **options):
+    """The explainer's raw maps (before the store's power-of-two scaling)."""
+    from xbench.explain import create_explainer
+
+    explainer = create_explainer(method, **({"n_steps": n_steps} if method == "ig" else {}), **options)
+    with gradients_through_adapters():
+        return explainer.explain(adapter, px.clone(), PROMPTS).maps.detach().cpu()
+
+
+def _assert_same_maps(ours, reference, label):
+    """Max |difference| ≤ 1e-5 of each map's largest |value| (all-zero maps: equal)."""
+    assert ours.shape == reference.shape, label
+    top = reference.abs().flatten(2).amax(-1)[..., None, None]
+    worst = ((ours - reference).abs() / top.clamp(min=1e-30)).max().item()
+    assert worst <= 1e-5, (label, worst)
+
+
+@pytest.mark.parametrize("model", ["ref_xattn", "ref_patchsim"])
+@pytest.mark.parametrize("method", ["gradcam", "gradcampp", "gradxinput", "ig"])
+def test_batched_maps_equal_the_per_class_computation(model, method):
+    """Maps with every class in one batched backward on the device equal the per-class computation (one backward
+    per class, pytorch-grad-cam's NumPy weights on the host; captum IG): ≤ 1e-5 of each map's maximum. Integrated
+    Gradients against captum's ``IntegratedGradients`` (same steps, Gauss-Legendre, black baseline) also with its
+    path points split over several forward passes."""
+    adapter = create_model(model)
+    px = _pixels(adapter, 3, seed=1)
+    reference = _per_class_reference(adapter, px, method)
+    assert reference.abs().sum() > 0
+    _assert_same_maps(_batched(adapter, px, method), reference, (model, method))
+    if method == "ig":
+        _assert_same_maps(_batched(adapter, px, method, points_per_pass=len(px)), reference, (model, "ig/1 step"))
+
+
+@pytest.mark.parametrize("method", ["gradcam", "gradcampp", "gradxinput", "ig"])
+def test_maps_do_not_depend_on_the_class_chunking_or_the_batched_backward(ref_xattn, method, monkeypatch):
+    """One class per backward, two, or all at once, and the per-class fallback (a model whose backward vmap cannot
+    batch): the same maps."""
+    px = _pixels(ref_xattn, 2, seed=2)
+    prompts = PROMPTS + ["pneumothorax"]
+    from xbench.explain import create_explainer
+
+    def maps(**options):
+        explainer = create_explainer(method, **({"n_steps": 3} if method == "ig" else {}), **options)
+        with gradients_through_adapters():
+            return explainer.explain(ref_xattn, px.clone(), prompts).maps.detach()
+
+    whole = maps()
+    for chunk in (1, 2):
+        torch.testing.assert_close(maps(class_chunk=chunk), whole, rtol=1e-6, atol=1e-6 * whole.abs().max().item())
+    real_grad = torch.autograd.grad
+
+    def no_vmap(*args, **kwargs):
+        if kwargs.get("is_grads_batched"):
+            raise RuntimeError("vmap: a batching rule is missing")
+        return real_grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", no_vmap)
+    with pytest.warns(XBenchWarning, match="batched backward failed, one backward per class"):
+        fallback = maps()
+    torch.testing.assert_close(fallback, whole, rtol=1e-6, atol=1e-6 * whole.abs().max().item())
+    with pytest.raises(XBenchError, match="class_chunk must be >= 1"):
+        maps(class_chunk=0)
 
 
 def test_explainer_maps_survive_the_float16_store_within_its_bound(ref_xattn):
@@ -245,3 +402,20 @@ def test_explainer_maps_survive_the_float16_store_within_its_bound(ref_xattn):
         big = np.abs(m) >= top * 2.0**-28
         assert (np.abs(half - m)[big] <= 2.0**-11 * np.abs(m)[big]).all(), method
         assert (np.abs(half - m)[~big] <= 2.0**-25 * np.broadcast_to(top, m.shape)[~big]).all(), method
+
+
+def test_explained_adapter_keeps_the_models_gpu_preprocessing_plan():
+    """An explainer over a model preprocesses as the model: the same GPU preprocessing plan (proven equal to its
+    ``preprocess``) and the same decode-once input key, so explainer runs ride the native runs' feed and kernels."""
+    from xbench.inference.cache import model_input
+    from xbench.inference.gpu_preprocess import check_plan, plan_for
+    from xbench.models.base import Adapter
+    from xbench.models.kad import KADAdapter
+
+    kad = object.__new__(KADAdapter)  # no network: preprocess reads the YAML's input size only
+    Adapter.__init__(kad, {"name": "kad"})
+    wrapped = explained(kad, "gradcam")
+    assert plan_for(kad) is not None and plan_for(wrapped) == plan_for(kad)
+    assert check_plan(wrapped, plan_for(wrapped)) is not None
+    assert model_input(wrapped).key == model_input(kad).key
+    assert plan_for(explained(create_model("ref_xattn"), "gradcam")) is None  # a model without a plan: none

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+import warnings
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..core.errors import XBenchError
+from ..core.errors import XBenchError, XBenchWarning
 from ..models.base import Adapter, Prediction
 
 _LO = "_xbench_log_odds"  # tensor attribute: the lazy (log p, log(1 − p)) of a probability tensor
@@ -145,6 +146,28 @@ class _LogOdds(TorchFunctionMode):
 
 
 @contextmanager
+def frozen_weights(adapter: Adapter) -> Iterator[None]:
+    """Within the block, the parameters of the adapter's networks (its attributes that are torch modules) do not
+    require gradients; restored after.
+
+    Why: explainers differentiate with respect to pixels or a layer's output, never weights. With the weights frozen
+    a forward pass records a graph only from tensors that require gradients: a layer explainer that marks the hooked
+    layer's output (:class:`~xbench.explain.methods._LayerCAM`) records none for the trunk below it, and backward
+    passes compute no weight-side products. Gradients with respect to pixels or activations are unchanged.
+    """
+    params = [p for value in vars(adapter).values() if isinstance(value, nn.Module)
+              for p in value.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+
+@contextmanager
 def gradients_through_adapters() -> Iterator[None]:
     """Within the block, ``torch.no_grad()`` keeps the grad mode it finds; grad mode is on, inference mode off."""
     no_grad = torch.autograd.grad_mode.no_grad
@@ -225,8 +248,10 @@ class Explainer(ABC):
     #: the model-YAML key this explainer needs (``explain_layer`` / ``explain_attention``), if any
     requires: ClassVar[str | None] = None
 
-    def __init__(self, pool: int = 4):
+    def __init__(self, pool: int = 4, class_chunk: int | None = None):
         self.pool = int(pool)
+        #: classes per batched backward (None: by :data:`GRADIENT_BUDGET_BYTES`); maps do not depend on it
+        self.class_chunk = class_chunk
 
     def grid(self, adapter: Adapter) -> tuple[int, int]:
         """The map grid this explainer gives for ``adapter`` (input size // pool for pixel methods)."""
@@ -236,12 +261,16 @@ class Explainer(ABC):
 
     @abstractmethod
     def explain(self, adapter: Adapter, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
-        """Scores of the adapter and this method's maps, both float32 on the CPU."""
+        """Scores ``(B, C)`` of the adapter and this method's maps ``(B, C, h, w)``, on the pixels' device (the
+        caller casts them to float32 on the CPU once)."""
 
     def pool_input(self, attribution: torch.Tensor) -> torch.Tensor:
-        """Pixel attributions ``(B, 3, S, S)`` → channel sum, average-pooled ``pool x pool`` → ``(B, S/p, S/p)``."""
-        summed = attribution.sum(1, keepdim=True)
-        return torch.nn.functional.avg_pool2d(summed, self.pool)[:, 0] if self.pool > 1 else summed[:, 0]
+        """Pixel attributions ``(..., 3, S, S)`` → channel sum, average-pooled ``pool x pool`` →
+        ``(..., S/p, S/p)`` (leading dimensions kept: classes, images)."""
+        lead = attribution.shape[:-3]
+        summed = attribution.reshape(-1, *attribution.shape[-3:]).sum(1, keepdim=True)
+        pooled = torch.nn.functional.avg_pool2d(summed, self.pool)[:, 0] if self.pool > 1 else summed[:, 0]
+        return pooled.reshape(*lead, *pooled.shape[-2:])
 
 
 def forward_logits(adapter: Adapter, pixels: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,16 +281,67 @@ def forward_logits(adapter: Adapter, pixels: torch.Tensor, prompts: Sequence[str
     return scores.detach(), score_logits(adapter, scores)
 
 
-def class_gradients(logits: torch.Tensor, wrt: Sequence[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
-    """Per class ``c``: the gradients of ``logits[:, c].sum()`` with respect to each of ``wrt`` (zeros where the
-    logit does not depend on it). One forward, one backward per class (the graph is kept between classes)."""
+#: Gradient bytes one batched backward may produce at the differentiated tensors (all classes of a chunk together):
+#: classes are split into chunks that stay under it (:func:`class_chunk`); results do not depend on the chunking.
+GRADIENT_BUDGET_BYTES = 2**31
+
+
+def class_chunk(wrt: Sequence[torch.Tensor], classes: int, chunk: int | None = None) -> int:
+    """Classes per batched backward: ``chunk`` when given, else the fewest equal chunks whose gradients at ``wrt``
+    (4 bytes per element, float32) stay within :data:`GRADIENT_BUDGET_BYTES` (at least 1 class).
+
+    >>> big = torch.empty(2**28, device="meta")  # 1 GiB of float32 gradients per class
+    >>> class_chunk([torch.zeros(2**20)], 14), class_chunk([big], 14), class_chunk([big[:2**27 + 1]], 14)
+    (14, 2, 3)
+    """
+    if chunk is not None:
+        if int(chunk) < 1:
+            raise XBenchError(f"class_chunk must be >= 1 (classes per batched backward), got {chunk}")
+        return int(chunk)
+    per_class = 4 * sum(t.numel() for t in wrt)
+    most = max(1, min(classes, GRADIENT_BUDGET_BYTES // max(per_class, 1)))
+    return -(-classes // -(-classes // most))  # chunks of equal size: 14 classes by at most 13 → 7 + 7
+
+
+#: the start of the warning given when a model's backward cannot be batched over classes (benchmarks look for it)
+FALLBACK_NOTE = "class gradients: the batched backward failed, one backward per class instead (same values, slower)"
+
+
+def class_gradients(logits: torch.Tensor, wrt: Sequence[torch.Tensor], chunk: int | None = None
+                    ) -> Iterator[tuple[int, int, list[torch.Tensor]]]:
+    """The gradients of every class logit ``logits[:, c].sum()`` with respect to each of ``wrt``, by chunks of
+    classes: yields ``(start, stop, grads)`` with ``grads[i]`` of shape ``(stop − start, *wrt[i].shape)`` on
+    ``wrt[i]``'s device (zeros where a logit does not depend on it).
+
+    One backward call per chunk (:func:`class_chunk`), the classes as a batch dimension of one-hot cotangents
+    (``torch.autograd.grad(..., is_grads_batched=True)``: vmap over the backward); a model whose backward vmap cannot
+    batch falls back to one backward per class, with the same values. The graph is kept (``retain_graph``) for the
+    next chunk; it is freed with the caller's references to ``logits``.
+    """
     n = logits.shape[1]
-    for c in range(n):
+    size = class_chunk(wrt, n, chunk)
+    for start in range(0, n, size):
+        stop = min(n, start + size)
         if not logits.requires_grad:
-            yield [torch.zeros_like(t) for t in wrt]
+            yield start, stop, [t.new_zeros((stop - start, *t.shape)) for t in wrt]
             continue
-        grads = torch.autograd.grad(logits[:, c].sum(), list(wrt), retain_graph=c < n - 1, allow_unused=True)
-        yield [torch.zeros_like(t) if g is None else g for g, t in zip(grads, wrt)]
+        yield start, stop, _chunk_gradients(logits, list(wrt), start, stop)
+
+
+def _chunk_gradients(logits: torch.Tensor, wrt: list[torch.Tensor], start: int, stop: int) -> list[torch.Tensor]:
+    k = stop - start
+    one_hot = torch.zeros((k, *logits.shape), dtype=logits.dtype, device=logits.device)
+    one_hot[torch.arange(k), :, torch.arange(start, stop)] = 1
+    try:
+        grads = torch.autograd.grad([logits], wrt, grad_outputs=[one_hot], retain_graph=True, allow_unused=True,
+                                    is_grads_batched=True)
+    except (RuntimeError, NotImplementedError) as exc:  # an operation vmap cannot batch: one backward per class
+        warnings.warn(f"{FALLBACK_NOTE}: {type(exc).__name__}: {str(exc)[:200]}", XBenchWarning, stacklevel=2)
+        per_class = [torch.autograd.grad([logits], wrt, grad_outputs=[one_hot[j]], retain_graph=True,
+                                         allow_unused=True) for j in range(k)]
+        grads = tuple(None if per_class[0][i] is None else torch.stack([g[i] for g in per_class])
+                      for i in range(len(wrt)))
+    return [t.new_zeros((k, *t.shape)) if g is None else g for g, t in zip(grads, wrt)]
 
 
 #: Explainer maps are scaled per map so that their largest |value| lies in [2^14, 2^15) (module docstring).
@@ -304,6 +384,12 @@ class ExplainedAdapter(Adapter):
         self.grid = explainer.grid(adapter)
         self._warm: set[tuple[str, ...]] = set()
 
+    @property
+    def preprocess_delegate(self) -> Adapter:
+        """The adapter whose preprocessing this one is: its GPU preprocessing plan is this one's
+        (:func:`xbench.inference.gpu_preprocess.plan_for`), so explainer runs decode and preprocess as native runs."""
+        return self.inner
+
     def preprocess(self, image: np.ndarray) -> torch.Tensor:
         return self.inner.preprocess(image)
 
@@ -319,9 +405,9 @@ class ExplainedAdapter(Adapter):
             with torch.inference_mode(False), torch.no_grad():
                 self.inner.predict(pixels[:1].clone(), prompts)
             self._warm.add(key)
-        with gradients_through_adapters():
+        with gradients_through_adapters(), frozen_weights(self.inner):
             pred = self.explainer.explain(self.inner, pixels.clone(), prompts)  # a clone: not an inference tensor
-        maps = float16_ready(pred.maps.detach().float().cpu())
+        maps = float16_ready(pred.maps.detach().float()).cpu()  # on the device; one copy to the host
         if tuple(maps.shape[2:]) != tuple(self.grid):
             raise XBenchError(f"{self.name}: the explainer gave maps of grid {tuple(maps.shape[2:])}, expected "
                               f"{self.grid} (check explain_layer in the model's YAML)")

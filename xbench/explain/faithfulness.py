@@ -9,6 +9,11 @@ Randomisation (``randomised=True``): the same model built by XBench with seeded 
 (``create_model(name, random_init=True)``; every layer at once, "independent" in Adebayo et al.'s terms), with the
 same explainer; a model without learned weights (the prior baselines) is its own randomisation, so its maps are
 unchanged by construction (similarity 1: it fails the sanity check, as it should).
+
+On the model's device: the score functions are device scores (:class:`xbench.metrics.faithfulness.DeviceScore`), so
+the perturbed inputs are made there; deletion and insertion take the (case, finding) pairs of every finding in one
+stream of batches (each input scored for its own finding), ROAD one finding at a time (its imputation is a sparse
+solve on the CPU, seeded per finding). Passes per case: ``docs/explainers.md``.
 """
 from __future__ import annotations
 
@@ -46,15 +51,41 @@ def randomised(adapter: Adapter, seed: int = 0) -> Adapter:
     return ExplainedAdapter(rand, adapter.explainer) if isinstance(adapter, ExplainedAdapter) else rand
 
 
-def score_function(adapter: Adapter, prompts: Sequence[str], index: int):
-    """``score_fn`` for the metrics: model inputs ``(M, 3, S, S)`` → the adapter's score of class ``index``."""
-    model = adapter.inner if isinstance(adapter, ExplainedAdapter) else adapter
+class _Scores:
+    """A device score (:class:`xbench.metrics.faithfulness.DeviceScore`): inputs on the model's device → the
+    adapter's score of class ``classes[row]`` for each input's image ``row``."""
 
-    def score(x: np.ndarray) -> np.ndarray:
+    def __init__(self, adapter: Adapter, prompts: Sequence[str], classes: np.ndarray):
+        self.model = adapter.inner if isinstance(adapter, ExplainedAdapter) else adapter
+        self.prompts, self.device = list(prompts), torch.device(self.model.device)
+        self.classes = torch.as_tensor(np.asarray(classes, dtype=np.int64))
+
+    def __call__(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return model.predict(torch.from_numpy(np.ascontiguousarray(x)).to(model.device), prompts).scores[:, index].numpy()
+            scores = self.model.predict(x, self.prompts).scores
+        return scores[torch.arange(len(x), device=scores.device), self.classes.to(scores.device)[rows.to(scores.device)]]
 
-    return score
+
+def score_function(adapter: Adapter, prompts: Sequence[str], index: int) -> _Scores:
+    """``score_fn`` for the metrics: model inputs ``(M, 3, S, S)`` on the model's device → the adapter's score of
+    class ``index`` (a device score: the metrics make their perturbed inputs on that device; called with a NumPy
+    batch alone it returns NumPy scores, as a plain ``score_fn``)."""
+    return _ClassScore(adapter, prompts, index)
+
+
+class _ClassScore(_Scores):
+    """One class for every image (:func:`score_function`)."""
+
+    def __init__(self, adapter: Adapter, prompts: Sequence[str], index: int):
+        super().__init__(adapter, prompts, np.zeros(0, np.int64))
+        self.index = int(index)
+
+    def __call__(self, x: torch.Tensor | np.ndarray, rows: torch.Tensor | None = None) -> torch.Tensor | np.ndarray:
+        """Scores of class ``index``; NumPy inputs (a plain ``score_fn``) give NumPy scores."""
+        tensor = torch.from_numpy(np.ascontiguousarray(x)).to(self.device) if isinstance(x, np.ndarray) else x
+        with torch.no_grad():
+            scores = self.model.predict(tensor, self.prompts).scores[:, self.index]
+        return scores.float().cpu().numpy() if isinstance(x, np.ndarray) else scores
 
 
 def faithfulness_table(adapter: Adapter, dataset: BaseDataset, *, cases: int | None = None, steps: int = 10,
@@ -76,21 +107,25 @@ def faithfulness_table(adapter: Adapter, dataset: BaseDataset, *, cases: int | N
                                for i in range(0, n, batch_size)]).float().numpy()
     base = black_baseline(adapter.inner if isinstance(adapter, ExplainedAdapter) else adapter).numpy()
     images = pixels.numpy()
-    rows = []
-    for c, finding in enumerate(dataset.findings):
-        idx = np.where(labels[:, c] == 1)[0]
-        if not len(idx):
-            continue
-        fn = score_function(adapter, prompts, c)
-        kw = dict(steps=steps, baseline=base, batch_size=batch_size)
-        col = {"deletion_auc": deletion_auc(fn, images[idx], maps[idx, c], **kw),
-               "insertion_auc": insertion_auc(fn, images[idx], maps[idx, c], **kw),
-               "road_gap": road_gap(fn, images[idx], maps[idx, c], fractions=road_fractions, seed=seed,
-                                         batch_size=batch_size) if road
-               else np.full(len(idx), np.nan),
-               "randomisation_similarity": randomisation_similarity(maps[idx, c], rand_maps[idx, c]) if randomise
-               else np.full(len(idx), np.nan)}
-        for j, i in enumerate(idx):
-            rows.append({"model": adapter.name, "dataset": dataset.name, "case_id": dataset[int(i)].case_id,
-                         "finding": finding, "score": float(scores[i, c]), **{k: float(v[j]) for k, v in col.items()}})
+    # every positive (case, finding) pair, finding by finding (the table's row order)
+    pairs = [(int(i), c) for c in range(len(dataset.findings)) for i in np.where(labels[:, c] == 1)[0]]
+    if not pairs:
+        return pd.DataFrame([], columns=list(COLUMNS))
+    case, cls = (np.array(v, dtype=np.int64) for v in zip(*pairs))
+    fn = _Scores(adapter, prompts, cls)  # deletion / insertion: all findings in one stream of batches
+    kw = dict(steps=steps, baseline=base, batch_size=batch_size)
+    col = {"deletion_auc": deletion_auc(fn, images[case], maps[case, cls], **kw),
+           "insertion_auc": insertion_auc(fn, images[case], maps[case, cls], **kw),
+           "road_gap": np.full(len(pairs), np.nan),
+           "randomisation_similarity": randomisation_similarity(maps[case, cls], rand_maps[case, cls]) if randomise
+           else np.full(len(pairs), np.nan)}
+    if road:  # one finding at a time: its imputations seeded as one call
+        for c in np.unique(cls):
+            at = np.where(cls == c)[0]
+            col["road_gap"][at] = road_gap(score_function(adapter, prompts, int(c)), images[case[at]],
+                                           maps[case[at], c], fractions=road_fractions, seed=seed,
+                                           batch_size=batch_size)
+    rows = [{"model": adapter.name, "dataset": dataset.name, "case_id": dataset[int(i)].case_id,
+             "finding": dataset.findings[c], "score": float(scores[i, c]), **{k: float(v[j]) for k, v in col.items()}}
+            for j, (i, c) in enumerate(zip(case, cls))]
     return pd.DataFrame(rows, columns=list(COLUMNS))

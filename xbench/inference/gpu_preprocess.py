@@ -441,7 +441,11 @@ def plan_for(adapter: Any) -> CodePlan | None:
     Read off the plan the adapter's class declares (:attr:`xbench.models.base.Adapter.gpu_preprocess`; the open_clip
     family's from its transform's steps), never guessed from its class: a declared plan is used only once
     :func:`check_plan` proves it equal to ``preprocess``. A name that is not a plan is an error naming the class.
+    An adapter whose preprocessing is another's (``preprocess_delegate``: an explainer over a model) has that one's.
     """
+    delegate = getattr(adapter, "preprocess_delegate", None)
+    if delegate is not None:
+        return plan_for(delegate)
     name = getattr(adapter, "gpu_preprocess", None)
     if name is None:
         return None

@@ -5,6 +5,12 @@ ask whether it is *faithful* to the model. They take a ``score_fn`` — a callab
 ``(M, C, H, W)`` (float32 NumPy) to one class score per input ``(M,)`` — the inputs ``images (N, C, H, W)`` and the
 maps ``saliency (N, h, w)`` at any grid.
 
+On the model's device: a ``score_fn`` with a ``device`` attribute (a :class:`torch.device`) is a *device score*
+(:class:`DeviceScore`): it is called as ``score_fn(x, rows)`` with ``x`` a float32 tensor on that device and
+``rows`` the index of the image each input comes from (so one call can score different classes per row) and
+returns a tensor ``(M,)``. The perturbed inputs are then made there by torch operations, ``batch_size`` at a time
+(a rank mask per input, no per-image loop, no host copy of the images); the values are the same as the NumPy path's.
+
 Conventions (shared by every function here)
 
 * A map at another grid than the image is resized to ``(H, W)`` bilinearly (``align_corners=False``); pixels are
@@ -42,6 +48,7 @@ builds the whole model with seeded random weights (independent randomisation of 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -50,7 +57,21 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.linalg import spsolve
 from scipy.stats import pearsonr, spearmanr
 
-ScoreFn = Callable[[np.ndarray], np.ndarray]
+@runtime_checkable
+class DeviceScore(Protocol):
+    """A score function on a torch device (module docstring): ``(x (M, C, H, W) on device, rows (M,)) -> (M,)``."""
+
+    device: torch.device
+
+    def __call__(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor: ...
+
+
+#: ``(M, C, H, W)`` float32 NumPy inputs → ``(M,)`` scores, or a :class:`DeviceScore`
+ScoreFn = Callable[[np.ndarray], np.ndarray] | DeviceScore
+
+
+def _on_device(score_fn: object) -> bool:
+    return isinstance(getattr(score_fn, "device", None), torch.device)
 
 #: neighbour offsets and weights of ROAD's noisy linear imputation (Rong et al., ICML 2022)
 _ROAD_NEIGHBOURS = (((1, 1), 1 / 12), ((0, 1), 1 / 6), ((-1, 1), 1 / 12), ((1, -1), 1 / 12), ((0, -1), 1 / 6),
@@ -114,13 +135,63 @@ def _baseline_image(baseline: float | np.ndarray, shape: tuple[int, ...]) -> np.
     return np.broadcast_to(b, shape).astype(np.float32)
 
 
-def _score_all(score_fn: ScoreFn, batch: np.ndarray, batch_size: int) -> np.ndarray:
-    out = [np.asarray(score_fn(batch[i:i + batch_size]), dtype=np.float64).reshape(-1)
-           for i in range(0, len(batch), batch_size)]
+def _score_all(score_fn: ScoreFn, batch: np.ndarray, batch_size: int,
+               rows: np.ndarray | None = None) -> np.ndarray:
+    """Scores of ``batch`` (float32 NumPy), ``batch_size`` inputs per call; ``rows``: each input's image (a device
+    score's second argument)."""
+    device = _on_device(score_fn)
+    rows = np.arange(len(batch)) if rows is None else rows
+    out = []
+    for i in range(0, len(batch), batch_size):
+        if device:
+            x = torch.from_numpy(np.ascontiguousarray(batch[i:i + batch_size])).to(score_fn.device)  # type: ignore[union-attr]
+            out.append(_as_scores(score_fn(x, torch.from_numpy(rows[i:i + batch_size]).to(score_fn.device))))  # type: ignore[call-arg, union-attr]
+        else:
+            out.append(np.asarray(score_fn(batch[i:i + batch_size]), dtype=np.float64).reshape(-1))  # type: ignore[call-arg]
     scores = np.concatenate(out)
     if len(scores) != len(batch):
         raise ValueError(f"score_fn returned {len(scores)} scores for {len(batch)} inputs")
     return scores
+
+
+def _as_scores(scores: torch.Tensor | np.ndarray) -> np.ndarray:
+    if isinstance(scores, torch.Tensor):
+        scores = scores.detach().double().cpu().numpy()
+    return np.asarray(scores, dtype=np.float64).reshape(-1)
+
+
+def _curve_scores(score_fn: ScoreFn, images: np.ndarray, order: np.ndarray, counts: np.ndarray,
+                  mode: str, baseline: float | np.ndarray, batch_size: int) -> np.ndarray:
+    """Scores ``(N, len(counts))`` of each image with its ``counts[k]`` first pixels of ``order`` replaced
+    (deletion: by the baseline; insertion: the baseline with those pixels of the image). The inputs are made
+    ``batch_size`` at a time by torch operations on the score's device (the CPU for a NumPy ``score_fn``): a pixel's
+    rank in its image's order below the count selects the replacement."""
+    n, c, h, w = images.shape
+    device = score_fn.device if _on_device(score_fn) else torch.device("cpu")  # type: ignore[union-attr]
+    imgs = torch.from_numpy(images).to(device).reshape(n, c, h * w)
+    if np.ndim(baseline) == 4:
+        base = torch.from_numpy(np.ascontiguousarray(baseline, np.float32)).to(device).reshape(n, c, h * w)
+    else:
+        base = torch.from_numpy(_baseline_image(baseline, (c, h, w))).to(device).reshape(1, c, h * w).expand(n, -1, -1)
+    src, dst = (imgs, base) if mode == "deletion" else (base, imgs)
+    order_t = torch.from_numpy(order).to(device)
+    rank = torch.empty_like(order_t).scatter_(1, order_t, torch.arange(h * w, device=device).expand(n, -1))
+    count_t = torch.from_numpy(counts).to(device)
+    k = len(counts)
+    out = []
+    for start in range(0, n * k, batch_size):
+        flat = torch.arange(start, min(n * k, start + batch_size), device=device)
+        image, step = flat // k, flat % k
+        chosen = (rank[image] < count_t[step][:, None])[:, None, :]  # (M, 1, P)
+        x = torch.where(chosen, dst[image], src[image]).reshape(-1, c, h, w)
+        if _on_device(score_fn):
+            scores = _as_scores(score_fn(x, image))  # type: ignore[call-arg]
+        else:
+            scores = np.asarray(score_fn(x.numpy()), dtype=np.float64).reshape(-1)  # type: ignore[call-arg]
+        if len(scores) != len(x):
+            raise ValueError(f"score_fn returned {len(scores)} scores for {len(x)} inputs")
+        out.append(scores)
+    return np.concatenate(out).reshape(n, k)
 
 
 def perturbation_curve(score_fn: ScoreFn, images: np.ndarray, saliency: np.ndarray, *, mode: str = "deletion",
@@ -131,7 +202,8 @@ def perturbation_curve(score_fn: ScoreFn, images: np.ndarray, saliency: np.ndarr
     Parameters
     ----------
     score_fn : callable
-        ``(M, C, H, W)`` float32 inputs → ``(M,)`` class scores.
+        ``(M, C, H, W)`` float32 inputs → ``(M,)`` class scores, or a :class:`DeviceScore` (module docstring: the
+        perturbed inputs are then made on its device).
     images : ndarray of shape (N, C, H, W)
         Model inputs (after the model's preprocessing).
     saliency : ndarray of shape (N, h, w)
@@ -169,18 +241,9 @@ def perturbation_curve(score_fn: ScoreFn, images: np.ndarray, saliency: np.ndarr
     order = pixel_order(saliency, (h, w))
     fractions = np.linspace(0.0, 1.0, steps + 1)
     counts = _counts(fractions, h * w)
-    per_image = np.ndim(baseline) == 4
-    if per_image and np.shape(baseline) != images.shape:
+    if np.ndim(baseline) == 4 and np.shape(baseline) != images.shape:
         raise ValueError(f"a per-image baseline must have the images' shape {images.shape}; got {np.shape(baseline)}")
-    batch = np.empty((n, steps + 1, c, h * w), np.float32)
-    for i in range(n):
-        base = (np.asarray(baseline[i], np.float32) if per_image else _baseline_image(baseline, (c, h, w))).reshape(c, -1)
-        src, dst = (images[i].reshape(c, -1), base) if mode == "deletion" else (base, images[i].reshape(c, -1))
-        for k, m in enumerate(counts):
-            x = src.copy()
-            x[:, order[i, :m]] = dst[:, order[i, :m]]
-            batch[i, k] = x
-    scores = _score_all(score_fn, batch.reshape(-1, c, h, w), batch_size).reshape(n, steps + 1)
+    scores = _curve_scores(score_fn, images, order, counts, mode, baseline, batch_size)
     return fractions, scores
 
 
@@ -299,7 +362,8 @@ def road_curve(score_fn: ScoreFn, images: np.ndarray, saliency: np.ndarray, *,
     rng = np.random.default_rng(seed)
     batch = np.stack([noisy_linear_imputation(images[i], ranked[i, :m], noise=noise, rng=rng)
                       for i in range(n) for m in counts]).astype(np.float32)
-    return _score_all(score_fn, batch, batch_size).reshape(n, len(counts))
+    rows = np.repeat(np.arange(n), len(counts))
+    return _score_all(score_fn, batch, batch_size, rows).reshape(n, len(counts))
 
 
 def road_gap(score_fn: ScoreFn, images: np.ndarray, saliency: np.ndarray, *,
