@@ -33,7 +33,7 @@ RANKS_FILE = "ranks.csv"
 
 
 
-RUN_TEST = "bootstrap"
+RUN_TEST = "permutation"
 """The p-value of a run's ``comparisons.csv`` and its tables' marks: the paired bootstrap's Wald test. The paired
 permutation test (``compare_models(..., test="permutation")``), which keeps its level at every n
 (docs/statistics.md), recomputes the whole table per swap: on the GPU benchmark's half-scale stand-in it made the

@@ -121,43 +121,58 @@ class _GroundingSwap:
         p, k, nc = len(s), self.k, self.nc
         kn = k * nc
         out = []
-        sides = [self._curves(s, side) if self.curves else None for side in range(2)]
+        best = self._curves(s) if self.curves else None
         for side, v in enumerate(lin):
             cols = np.full((p, nc, k + 3), np.nan)
             cols[:, :, :k] = (v[:, :kn] / v[:, kn:2 * kn]).reshape(p, k, nc).transpose(0, 2, 1)
             pooled = np.full((p, k + 3), np.nan)
             pooled[:, :k] = v[:, 2 * kn:2 * kn + k] / v[:, 2 * kn + k:]
-            if sides[side] is not None:
-                cols[:, :, k:], pooled[:, k:] = sides[side]
+            if best is not None:
+                cols[:, :, k:], pooled[:, k:] = best[side]
             out.append((cols.reshape(p, nc * (k + 3)), pooled))
         return out
 
-    def _curves(self, s: np.ndarray, side: int) -> tuple[np.ndarray, np.ndarray]:
-        """Best-τ columns (P, nc, 3) per class and (P, 3) pooled of side 0 (A') or 1 (B')."""
+    def _curves(self, s: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per side (A', B'): best-τ columns (P, nc, 3) per class and (P, 3) pooled."""
         p, t = len(s), self.t
-        sign = 1.0 if side == 0 else -1.0
-        cls = np.full((p, self.nc, 3), np.nan)
-        nums, dens, blocks, ious = [], [], [], []
-        for c, x in enumerate(self.classes):
+        out = []
+        shared = []
+        for x in self.classes:
             sc = s[:, x["cases"]]
-            tot_d, tot_j, tot_c = x["tot"][side]
-            num = tot_d + sign * (sc @ x["dd"])
-            den = tot_c + sign * (sc @ x["dc"])
-            keep_a, take_b = 1.0 - s[:, x["case_a"]], s[:, x["case_b"]]
-            block = [(keep_a, x["d_a"]), (take_b, x["d_b"])] if side == 0 else [(1.0 - keep_a, x["d_a"]),
-                                                                                (1.0 - take_b, x["d_b"])]
-            iou = _IouAt(tot_j, sign, sc, x["dj"])
-            a, best, ok = _choose(num, den, t, block)
-            cls[:, c] = np.stack([best, iou(a) / np.where(ok, den, 1.0), t[a]], axis=1)
-            cls[~ok, c] = np.nan
-            nums.append(num), dens.append(den), blocks.extend(block), ious.append(iou)
-        pooled = np.full((p, 3), np.nan)
-        if nums:
-            den = np.sum(dens, axis=0)
-            a, best, ok = _choose(np.sum(nums, axis=0), den, t, blocks)
-            pooled = np.stack([best, sum(f(a) for f in ious) / np.where(ok, den, 1.0), t[a]], axis=1)
-            pooled[~ok] = np.nan
-        return cls, pooled
+            shared.append((sc, sc @ x["dd"], sc @ x["dc"]))
+        for side, sign in enumerate((1.0, -1.0)):
+            cls = np.full((p, self.nc, 3), np.nan)
+            nums, dens, blocks, ious = [], [], [], []
+            for c, (x, (sc, dd, dc)) in enumerate(zip(self.classes, shared)):
+                tot_d, tot_j, tot_c = x["tot"][side]
+                num, den = tot_d + sign * dd, tot_c + sign * dc
+                block = [(_Weights(s, x["case_a"], side == 0), x["d_a"]), (_Weights(s, x["case_b"], side == 1),
+                                                                           x["d_b"])]
+                iou = _IouAt(tot_j, sign, sc, x["dj"])
+                a, best, ok = _choose(num, den, t, block)
+                cls[:, c] = np.stack([best, iou(a) / np.where(ok, den, 1.0), t[a]], axis=1)
+                cls[~ok, c] = np.nan
+                nums.append(num), dens.append(den), blocks.extend(block), ious.append(iou)
+            pooled = np.full((p, 3), np.nan)
+            if nums:
+                den = np.sum(dens, axis=0)
+                a, best, ok = _choose(np.sum(nums, axis=0), den, t, blocks)
+                pooled = np.stack([best, sum(f(a) for f in ious) / np.where(ok, den, 1.0), t[a]], axis=1)
+                pooled[~ok] = np.nan
+            out.append((cls, pooled))
+        return out
+
+
+class _Weights:
+    """One model's pairs' weights in a side, row by row (only rows with a near tie of τ are read, by
+    :func:`~xbench.metrics.stats._choose`): ``1 − s`` of their cases where the side keeps them, else ``s``."""
+
+    def __init__(self, s: np.ndarray, case: np.ndarray, keep: bool):
+        self.s, self.case, self.keep = s, case, keep
+
+    def __getitem__(self, row: int) -> np.ndarray:
+        w = self.s[row, self.case]
+        return 1.0 - w if self.keep else w
 
 
 class _IouAt:
@@ -190,36 +205,51 @@ class _RecognitionSwap:
                 # tp, fp, fn, positives, cases (weighted_f1_accuracy's sums)
                 out.append(_per_case(n, case, np.stack([pred * y, pred * (1 - y), (1 - pred) * y, y,
                                                         np.ones_like(y)], axis=1)))
-            self.cols.append(self._ranks(col_a, col_b) if ranks else {})
+            self.cols.append(self._ranks(col_a, col_b, n) if ranks else {})
         lin_a.append(_per_case(n, np.arange(n), np.stack([ra.correct, ra.n_known], axis=1)))
         lin_b.append(_per_case(n, np.arange(n), np.stack([rb.correct, rb.n_known], axis=1)))
         la, lb = np.concatenate(lin_a, axis=1), np.concatenate(lin_b, axis=1)
         self.lin_a, self.lin_b, self.lin_d = la.sum(axis=0), lb.sum(axis=0), lb - la
 
     @staticmethod
-    def _ranks(col_a: tuple, col_b: tuple) -> dict:
+    def _ranks(col_a: tuple, col_b: tuple, n: int) -> dict:
         """Both models' known cases of a class sorted together by decreasing score (stable, A's first, as the
-        paired column), with the positions AUC / AP read: per positive its group's end and the end before it."""
-        case = np.concatenate([col_a[0], col_b[0]])
+        paired column), and what AUC / AP read of A''s cumulative counts: per positive its group's end (and the
+        end of the group before, where scores tie), as sparse maps from the swaps to counts between those ends."""
+        from scipy.sparse import csr_matrix
+
         y = np.concatenate([col_a[1], col_b[1]])
         s = np.concatenate([col_a[2], col_b[2]])
-        from_b = np.r_[np.zeros(len(col_a[0]), bool), np.ones(len(col_b[0]), bool)]
+        case = np.concatenate([col_a[0], col_b[0]])
+        from_a = np.r_[np.ones(len(col_a[0])), np.zeros(len(col_b[0]))]  # A' holds A's elements where s = 0 …
+        sign = 1.0 - 2.0 * from_a  # … and B's where s = 1: held = from_a + sign · s[case]
         order = np.argsort(-s, kind="stable")
-        case, y, s, from_b = case[order], y[order], s[order], from_b[order]
+        case, y, s, from_a, sign = case[order], y[order], s[order], from_a[order], sign[order]
+        m = len(s)
         starts = _group_starts(s)
         group = np.cumsum(np.r_[False, s[1:] != s[:-1]])  # group of each element
-        ends = np.r_[starts[1:], len(s)] - 1
+        ends = np.r_[starts[1:], m] - 1
         pos = np.flatnonzero(y == 1)
-        n_pos_upto = np.cumsum(y == 1)  # positives at or before each index
         end, before = ends[group[pos]], starts[group[pos]] - 1
-        return {"case": case, "from_a": (~from_b).astype(np.int8), "pos": pos, "end": end, "before": before,
-                "pos_end": n_pos_upto[end] - 1, "pos_before": np.where(before >= 0, n_pos_upto[before] - 1, -1)}
+        alone = bool((end == before + 1).all())  # no positive shares its score: fp before it = fp at it
+        marks = np.unique(np.r_[end, [] if alone else before[before >= 0], m - 1]).astype(np.int64)
+        seg = np.searchsorted(marks, np.arange(m))  # elements in (marks[q − 1], marks[q]] form segment q
+
+        def counts(keep: np.ndarray) -> tuple[np.ndarray, csr_matrix]:
+            const = np.bincount(seg[keep], weights=from_a[keep], minlength=len(marks))
+            return const, csr_matrix((sign[keep], (seg[keep], case[keep])), shape=(len(marks), n))
+
+        n_pos_upto = np.cumsum(y == 1)
+        return {"alone": alone, "m": m, "k": len(pos), "all": counts(np.ones(m, bool)), "pos": counts(y == 1),
+                "held": (from_a[pos], sign[pos], case[pos]), "marks": marks, "pos_upto": n_pos_upto[marks],
+                "end": np.searchsorted(marks, end),
+                "before": np.where(before >= 0, np.searchsorted(marks, np.maximum(before, 0)), -1)}
 
     def __call__(self, s: np.ndarray, lin: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per side (A', B'): class columns (P, 4·nc) and Hamming accuracy (P,)."""
         p = len(s)
         out = [np.full((p, self.nc, 4), np.nan) for _ in range(2)]
-        s8 = s.astype(np.int8) if self.ranks else None
+        st = np.ascontiguousarray(s.T) if self.ranks else None  # (n, P): rows of swaps per case
         j = 0
         for c, col in enumerate(self.cols):
             if col is None:
@@ -230,40 +260,45 @@ class _RecognitionSwap:
                 out[side][:, c, 2] = np.where(ok, 2 * tp / (2 * tp + fp + fn), np.nan)
                 out[side][:, c, 3] = np.where(ok, (total - fp - fn) / total, np.nan)
             if self.ranks:
-                for side, (auc, ap) in enumerate(self._auc_ap(s8, col)):
+                for side, (auc, ap) in enumerate(self._auc_ap(st, col)):
                     out[side][:, c, 0], out[side][:, c, 1] = auc, ap
             j += 1
         ham = [v[:, -2] / v[:, -1] for v in lin]
         return [(o.reshape(p, -1), h) for o, h in zip(out, ham)]
 
     @staticmethod
-    def _auc_ap(s8: np.ndarray, col: dict) -> list[tuple[np.ndarray, np.ndarray]]:
-        """AUC and average precision of A' and B' (each (P,)) from the cumulative counts of A''s selection."""
-        sel = np.take(s8, col["case"], axis=1) ^ col["from_a"]  # A' keeps A's score where s = 0, takes B's where 1
-        m = sel.shape[1]
-        upto = np.cumsum(sel, axis=1, dtype=np.int32)  # A''s selected elements at or before each position
-        tp_upto = np.cumsum(sel[:, col["pos"]], axis=1, dtype=np.int32)  # … of them positive, at each positive
-        pos, end, before, pos_end, pos_before = (col[k] for k in ("pos", "end", "before", "pos_end", "pos_before"))
+    def _auc_ap(st: np.ndarray, col: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+        """AUC and average precision of A' and B' (each (P,)) from A''s cumulative counts at the marked positions
+        (``st``: the swaps transposed, (n, P)); every count is an integer held exactly in float64."""
+        m, k, marks = col["m"], col["k"], col["marks"]
+        if k == 0:
+            nan = np.full(st.shape[1], np.nan)
+            return [(nan, nan), (nan, nan)]
+        const, sparse = col["all"]
+        upto = np.cumsum(const[:, None] + sparse @ st, axis=0)  # A''s elements at or before each mark
+        const, sparse = col["pos"]
+        tp_upto = np.cumsum(const[:, None] + sparse @ st, axis=0)  # … of them positive
+        from_a, sign, case = col["held"]
+        held = from_a[:, None] + sign[:, None] * st[case]  # (k, P): A' holds the positive
+        end = col["end"]
+        all_end, tp_end = upto[end], tp_upto[end]
+        ends = [(all_end, tp_end), ((marks[end] + 1)[:, None] - all_end, col["pos_upto"][end][:, None] - tp_end)]
+        total, total_p = upto[-1], tp_upto[-1]
+        totals = [(total_p, total - total_p), (k - total_p, (m - total) - (k - total_p))]
+        if not col["alone"]:
+            b, has = np.maximum(col["before"], 0), (col["before"] >= 0)[:, None]
+            all_b, tp_b = np.where(has, upto[b], 0.0), np.where(has, tp_upto[b], 0.0)
+            befores = [(all_b, tp_b), (np.where(has, (marks[b] + 1)[:, None] - all_b, 0.0),
+                                       np.where(has, col["pos_upto"][b][:, None] - tp_b, 0.0))]
         out = []
         for side in range(2):
-            if side == 0:
-                chosen, all_end, tp_end = sel[:, pos], upto[:, end], tp_upto[:, pos_end]
-                all_before = np.where(before >= 0, upto[:, np.maximum(before, 0)], 0)
-                tp_before = np.where(pos_before >= 0, tp_upto[:, np.maximum(pos_before, 0)], 0)
-                total_p, total = tp_upto[:, -1] if len(pos) else np.zeros(len(sel)), upto[:, -1]
-            else:  # B' holds every element A' does not
-                chosen = 1 - sel[:, pos]
-                all_end, tp_end = (end + 1) - upto[:, end], (pos_end + 1) - tp_upto[:, pos_end]
-                all_before = np.where(before >= 0, (before + 1) - upto[:, np.maximum(before, 0)], 0)
-                tp_before = np.where(pos_before >= 0, (pos_before + 1) - tp_upto[:, np.maximum(pos_before, 0)], 0)
-                total_p = (len(pos) - tp_upto[:, -1]) if len(pos) else np.zeros(len(sel))
-                total = m - upto[:, -1]
-            total_p, total = total_p.astype(np.float64), total.astype(np.float64)
-            total_n = total - total_p
-            fp_end, fp_before = all_end - tp_end, all_before - tp_before
-            chosen = chosen.astype(np.float64)
-            auc = (chosen * (total_n[:, None] - 0.5 * (fp_end + fp_before))).sum(axis=1) / (total_p * total_n)
-            ap = (chosen * (tp_end / np.where(all_end > 0, all_end, 1))).sum(axis=1) / total_p
+            all_e, tp_e = ends[side]
+            fp_twice = 2 * (all_e - tp_e) if col["alone"] else (all_e - tp_e) + (befores[side][0] - befores[side][1])
+            h = held if side == 0 else 1.0 - held
+            total_p, total_n = totals[side]
+            # AUC: each held positive beats the negatives below its group and half those tied with it
+            auc = (total_p * total_n - 0.5 * (h * fp_twice).sum(axis=0)) / (total_p * total_n)
+            ap = (h * (tp_e / np.maximum(all_e, 1))).sum(axis=0) / total_p
             ok = (total_p > 0) & (total_n > 0)
             out.append((np.where(ok, auc, np.nan), np.where(ok, ap, np.nan)))
         return out
