@@ -32,14 +32,12 @@ COMPARISONS_FILE = "comparisons.csv"
 RANKS_FILE = "ranks.csv"
 
 
-
 RUN_TEST = "permutation"
-"""The p-value of a run's ``comparisons.csv`` and its tables' marks: the paired bootstrap's Wald test. The paired
-permutation test (``compare_models(..., test="permutation")``), which keeps its level at every n
-(docs/statistics.md), recomputes the whole table per swap: on the GPU benchmark's half-scale stand-in it made the
-evaluation left after inference 244.7 s against 2.6 s (one H200 host, 16 cores), so runs keep the bootstrap until it
-is vectorised; call ``compare_models`` with ``test="permutation"`` where n is small (the Wald test is liberal there:
-docs/statistics.md)."""
+"""The p-value of a run's ``comparisons.csv`` and its tables' marks: the paired permutation test
+(:func:`~xbench.metrics.compare.permutation_p_values`), which keeps its level at every n (docs/statistics.md). Its
+swaps are computed in closed form (:mod:`xbench.metrics._swaps`); ``benchmarks/bench_evaluate.py --compare --test``
+measures its cost against the bootstrap's Wald test (``"bootstrap"``, liberal at small n)."""
+
 
 def compare_dataset(dataset: str, evaluated: Mapping[str, Any], *, threshold: float = 0.5,
                     metrics: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -214,8 +212,9 @@ def comparisons_blocks(run_dir: str | Path) -> list[dict]:
                                       "existed; `xbench evaluate` writes them."}]
     comparisons, ranks = loaded
     blocks: list[dict] = [{"kind": "p", "text": (
-        "Paired bootstrap over the images shared by all models (the replicates of the CIs); difference = A − B with "
-        "95 % percentile CI; p-values Holm–Bonferroni corrected over the model pairs of each dataset × metric × "
+        "Paired comparisons over the images shared by all models: difference = A − B with the 95 % percentile CI of "
+        f"the paired bootstrap (the replicates of the CIs); p-values from the paired {RUN_TEST} test, "
+        "Holm–Bonferroni corrected over the model pairs of each dataset × metric × "
         f"finding; listed: the significant ones (Holm-corrected p < {ALPHA}). Rank interval: 2.5–97.5 % quantiles "
         "of each model's rank over replicates (1 = best). Full tables: tables/comparisons.csv, tables/ranks.csv.")}]
     level_c = comparisons[comparisons["finding"].astype(str) == DATASET_LEVEL]
