@@ -54,16 +54,18 @@ class SwappedPair:
         self.lin_d = np.concatenate([x.lin_d for x in parts], axis=1)
         self.split = len(self.g.lin_a) if self.g is not None else 0
 
-    def __call__(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of A' and B' (each (P, K), the statistic's column order) for swaps ``s`` (P, n) of 0 / 1."""
-        s = np.ascontiguousarray(s, dtype=np.float64)
+    def __call__(self, s: np.ndarray, cache: SwapCache | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of A' and B' (each (P, K), the statistic's column order) for swaps ``s`` (P, n) of 0 / 1;
+        ``cache``: the :class:`SwapCache` of ``s`` shared by the pairs of one comparison (default: a fresh one)."""
+        cache = SwapCache(s) if cache is None else cache
+        s = cache.s
         x = s @ self.lin_d
         lin = (self.lin_a + x, self.lin_b - x)
         out = []
         with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)
             g = self.g(s, [v[:, :self.split] for v in lin]) if self.g is not None else None
-            r = self.r(s, [v[:, self.split:] for v in lin]) if self.r is not None else None
+            r = self.r(cache, [v[:, self.split:] for v in lin]) if self.r is not None else None
             for side in range(2):
                 parts, pooled = [], None
                 if g is not None:
@@ -79,6 +81,73 @@ class SwappedPair:
                     extra.extend(pooled.T)
                 out.append(np.concatenate([cls, np.stack(extra, axis=1)], axis=1))
         return out[0], out[1]
+
+
+class SwapCache:
+    """A batch of swaps ``s`` (P, n) and what each model's classes read of it, computed once for all the pairs
+    of a comparison: per (model, class) the cumulative count of swapped images over the model's known cases in
+    decreasing score order, of all of them and of the positives (integers). ``reads`` (:func:`shared_reads`) keeps
+    only the rows the pairs read (all rows without it)."""
+
+    def __init__(self, s: np.ndarray, reads: dict[int, tuple] | None = None):
+        self.s = np.ascontiguousarray(s, dtype=np.float64)
+        self.reads = reads or {}
+        self._t: np.ndarray | None = None
+        self._t8: np.ndarray | None = None
+        self._cumulative: dict[int, tuple] = {}
+
+    @property
+    def t(self) -> np.ndarray:
+        """The swaps transposed, (n, P) float64."""
+        if self._t is None:
+            self._t = np.ascontiguousarray(self.s.T)
+        return self._t
+
+    @property
+    def t8(self) -> np.ndarray:
+        """The swaps transposed, (n, P) int8."""
+        if self._t8 is None:
+            self._t8 = self.t.astype(np.int8)
+        return self._t8
+
+    def cumulative(self, col: tuple, rows: np.ndarray, rows_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``rows`` (``rows_pos``) of the cumulative counts of a model's class column ``col`` (its cases sorted
+        by decreasing score): row ``j`` counts the swapped images among its first ``j`` known cases (positives)."""
+        key = id(col)
+        if key not in self._cumulative:
+            case, y, _ = col
+            kept = self.reads.get(key)
+            full, full_pos = _cumulative_rows(self.t8[case]), _cumulative_rows(self.t8[case[y == 1]])
+            if kept is not None:
+                full, full_pos = full[kept[1]], full_pos[kept[2]]
+            self._cumulative[key] = (col, full, full_pos, kept)
+        _, full, full_pos, kept = self._cumulative[key]
+        if kept is None:
+            return full[rows], full_pos[rows_pos]
+        return full[np.searchsorted(kept[1], rows)], full_pos[np.searchsorted(kept[2], rows_pos)]
+
+
+def shared_reads(pairs: list[SwappedPair]) -> dict[int, tuple]:
+    """The cumulative-count rows (all, positives) each model's class columns are read at by ``pairs``, for
+    :class:`SwapCache` to keep: ``id(column) → (column, rows, positive rows)``."""
+    rows: dict[int, list] = {}
+    for pair in pairs:
+        for col in pair.r.cols if pair.r is not None else ():
+            if not col or "theta" not in col:
+                continue
+            for name in ("a", "b"):
+                entry = rows.setdefault(id(col["col_" + name]), [col["col_" + name], [], []])
+                for side in ("right", "left"):
+                    entry[1].append(col[name, side])
+                    entry[2].append(col[name, side, "pos"])
+    return {k: (c, np.unique(np.concatenate(a)), np.unique(np.concatenate(p))) for k, (c, a, p) in rows.items()}
+
+
+def _cumulative_rows(x: np.ndarray) -> np.ndarray:
+    """``[0, x[0], x[0] + x[1], …]`` along axis 0 as int32: (len(x) + 1, P)."""
+    out = np.zeros((len(x) + 1, x.shape[1]), np.int32)
+    np.cumsum(x, axis=0, dtype=np.int32, out=out[1:])
+    return out
 
 
 def _per_case(n: int, case: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -154,7 +223,9 @@ class _GroundingSwap:
                 cls[~ok, c] = np.nan
                 nums.append(num), dens.append(den), blocks.extend(block), ious.append(iou)
             pooled = np.full((p, 3), np.nan)
-            if nums:
+            if len(nums) == 1:  # one class: the pooled pairs are its pairs
+                pooled = cls[:, 0].copy()
+            elif nums:
                 den = np.sum(dens, axis=0)
                 a, best, ok = _choose(np.sum(nums, axis=0), den, t, blocks)
                 pooled = np.stack([best, sum(f(a) for f in ious) / np.where(ok, den, 1.0), t[a]], axis=1)
@@ -205,7 +276,10 @@ class _RecognitionSwap:
                 # tp, fp, fn, positives, cases (weighted_f1_accuracy's sums)
                 out.append(_per_case(n, case, np.stack([pred * y, pred * (1 - y), (1 - pred) * y, y,
                                                         np.ones_like(y)], axis=1)))
-            self.cols.append(self._ranks(col_a, col_b, n) if ranks else {})
+            if ranks:
+                self.cols.append(_thresholds(col_a, col_b) or self._ranks(col_a, col_b, n))
+            else:
+                self.cols.append({})
         lin_a.append(_per_case(n, np.arange(n), np.stack([ra.correct, ra.n_known], axis=1)))
         lin_b.append(_per_case(n, np.arange(n), np.stack([rb.correct, rb.n_known], axis=1)))
         la, lb = np.concatenate(lin_a, axis=1), np.concatenate(lin_b, axis=1)
@@ -245,11 +319,10 @@ class _RecognitionSwap:
                 "end": np.searchsorted(marks, end),
                 "before": np.where(before >= 0, np.searchsorted(marks, np.maximum(before, 0)), -1)}
 
-    def __call__(self, s: np.ndarray, lin: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def __call__(self, cache: SwapCache, lin: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per side (A', B'): class columns (P, 4·nc) and Hamming accuracy (P,)."""
-        p = len(s)
+        p = len(cache.s)
         out = [np.full((p, self.nc, 4), np.nan) for _ in range(2)]
-        st = np.ascontiguousarray(s.T) if self.ranks else None  # (n, P): rows of swaps per case
         j = 0
         for c, col in enumerate(self.cols):
             if col is None:
@@ -260,7 +333,8 @@ class _RecognitionSwap:
                 out[side][:, c, 2] = np.where(ok, 2 * tp / (2 * tp + fp + fn), np.nan)
                 out[side][:, c, 3] = np.where(ok, (total - fp - fn) / total, np.nan)
             if self.ranks:
-                for side, (auc, ap) in enumerate(self._auc_ap(st, col)):
+                ranked = _auc_ap_cumulative(cache, col) if "theta" in col else self._auc_ap(cache.t, col)
+                for side, (auc, ap) in enumerate(ranked):
                     out[side][:, c, 0], out[side][:, c, 1] = auc, ap
             j += 1
         ham = [v[:, -2] / v[:, -1] for v in lin]
@@ -302,3 +376,73 @@ class _RecognitionSwap:
             ok = (total_p > 0) & (total_n > 0)
             out.append((np.where(ok, auc, np.nan), np.where(ok, ap, np.nan)))
         return out
+
+
+def _thresholds(col_a: tuple, col_b: tuple) -> dict | None:
+    """Where A' and B' read both models' cumulative counts (:meth:`SwapCache.cumulative`) for AUC / AP: at every
+    positive's two scores θ (A's, then B's), the number of each model's cases (and positives) scoring ≥ θ and > θ.
+    None when the two columns do not hold the same cases with the same labels (then :meth:`_RecognitionSwap._ranks`)."""
+    (ca, ya, sa), (cb, yb, sb) = col_a, col_b
+    oa, ob = np.argsort(ca, kind="stable"), np.argsort(cb, kind="stable")
+    if len(ca) != len(cb) or not (np.array_equal(ca[oa], cb[ob]) and np.array_equal(ya[oa], yb[ob])):
+        return None
+    pos_a = np.flatnonzero(ya == 1)
+    case = ca[pos_a]
+    score_b = np.empty(len(ca))
+    score_b[oa] = sb[ob]  # B's score of each of A's cases (A's order)
+    theta = np.r_[sa[pos_a], score_b[pos_a]]
+    out = {"theta": theta, "case": np.r_[case, case], "k": len(pos_a), "n": len(ca),
+           "from_a": np.r_[np.ones(len(pos_a)), np.zeros(len(pos_a))][:, None],
+           "alone": bool(len(np.unique(np.r_[sa, sb])) == 2 * len(sa)), "col_a": col_a, "col_b": col_b}
+    for name, (sc, yc) in (("a", (sa, ya)), ("b", (sb, yb))):
+        for side in ("right", "left"):  # ≥ θ, > θ
+            out[name, side] = np.searchsorted(-sc, -theta, side=side)
+            out[name, side, "pos"] = np.searchsorted(-sc[yc == 1], -theta, side=side)
+    return out
+
+
+def _auc_ap_cumulative(cache: SwapCache, col: dict) -> list[tuple[np.ndarray, np.ndarray]]:
+    """AUC and average precision of A' and B' from each model's cumulative counts (:func:`_thresholds`): A' holds
+    ``#(A ≥ θ) − (swapped among them) + (swapped among B ≥ θ)`` cases scoring ≥ θ, B' the rest of both; every
+    count is an integer held exactly in float64."""
+    k, n = col["k"], col["n"]
+    if k == 0 or k == n:
+        nan = np.full(len(cache.s), np.nan)
+        return [(nan, nan), (nan, nan)]
+    def held_by_a(side: str) -> tuple[np.ndarray, np.ndarray]:
+        """A''s cases and positives scoring ≥ θ (``side="right"``) or > θ (``"left"``), each (2k, P) int32."""
+        ca, cb = col["a", side], col["b", side]
+        pa, pb = col["a", side, "pos"], col["b", side, "pos"]
+        g_a, gp_a = cache.cumulative(col["col_a"], ca, pa)
+        g_b, gp_b = cache.cumulative(col["col_b"], cb, pb)
+        total = g_b - g_a
+        total += ca[:, None].astype(np.int32)
+        tp = gp_b - gp_a
+        tp += pa[:, None].astype(np.int32)
+        return total, tp
+
+    ge, ge_p = held_by_a("right")
+    both_ge = (col["a", "right"] + col["b", "right"])[:, None]  # A' and B' together hold both models' cases
+    both_ge_p = (col["a", "right", "pos"] + col["b", "right", "pos"])[:, None]
+    fp_a = ge - ge_p
+    fp_b = (both_ge - both_ge_p) - fp_a
+    if col["alone"]:  # no tied scores: a held positive's own score is the only one at θ
+        fp_twice = [2 * fp_a, 2 * fp_b]
+    else:
+        gt, gt_p = held_by_a("left")
+        fp_gt_a = gt - gt_p
+        fp_gt_b = ((col["a", "left"] + col["b", "left"]) - (col["a", "left", "pos"] + col["b", "left", "pos"]))[:, None] - fp_gt_a
+        fp_twice = [fp_a + fp_gt_a, fp_b + fp_gt_b]
+    swapped = cache.t8[col["case"]]
+    held = np.where(col["from_a"] == 1, 1 - swapped, swapped)  # A' holds A's score where s = 0, B's where s = 1
+    precision = [ge_p / np.maximum(ge, 1), (both_ge_p - ge_p) / np.maximum(both_ge - ge, 1)]
+    n_neg = n - k
+    out = []
+    for side in range(2):
+        h = held if side == 0 else 1 - held
+        # AUC: each held positive beats the negatives below θ and half those tied with it (exact integer sums)
+        beaten = (h * fp_twice[side]).sum(axis=0, dtype=np.int64)
+        auc = (k * n_neg - 0.5 * beaten) / (k * n_neg)
+        ap = (h * precision[side]).sum(axis=0) / k
+        out.append((auc, ap))
+    return out

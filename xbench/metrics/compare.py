@@ -55,7 +55,7 @@ import pandas as pd
 from scipy.stats import norm, rankdata
 
 from ..core.errors import XBenchError
-from ._swaps import SwappedPair
+from ._swaps import SwapCache, SwappedPair, shared_reads
 from .stats import AUC, AUPRC, BEST_TAU, DICE_BEST, IOU_BEST, POINTING, ScoredTable, dice_at, iou_at
 
 __all__ = [
@@ -265,7 +265,7 @@ def permutation_p_values(a: ScoredTable, b: ScoredTable, rows: np.ndarray, *, n_
     if n_perm < 1:
         raise ValueError(f"n_perm must be ≥ 1; got {n_perm}")
     swaps, exact = _swaps(len(a.cases), n_perm, seed, batch_size)
-    return _permutation(a, b, np.asarray(rows, dtype=int), swaps, exact)
+    return _permutation([a, b], [(0, 1)], np.asarray(rows, dtype=int), swaps, exact)[0]
 
 
 def _check_permutable(a: ScoredTable, b: ScoredTable) -> None:
@@ -293,36 +293,48 @@ def _swaps(n: int, n_perm: int, seed: int, batch_size: int) -> tuple[np.ndarray,
     return np.concatenate(parts), exact
 
 
-def _permutation(a: ScoredTable, b: ScoredTable, rows: np.ndarray, swaps: np.ndarray, exact: bool
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`permutation_p_values` on given swaps: ``p = #extreme / 2^n`` (exact) or ``(1 + #extreme) /
-    (1 + #defined)``, ``|T*| ≥ |T|`` up to 1e-12 relative (ties count as extreme)."""
-    n = len(a.cases)
-    metrics = set(a.table["metric"].to_numpy()[rows]) if len(rows) else set()
-    pair = SwappedPair(a.statistic, b.statistic, n, curves=bool(metrics & {DICE_BEST, IOU_BEST, BEST_TAU}),
-                       ranks=bool(metrics & {AUC, AUPRC}))
+def _permutation(tables: Sequence[ScoredTable], pairs: Sequence[tuple[int, int]], rows: np.ndarray,
+                 swaps: np.ndarray, exact: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`permutation_p_values` of each pair ``(i, j)`` of ``tables`` on the given swaps, batch by batch (each
+    batch's per-model counts shared by the pairs, :class:`~xbench.metrics._swaps.SwapCache`): ``p = #extreme / 2^n``
+    (exact) or ``(1 + #extreme) / (1 + #defined)``, ``|T*| ≥ |T|`` up to 1e-12 relative (ties count as extreme)."""
+    n = len(tables[0].cases)
+    metrics = set(tables[0].table["metric"].to_numpy()[rows]) if len(rows) else set()
+    curves, ranks = bool(metrics & {DICE_BEST, IOU_BEST, BEST_TAU}), bool(metrics & {AUC, AUPRC})
+    engines = [SwappedPair(tables[i].statistic, tables[j].statistic, n, curves=curves, ranks=ranks) for i, j in pairs]
 
-    def diff(swap: np.ndarray) -> np.ndarray:
-        ta, tb = pair(swap)
+    def diff(engine: SwappedPair, cache: SwapCache) -> np.ndarray:
+        ta, tb = engine(cache.s, cache)
         return ta[:, rows] - tb[:, rows]
 
+    reads = shared_reads(engines)
+    held = sum(len(rows_all) + len(rows_pos) for _, rows_all, rows_pos in reads.values())
+    chunk = max(1, min(len(swaps), _CHUNK // max(n, 1), _CACHE // max(held, 1)))
+    out = []
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
-        observed = diff(np.zeros((1, n)))[0]
-        extreme, defined = np.zeros(len(rows)), np.zeros(len(rows))
-        tol = 1e-12 * np.maximum(1.0, np.abs(observed))
-        chunk = max(1, min(len(swaps), _CHUNK // max(n, 1)))
+        zero = SwapCache(np.zeros((1, n)))
+        observed = [diff(e, zero)[0] for e in engines]
+        extreme = [np.zeros(len(rows)) for _ in engines]
+        defined = [np.zeros(len(rows)) for _ in engines]
+        tol = [1e-12 * np.maximum(1.0, np.abs(o)) for o in observed]
         for start in range(0, len(swaps), chunk):
-            t = diff(swaps[start:start + chunk])
-            ok = ~np.isnan(t)
-            extreme += (ok & (np.abs(t) >= np.abs(observed) - tol)).sum(axis=0)
-            defined += ok.sum(axis=0)
-        p = extreme / defined if exact else (1 + extreme) / (1 + defined)
-    return observed, np.where(np.isnan(observed), np.nan, np.minimum(p, 1.0))
+            cache = SwapCache(swaps[start:start + chunk], reads)
+            for e, engine in enumerate(engines):
+                t = diff(engine, cache)
+                ok = ~np.isnan(t)
+                extreme[e] += (ok & (np.abs(t) >= np.abs(observed[e]) - tol[e])).sum(axis=0)
+                defined[e] += ok.sum(axis=0)
+        for o, x, d in zip(observed, extreme, defined):
+            p = x / d if exact else (1 + x) / (1 + d)
+            out.append((o, np.where(np.isnan(o), np.nan, np.minimum(p, 1.0))))
+    return out
 
 
 #: Swap × image cells computed together (bounds memory: a few arrays of this many values).
 _CHUNK = 2_000_000
+#: Swap × count cells of a batch's shared counts (int32 each).
+_CACHE = 60_000_000
 
 
 def rank_intervals(point: np.ndarray, reps: np.ndarray, *, level: float = 0.95) -> dict[str, np.ndarray]:
@@ -477,8 +489,8 @@ def compare_models(results: Mapping[str, ScoredTable], *, dataset: str, metrics:
         if n_perm < 1:
             raise ValueError(f"n_perm must be ≥ 1; got {n_perm}")
         swaps, exact = _swaps(n_cases, n_perm, seed, 100)  # the same swaps for every pair (permutation_p_values)
-        diff["p_value"] = np.stack([_permutation(results[names[i]], results[names[j]], rows, swaps, exact)[1]
-                                    for i, j in zip(ia, ib)])
+        tested = _permutation([results[name] for name in names], list(zip(ia, ib)), rows, swaps, exact)
+        diff["p_value"] = np.stack([p for _, p in tested])
     p_holm = holm(diff["p_value"], axis=0)  # family: the pairs of one (finding, metric)
     family = (~np.isnan(diff["p_value"])).sum(axis=0)
     pair = np.repeat(np.arange(len(ia)), k)
