@@ -22,7 +22,8 @@ from xbench.metrics._swaps import SwappedPair
 T = np.round(np.linspace(0.0, 1.0, 11), 2)
 
 
-def _tables(rng: np.random.Generator, n: int, *, ties: bool, undefined: bool, models: str = "ab"):
+def _tables(rng: np.random.Generator, n: int, *, ties: bool, undefined: bool, models: str = "ab",
+            relabel: bool = False):
     cases = pd.Index([f"c{i}" for i in range(n)])
     findings = ["f0", "f1", "f2", "empty"]
     labels = pd.DataFrame(rng.integers(0, 2, (n, 4)).astype(float), index=cases, columns=findings)
@@ -31,6 +32,9 @@ def _tables(rng: np.random.Generator, n: int, *, ties: bool, undefined: bool, mo
     rows = [(i, f) for i in range(n) for f in findings[:3] if rng.random() < 0.6]
     out = {}
     for m in models:
+        if relabel and m != models[0]:  # another model scored against other labels: other known cases per class
+            labels = labels.mask(rng.random(labels.shape) < 0.1)
+            labels.iloc[0, 0] = 1 - labels.iloc[0, 0] if labels.iloc[0, 0] in (0, 1) else 1
         score = rng.random((n, 4))
         d = rng.random((len(rows), T.size))
         if ties:  # few distinct values: tied scores, tied Dice means over τ (exact best-τ ties), tied statistics
@@ -82,10 +86,11 @@ def _reference_p_values(a, b, rows, *, n_perm, seed, batch_size=100):
 
 @pytest.mark.parametrize("ties", [True, False])
 @pytest.mark.parametrize("undefined", [True, False])
-def test_swapped_rows_equal_the_paired_statistic(ties, undefined):
-    rng = np.random.default_rng([int(ties), int(undefined)])
+@pytest.mark.parametrize("relabel", [False, True])  # True: the two models' classes hold different known cases
+def test_swapped_rows_equal_the_paired_statistic(ties, undefined, relabel):
+    rng = np.random.default_rng([int(ties), int(undefined), int(relabel)])
     for _ in range(4):
-        t = _tables(rng, 23, ties=ties, undefined=undefined)
+        t = _tables(rng, 23, ties=ties, undefined=undefined, relabel=relabel)
         a, b = t["a"].statistic, t["b"].statistic
         s = rng.integers(0, 2, (150, 23)).astype(float)
         joint = a.paired(b)

@@ -183,7 +183,7 @@ class _GroundingSwap:
             self.classes.append({"cases": cases, "case_a": ca, "case_b": cb, "d_a": da, "d_b": db,
                                  "tot": [(d_a.sum(axis=0), j_a.sum(axis=0), c_a.sum()),
                                          (d_b.sum(axis=0), j_b.sum(axis=0), c_b.sum())],
-                                 "dd": d_b - d_a, "dj": j_b - j_a, "dc": c_b - c_a})
+                                 "delta": np.hstack([d_b - d_a, j_b - j_a, (c_b - c_a)[:, None]])})
 
     def __call__(self, s: np.ndarray, lin: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per side (A', B'): class columns (P, nc·(k+3)) and pooled columns (P, k+3)."""
@@ -204,22 +204,20 @@ class _GroundingSwap:
     def _curves(self, s: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per side (A', B'): best-τ columns (P, nc, 3) per class and (P, 3) pooled."""
         p, t = len(s), self.t
+        nt, rows = t.size, np.arange(p)
         out = []
-        shared = []
-        for x in self.classes:
-            sc = s[:, x["cases"]]
-            shared.append((sc, sc @ x["dd"], sc @ x["dc"]))
+        shared = [s[:, x["cases"]] @ x["delta"] for x in self.classes]  # (P, 2T + 1): Dice, IoU sums, pairs
         for side, sign in enumerate((1.0, -1.0)):
             cls = np.full((p, self.nc, 3), np.nan)
             nums, dens, blocks, ious = [], [], [], []
-            for c, (x, (sc, dd, dc)) in enumerate(zip(self.classes, shared)):
+            for c, (x, moved) in enumerate(zip(self.classes, shared)):
                 tot_d, tot_j, tot_c = x["tot"][side]
-                num, den = tot_d + sign * dd, tot_c + sign * dc
+                num, den = tot_d + sign * moved[:, :nt], tot_c + sign * moved[:, -1]
+                iou = tot_j + sign * moved[:, nt:2 * nt]
                 block = [(_Weights(s, x["case_a"], side == 0), x["d_a"]), (_Weights(s, x["case_b"], side == 1),
                                                                            x["d_b"])]
-                iou = _IouAt(tot_j, sign, sc, x["dj"])
                 a, best, ok = _choose(num, den, t, block)
-                cls[:, c] = np.stack([best, iou(a) / np.where(ok, den, 1.0), t[a]], axis=1)
+                cls[:, c] = np.stack([best, iou[rows, a] / np.where(ok, den, 1.0), t[a]], axis=1)
                 cls[~ok, c] = np.nan
                 nums.append(num), dens.append(den), blocks.extend(block), ious.append(iou)
             pooled = np.full((p, 3), np.nan)
@@ -228,7 +226,7 @@ class _GroundingSwap:
             elif nums:
                 den = np.sum(dens, axis=0)
                 a, best, ok = _choose(np.sum(nums, axis=0), den, t, blocks)
-                pooled = np.stack([best, sum(f(a) for f in ious) / np.where(ok, den, 1.0), t[a]], axis=1)
+                pooled = np.stack([best, sum(j[rows, a] for j in ious) / np.where(ok, den, 1.0), t[a]], axis=1)
                 pooled[~ok] = np.nan
             out.append((cls, pooled))
         return out
@@ -244,16 +242,6 @@ class _Weights:
     def __getitem__(self, row: int) -> np.ndarray:
         w = self.s[row, self.case]
         return 1.0 - w if self.keep else w
-
-
-class _IouAt:
-    """A side's IoU sums of a class at one τ index per row: ``tot[a] + sign · Σ_i s_i Δ[i, a]``."""
-
-    def __init__(self, tot: np.ndarray, sign: float, s: np.ndarray, delta: np.ndarray):
-        self.tot, self.sign, self.s, self.delta = tot, sign, s, delta
-
-    def __call__(self, a: np.ndarray) -> np.ndarray:
-        return self.tot[a] + self.sign * np.einsum("pi,ip->p", self.s, self.delta[:, a])
 
 
 class _RecognitionSwap:
