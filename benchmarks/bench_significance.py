@@ -2,8 +2,8 @@
 
 Every simulated dataset goes through the library's own path: per model a :func:`~xbench.metrics.scored_table`
 (per-pair rows with Dice / IoU curves, labels and scores; no bootstrap, the test does not use it), then
-:func:`~xbench.metrics.compare_models` with the runs' test (``xbench.evaluation.comparisons.RUN_TEST``: the paired
-permutation test), Holm over the model pairs of each (finding, metric) column. A "finding" of the tables is one simulated dataset, so one call scores ``--sims``
+:func:`~xbench.metrics.compare_models` (paired permutation test, Holm over the model pairs of each
+(finding, metric) column). A "finding" of the tables is one simulated dataset, so one call scores ``--sims``
 datasets at once.
 
 Simulation (per dataset, ``n`` images, ``K`` models): an image's difficulty ``u ~ N(0, 1)`` is shared by the
@@ -32,7 +32,6 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from xbench.evaluation.comparisons import RUN_TEST
 from xbench.metrics import compare_models, scored_table
 from xbench.metrics.compare import compared_metrics
 
@@ -82,7 +81,7 @@ def study(n: int, k: int, sims: int, *, shift: float = 0.0, n_perm: int = 1000, 
     rows = []
     for start in range(0, sims, block):
         tables = simulate(rng, n, k, min(block, sims - start), shift)
-        comp, _ = compare_models(tables, dataset="sim", metrics=METRICS, n_perm=n_perm, test=RUN_TEST,
+        comp, _ = compare_models(tables, dataset="sim", metrics=METRICS, n_perm=n_perm, test="permutation",
                                  seed=int(rng.integers(2**31)))
         comp = comp[comp["finding"].str.startswith("s")]
         for (finding, metric), g in comp.groupby(["finding", "metric"], sort=False):

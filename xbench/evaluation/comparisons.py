@@ -32,11 +32,14 @@ COMPARISONS_FILE = "comparisons.csv"
 RANKS_FILE = "ranks.csv"
 
 
-RUN_TEST = "permutation"
-"""The p-value of a run's ``comparisons.csv`` and its tables' marks: the paired permutation test
-(:func:`~xbench.metrics.compare.permutation_p_values`), which keeps its level at every n (docs/statistics.md). Its
-swaps are computed in closed form (:mod:`xbench.metrics._swaps`); ``benchmarks/bench_evaluate.py --compare --test``
-measures its cost against the bootstrap's Wald test (``"bootstrap"``, liberal at small n)."""
+RUN_TEST = "bootstrap"
+"""The p-value of a run's ``comparisons.csv`` and its tables' marks: the paired bootstrap's Wald test. The paired
+permutation test (``"permutation"``: :func:`~xbench.metrics.compare.permutation_p_values`, swaps in closed form by
+:mod:`xbench.metrics._swaps`) keeps its level at every n, where the Wald test is liberal at small n
+(docs/statistics.md); at the paper's scale on 2 CPU cores it makes the whole evaluation 2.3–2.5× the bootstrap's
+(``benchmarks/bench_evaluate.py --models 7 --compare --test permutation|bootstrap``: 52.0 s against 22.2 s of CPU for
+the tables and comparisons, 318 s against 127 s of wall time with ground truth), above the 2× at which runs switch to
+it. Call ``compare_models(..., test="permutation")`` on scored tables where n is small."""
 
 
 def compare_dataset(dataset: str, evaluated: Mapping[str, Any], *, threshold: float = 0.5,
@@ -212,9 +215,8 @@ def comparisons_blocks(run_dir: str | Path) -> list[dict]:
                                       "existed; `xbench evaluate` writes them."}]
     comparisons, ranks = loaded
     blocks: list[dict] = [{"kind": "p", "text": (
-        "Paired comparisons over the images shared by all models: difference = A − B with the 95 % percentile CI of "
-        f"the paired bootstrap (the replicates of the CIs); p-values from the paired {RUN_TEST} test, "
-        "Holm–Bonferroni corrected over the model pairs of each dataset × metric × "
+        "Paired bootstrap over the images shared by all models (the replicates of the CIs); difference = A − B with "
+        "95 % percentile CI; p-values Holm–Bonferroni corrected over the model pairs of each dataset × metric × "
         f"finding; listed: the significant ones (Holm-corrected p < {ALPHA}). Rank interval: 2.5–97.5 % quantiles "
         "of each model's rank over replicates (1 = best). Full tables: tables/comparisons.csv, tables/ranks.csv.")}]
     level_c = comparisons[comparisons["finding"].astype(str) == DATASET_LEVEL]

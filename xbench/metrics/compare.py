@@ -22,11 +22,11 @@ Conventions (docs/metrics.md: the conventions table and "Which differences are r
   ``iou@best`` τ is re-chosen for each permuted model by the table's exact rule (ties → smallest τ).
   ``p = (1 + #{|T*| ≥ |T|}) / (1 + P)`` over ``P = n_perm`` seeded draws (exact enumeration of all ``2^n`` swaps
   when ``2^n ≤ n_perm``, then ``p = #{|T*| ≥ |T|} / 2^n``), so ``P(p ≤ α) ≤ α`` at every ``n`` (a randomisation
-  test; ties of ``|T*|`` with ``|T|`` count as extreme). Runs use it (``xbench.evaluation.comparisons.RUN_TEST``).
-  The paired bootstrap's Wald p (``test="bootstrap"``, ``2·Φ(−|difference| / se)``) rests on a normal
+  test; ties of ``|T*|`` with ``|T|`` count as extreme). The paired bootstrap's Wald p (``test="bootstrap"``, ``2·Φ(−|difference| / se)``) rests on a normal
   approximation that need not hold at small ``n`` (liberal there: docs/statistics.md); it is kept for tables
-  without their statistic; there ``se = 0`` gives p = 1 for a zero difference and ``1 / (B + 1)`` otherwise (every
-  replicate on one side of 0: the smallest p ``B`` replicates can show, not p = 0). The percentile CI stays the
+  without their statistic and used by runs (``xbench.evaluation.comparisons.RUN_TEST``: the permutation test costs
+  2.3–2.5× the whole evaluation at the paper's scale); there ``se = 0`` gives p = 1 for a zero difference and
+  ``1 / (B + 1)`` otherwise (every replicate on one side of 0: the smallest p ``B`` replicates can show, not p = 0). The percentile CI stays the
   bootstrap's, so near α the CI and the test can disagree; ``significant`` follows the test. The null simulation
   ``benchmarks/bench_significance.py`` measures the level and the power (docs/statistics.md).
 * **Correction.** Holm–Bonferroni over one **family = the model pairs of one (dataset, finding,
