@@ -31,7 +31,7 @@ the tables differ.
 
 With ``--compare`` it also times the paired model comparisons of each dataset
 (:func:`xbench.metrics.compare_models` on the replicates the tables' CIs used, as
-``evaluate_run`` does) and prints their cost as a fraction of the evaluation
+``evaluate_run`` does; ``--test`` picks the p-value, default the run's) and prints their cost as a fraction of the evaluation
 time of the same run; ``--json PATH`` writes the timings.
 
 Models are independent, so ``--models k`` measures ``k`` of them and the serial
@@ -69,6 +69,7 @@ from threadpoolctl import threadpool_info
 from xbench.core.errors import XBenchWarning
 from xbench.core.workers import one_blas_thread, process_pool
 from xbench.datasets.regions import Box, Polygon
+from xbench.evaluation.comparisons import RUN_TEST
 from xbench.evaluation.ground_truth import GroundTruth, rasterize_stack, read_cache, write_cache
 from xbench.metrics import ScoredTable, compare_models, grounding_scores, scored_table
 from xbench.spec.registry import dataset_manifest
@@ -284,7 +285,7 @@ def run_phase(prepared: list, args: argparse.Namespace, folder: Path, workers: i
                 scored[f"model{m}"] = result
             if args.compare:
                 w, c = time.perf_counter(), time.process_time()
-                comparisons, ranks = compare_models(scored, dataset=spec.name)
+                comparisons, ranks = compare_models(scored, dataset=spec.name, test=args.test)
                 for frame in (comparisons, ranks):
                     compare_digest.update(frame.to_csv(index=False).encode())
                 dw, dc = time.perf_counter() - w, time.process_time() - c
@@ -312,6 +313,8 @@ def main() -> None:
                         help="also evaluate with this many worker processes, in the same run (default 1: serial only)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's default)")
     parser.add_argument("--compare", action="store_true", help="also time the paired model comparisons per dataset")
+    parser.add_argument("--test", choices=("permutation", "bootstrap"), default=RUN_TEST,
+                        help="the comparisons' p-value (default: the run's, xbench.evaluation.comparisons.RUN_TEST)")
     parser.add_argument("--json", type=Path, help="write the timings to this JSON file")
     args = parser.parse_args()
     if args.threads is not None:
@@ -376,7 +379,7 @@ def main() -> None:
                   "serial": {"wall_s": round(serial["wall_s"], 3)},
                   "per_dataset": serial["per_dataset"]}
         if args.compare:
-            record["compare"] = {"wall_s": round(serial["compare_wall_s"], 3), "cpu_s": round(serial["compare_cpu_s"], 3),
+            record["compare"] = {"test": args.test, "wall_s": round(serial["compare_wall_s"], 3), "cpu_s": round(serial["compare_cpu_s"], 3),
                                  "comparison_rows": serial["comparison_rows"],
                                  "wall_fraction_of_evaluate": round(serial["compare_wall_s"] / wall, 4),
                                  "cpu_fraction_of_evaluate": round(serial["compare_cpu_s"] / cpu, 4)}

@@ -81,7 +81,7 @@ def study(n: int, k: int, sims: int, *, shift: float = 0.0, n_perm: int = 1000, 
     rows = []
     for start in range(0, sims, block):
         tables = simulate(rng, n, k, min(block, sims - start), shift)
-        comp, _ = compare_models(tables, dataset="sim", metrics=METRICS, n_perm=n_perm,
+        comp, _ = compare_models(tables, dataset="sim", metrics=METRICS, n_perm=n_perm, test="permutation",
                                  seed=int(rng.integers(2**31)))
         comp = comp[comp["finding"].str.startswith("s")]
         for (finding, metric), g in comp.groupby(["finding", "metric"], sort=False):

@@ -204,6 +204,21 @@ def test_copy_of_a_model_is_never_significant(phantom):
     assert (ranks.dropna(subset=["rank"])["rank"] == 1).all()  # tied: both first
 
 
+def test_runs_write_the_p_values_of_their_test(phantom):
+    """A run's comparisons.csv (and so its tables' marks) holds the p-values of ``RUN_TEST``, not the other test's."""
+    from xbench.evaluation.comparisons import RUN_TEST
+
+    comp = phantom["compared"][0]
+    scored = {m: _evaluated(phantom, m).scored for m in dict.fromkeys([*comp["model_a"], *comp["model_b"]])}
+    keys = ["finding", "metric", "model_a", "model_b"]
+    got = comp.assign(finding=comp["finding"].astype(str)).set_index(keys)["p_value"]
+    for test in ("permutation", "bootstrap"):
+        want = compare_models(scored, dataset="phantom", test=test)[0]
+        want = want.assign(finding=want["finding"].astype(str)).set_index(keys)["p_value"].reindex(got.index)
+        same = np.allclose(got, want, rtol=1e-12, atol=0, equal_nan=True)
+        assert same == (test == RUN_TEST), test
+
+
 @pytest.mark.filterwarnings("ignore::xbench.core.errors.XBenchWarning")  # dropped replicates of the small phantom
 def test_models_on_different_cases_are_compared_on_the_shared_ones(phantom):
     a, b = _evaluated(phantom, "ref_patchsim"), _evaluated(phantom, "random_prior")

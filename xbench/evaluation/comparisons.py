@@ -32,14 +32,14 @@ COMPARISONS_FILE = "comparisons.csv"
 RANKS_FILE = "ranks.csv"
 
 
+RUN_TEST = "permutation"
+"""The p-value of a run's ``comparisons.csv`` and its tables' marks: the paired permutation test
+(:func:`~xbench.metrics.compare.permutation_p_values`, swaps in closed form by :mod:`xbench.metrics._swaps`), which
+keeps its level at every n, where the bootstrap's Wald test (``"bootstrap"``) is liberal at small n
+(docs/statistics.md). Its cost at the paper's scale on 2 CPU cores: 52.0 s against 22.2 s of CPU for the tables and
+comparisons, 318 s against 127 s of wall time with ground truth (``benchmarks/bench_evaluate.py --models 7 --compare
+--test permutation|bootstrap``); ``compare_models(..., test="bootstrap")`` gives the Wald test on scored tables."""
 
-RUN_TEST = "bootstrap"
-"""The p-value of a run's ``comparisons.csv`` and its tables' marks: the paired bootstrap's Wald test. The paired
-permutation test (``compare_models(..., test="permutation")``), which keeps its level at every n
-(docs/statistics.md), recomputes the whole table per swap: on the GPU benchmark's half-scale stand-in it made the
-evaluation left after inference 244.7 s against 2.6 s (one H200 host, 16 cores), so runs keep the bootstrap until it
-is vectorised; call ``compare_models`` with ``test="permutation"`` where n is small (the Wald test is liberal there:
-docs/statistics.md)."""
 
 def compare_dataset(dataset: str, evaluated: Mapping[str, Any], *, threshold: float = 0.5,
                     metrics: Sequence[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -25,8 +25,8 @@ import pandas as pd
 import torch
 
 from ..datasets import BaseDataset
-from ..core.errors import XBenchWarning
-from ..metrics.faithfulness import deletion_auc, insertion_auc, randomisation_similarity, road_gap
+from ..core.errors import XBenchError, XBenchWarning
+from ..metrics.faithfulness import blurred, deletion_auc, insertion_auc, randomisation_similarity, road_gap
 from ..models import Adapter, create_model
 from ..models.base import weight_entries
 from .base import ExplainedAdapter
@@ -90,10 +90,19 @@ class _ClassScore(_Scores):
 
 def faithfulness_table(adapter: Adapter, dataset: BaseDataset, *, cases: int | None = None, steps: int = 10,
                        road: bool = True, road_fractions: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9),
-                       randomise: bool = True, seed: int = 0, batch_size: int = 32) -> pd.DataFrame:
+                       randomise: bool = True, seed: int = 0, batch_size: int = 32,
+                       insertion_start: str = "baseline") -> pd.DataFrame:
     """Per (positive case, finding): score, deletion / insertion AUC (``steps`` steps, black-image baseline),
     ROAD gap (at ``road_fractions``, noise 0.01; NaN unless ``road``) and randomisation similarity (Spearman;
-    NaN unless ``randomise``), for the first ``cases`` cases of ``dataset`` (all when None)."""
+    NaN unless ``randomise``), for the first ``cases`` cases of ``dataset`` (all when None).
+
+    ``insertion_start``: what insertion starts from — ``"baseline"`` (XBench's convention: the preprocessed black
+    image, the one deletion ends at) or ``"blur"`` (RISE's, Petsiuk et al. BMVC 2018: each preprocessed image
+    blurred by :func:`~xbench.metrics.faithfulness.blurred`, Gaussian kernel 11 × 11, σ = 5). Deletion always ends
+    at the black baseline (RISE's zeros of the normalised input: ``deletion_auc(..., baseline=0.0)``). Both count
+    ``⌊f·P⌋`` changed pixels after a fraction ``f`` (:mod:`xbench.metrics.faithfulness`)."""
+    if insertion_start not in ("baseline", "blur"):
+        raise XBenchError(f"insertion_start must be 'baseline' or 'blur'; got {insertion_start!r}")
     n = len(dataset) if cases is None else min(cases, len(dataset))
     prompts = [dataset.prompts[f] for f in dataset.findings]
     labels = dataset.labels()[:n]
@@ -115,7 +124,8 @@ def faithfulness_table(adapter: Adapter, dataset: BaseDataset, *, cases: int | N
     fn = _Scores(adapter, prompts, cls)  # deletion / insertion: all findings in one stream of batches
     kw = dict(steps=steps, baseline=base, batch_size=batch_size)
     col = {"deletion_auc": deletion_auc(fn, images[case], maps[case, cls], **kw),
-           "insertion_auc": insertion_auc(fn, images[case], maps[case, cls], **kw),
+           "insertion_auc": insertion_auc(fn, images[case], maps[case, cls], **{
+               **kw, "baseline": blurred(images[case]) if insertion_start == "blur" else base}),
            "road_gap": np.full(len(pairs), np.nan),
            "randomisation_similarity": randomisation_similarity(maps[case, cls], rand_maps[case, cls]) if randomise
            else np.full(len(pairs), np.nan)}

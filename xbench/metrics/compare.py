@@ -14,18 +14,21 @@ Conventions (docs/metrics.md: the conventions table and "Which differences are r
 * **p-value.** Two-sided, from a **paired permutation test** (default ``test="permutation"``): under "the two
   models are exchangeable on each image", swapping the two models' outputs of an image leaves the distribution
   unchanged. A permuted model takes each image from A or B by a fair coin (the same coins for every row of the
-  table); the statistic is recomputed from the images' raw data (:meth:`ScoredTable.statistic
-  <xbench.metrics.stats.ScoredTable>`), so for the per-pair means (pointing, Dice / IoU at τ) it is the sign-flip
-  test of the per-image differences, for AUC / AUPRC the permutation of the model labels per image, and for
-  ``dice@best`` / ``iou@best`` τ is re-chosen for each permuted model. ``p = (1 + #{|T*| ≥ |T|}) / (1 + P)`` over
-  ``P = n_perm`` seeded draws (exact enumeration of all ``2^n`` swaps when ``2^n ≤ n_perm``), so
-  ``P(p ≤ α) ≤ α`` at every ``n`` (a randomisation test; ties of ``|T*|`` with ``|T|`` count as extreme). The
-  paired bootstrap's Wald p (``test="bootstrap"``, ``2·Φ(−|difference| / se)``) rests on a normal
-  approximation that need not hold at small ``n``; it is kept for tables without their statistic; there ``se = 0`` gives p = 1 for a zero difference and ``1 / (B + 1)``
-  otherwise (every replicate on one side of 0: the smallest p ``B`` replicates can show, not p = 0). Runs use it
-  (``xbench.evaluation.comparisons.RUN_TEST``). The percentile CI stays the bootstrap's, so near α the CI and the test can disagree;
-  ``significant`` follows the test. The null simulation ``benchmarks/bench_significance.py`` measures the level
-  and the power (docs/statistics.md).
+  table); every row of the table is computed for the permuted models (the table's statistic,
+  :meth:`ScoredTable.statistic <xbench.metrics.stats.ScoredTable>`, swapped in closed form by
+  :mod:`xbench.metrics._swaps`: matrix products of the swaps with per-image sums and Dice curves, one sort of both
+  models' scores per class), so for the per-pair means (pointing, Dice / IoU at τ) it is the sign-flip test of the
+  per-image differences, for AUC / AUPRC the permutation of the model labels per image, and for ``dice@best`` /
+  ``iou@best`` τ is re-chosen for each permuted model by the table's exact rule (ties → smallest τ).
+  ``p = (1 + #{|T*| ≥ |T|}) / (1 + P)`` over ``P = n_perm`` seeded draws (exact enumeration of all ``2^n`` swaps
+  when ``2^n ≤ n_perm``, then ``p = #{|T*| ≥ |T|} / 2^n``), so ``P(p ≤ α) ≤ α`` at every ``n`` (a randomisation
+  test; ties of ``|T*|`` with ``|T|`` count as extreme). The paired bootstrap's Wald p (``test="bootstrap"``, ``2·Φ(−|difference| / se)``) rests on a normal
+  approximation that need not hold at small ``n`` (liberal there: docs/statistics.md); it is kept for tables
+  without their statistic and used by runs (``xbench.evaluation.comparisons.RUN_TEST``: the permutation test costs
+  2.3–2.5× the whole evaluation at the paper's scale); there ``se = 0`` gives p = 1 for a zero difference and
+  ``1 / (B + 1)`` otherwise (every replicate on one side of 0: the smallest p ``B`` replicates can show, not p = 0). The percentile CI stays the
+  bootstrap's, so near α the CI and the test can disagree; ``significant`` follows the test. The null simulation
+  ``benchmarks/bench_significance.py`` measures the level and the power (docs/statistics.md).
 * **Correction.** Holm–Bonferroni over one **family = the model pairs of one (dataset, finding,
   metric)** (a column of a table: "which orderings of this column are real"); metrics, classes and
   datasets are separate families (they answer separate questions). ``significant`` is
@@ -35,10 +38,10 @@ Conventions (docs/metrics.md: the conventions table and "Which differences are r
   where any model's value is undefined is left out. ``rank_low`` / ``rank_high`` are the 2.5 and
   97.5 % quantiles of a model's ranks (``inverted_cdf``: always ranks that occurred).
 
-The bootstrap replicates are those the metric table's CIs already used; the permutation test recomputes the
-statistic on ``n_perm`` swaps per model pair (benchmarks/bench_significance.py measures its cost).
-``scipy.stats.permutation_test`` does not fit: it permutes one statistic of raw arrays, whereas here each
-permuted model re-chooses τ per class and averages classes (the table's own statistic is reused). Holm is
+The bootstrap replicates are those the metric table's CIs already used; the permutation test evaluates
+``n_perm`` swaps per model pair, the same swaps for every pair of a call (benchmarks/bench_evaluate.py
+``--compare --test permutation`` measures its cost). ``scipy.stats.permutation_test`` does not fit: it permutes
+one statistic of raw arrays, whereas here each permuted model re-chooses τ per class and averages classes. Holm is
 written out (6 lines) because scipy has no Holm correction (``false_discovery_control`` is
 Benjamini–Hochberg) and statsmodels would be a dependency for one function.
 """
@@ -52,6 +55,7 @@ import pandas as pd
 from scipy.stats import norm, rankdata
 
 from ..core.errors import XBenchError
+from ._swaps import SwapCache, SwappedPair, shared_reads
 from .stats import AUC, AUPRC, BEST_TAU, DICE_BEST, IOU_BEST, POINTING, ScoredTable, dice_at, iou_at
 
 __all__ = [
@@ -234,12 +238,18 @@ def permutation_p_values(a: ScoredTable, b: ScoredTable, rows: np.ndarray, *, n_
     seed : int, default=0
         Seeds the swaps: the same seed, cases and ``n_perm`` give the same p-values.
     batch_size : int, default=100
-        Swaps evaluated together (memory ``batch_size × 2n`` weights).
+        Swaps drawn per call of the generator (part of the seed rule: ``batch_size × n`` coins at a time).
 
     Returns
     -------
     (difference, p_value) : tuple of numpy.ndarray of shape (len(rows),)
         NaN p where the observed difference is undefined.
+
+    Notes
+    -----
+    A swap's rows are computed from per-image sums, curves and one sort of both models' scores
+    (:mod:`xbench.metrics._swaps`), not by recomputing the table: the same values as the paired statistic
+    ``a.statistic.paired(b.statistic)`` with weights ``[1 − s, s]`` (its definition) up to float summation order.
 
     Examples
     --------
@@ -251,41 +261,80 @@ def permutation_p_values(a: ScoredTable, b: ScoredTable, rows: np.ndarray, *, n_
     >>> float(diff[0]), bool(p[0] < 0.01)
     (0.5, True)
     """
+    _check_permutable(a, b)
+    if n_perm < 1:
+        raise ValueError(f"n_perm must be ≥ 1; got {n_perm}")
+    swaps, exact = _swaps(len(a.cases), n_perm, seed, batch_size)
+    return _permutation([a, b], [(0, 1)], np.asarray(rows, dtype=int), swaps, exact)[0]
+
+
+def _check_permutable(a: ScoredTable, b: ScoredTable) -> None:
     if a.statistic is None or b.statistic is None:
         raise XBenchError("the permutation test needs each table's statistic (scored_table keeps it; a table "
                           "finished without it cannot be permuted): rescore it, or pass test='bootstrap'")
     if not a.cases.equals(b.cases):
         raise XBenchError("a permutation test pairs the same images: the two tables have different cases")
-    if n_perm < 1:
-        raise ValueError(f"n_perm must be ≥ 1; got {n_perm}")
-    n, rows = len(a.cases), np.asarray(rows, dtype=int)
-    joint = a.statistic.paired(b.statistic)
 
-    def diff(swap: np.ndarray) -> np.ndarray:
-        keep = 1.0 - swap
-        return (joint(np.hstack([keep, swap]))[:, rows] - joint(np.hstack([swap, keep]))[:, rows])
 
+def _swaps(n: int, n_perm: int, seed: int, batch_size: int) -> tuple[np.ndarray, bool]:
+    """The swaps (int8, one row per swap, 1 = the image's two models exchanged) and whether they are all ``2^n``
+    (``2^n ≤ n_perm``: the exact test); otherwise ``n_perm`` rows drawn ``batch_size`` at a time from
+    ``numpy.random.default_rng(seed)`` (the same swaps for every model pair of a call)."""
+    exact = n < 63 and 2 ** n <= n_perm
+    total = 2 ** n if exact else n_perm
+    rng = np.random.default_rng(seed)
+    parts = []
+    for start in range(0, total, batch_size):
+        m = min(batch_size, total - start)
+        if exact:
+            parts.append(((np.arange(start, start + m)[:, None] >> np.arange(n)) & 1).astype(np.int8))
+        else:
+            parts.append(rng.integers(0, 2, size=(m, n)).astype(np.int8))
+    return np.concatenate(parts), exact
+
+
+def _permutation(tables: Sequence[ScoredTable], pairs: Sequence[tuple[int, int]], rows: np.ndarray,
+                 swaps: np.ndarray, exact: bool) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`permutation_p_values` of each pair ``(i, j)`` of ``tables`` on the given swaps, batch by batch (each
+    batch's per-model counts shared by the pairs, :class:`~xbench.metrics._swaps.SwapCache`): ``p = #extreme / 2^n``
+    (exact) or ``(1 + #extreme) / (1 + #defined)``, ``|T*| ≥ |T|`` up to 1e-12 relative (ties count as extreme)."""
+    n = len(tables[0].cases)
+    metrics = set(tables[0].table["metric"].to_numpy()[rows]) if len(rows) else set()
+    curves, ranks = bool(metrics & {DICE_BEST, IOU_BEST, BEST_TAU}), bool(metrics & {AUC, AUPRC})
+    engines = [SwappedPair(tables[i].statistic, tables[j].statistic, n, curves=curves, ranks=ranks) for i, j in pairs]
+
+    def diff(engine: SwappedPair, cache: SwapCache) -> np.ndarray:
+        ta, tb = engine(cache.s, cache)
+        return ta[:, rows] - tb[:, rows]
+
+    reads = shared_reads(engines)
+    held = sum(len(rows_all) + len(rows_pos) for _, rows_all, rows_pos in reads.values())
+    chunk = max(1, min(len(swaps), _CHUNK // max(n, 1), _CACHE // max(held, 1)))
+    out = []
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
-        observed = diff(np.zeros((1, n)))[0]
-        exact = n < 63 and 2 ** n <= n_perm
-        total = 2 ** n if exact else n_perm
-        extreme, defined = np.zeros(len(rows)), np.zeros(len(rows))
-        rng = np.random.default_rng(seed)
-        tol = 1e-12 * np.maximum(1.0, np.abs(observed))
-        for start in range(0, total, batch_size):
-            m = min(batch_size, total - start)
-            if exact:
-                codes = np.arange(start, start + m)[:, None]
-                swap = ((codes >> np.arange(n)) & 1).astype(np.float64)
-            else:
-                swap = rng.integers(0, 2, size=(m, n)).astype(np.float64)
-            t = diff(swap)
-            ok = ~np.isnan(t)
-            extreme += (ok & (np.abs(t) >= np.abs(observed) - tol)).sum(axis=0)
-            defined += ok.sum(axis=0)
-        p = extreme / defined if exact else (1 + extreme) / (1 + defined)
-    return observed, np.where(np.isnan(observed), np.nan, np.minimum(p, 1.0))
+        zero = SwapCache(np.zeros((1, n)))
+        observed = [diff(e, zero)[0] for e in engines]
+        extreme = [np.zeros(len(rows)) for _ in engines]
+        defined = [np.zeros(len(rows)) for _ in engines]
+        tol = [1e-12 * np.maximum(1.0, np.abs(o)) for o in observed]
+        for start in range(0, len(swaps), chunk):
+            cache = SwapCache(swaps[start:start + chunk], reads)
+            for e, engine in enumerate(engines):
+                t = diff(engine, cache)
+                ok = ~np.isnan(t)
+                extreme[e] += (ok & (np.abs(t) >= np.abs(observed[e]) - tol[e])).sum(axis=0)
+                defined[e] += ok.sum(axis=0)
+        for o, x, d in zip(observed, extreme, defined):
+            p = x / d if exact else (1 + x) / (1 + d)
+            out.append((o, np.where(np.isnan(o), np.nan, np.minimum(p, 1.0))))
+    return out
+
+
+#: Swap × image cells computed together (bounds memory: a few arrays of this many values).
+_CHUNK = 2_000_000
+#: Swap × count cells of a batch's shared counts (int32 each).
+_CACHE = 60_000_000
 
 
 def rank_intervals(point: np.ndarray, reps: np.ndarray, *, level: float = 0.95) -> dict[str, np.ndarray]:
@@ -435,8 +484,13 @@ def compare_models(results: Mapping[str, ScoredTable], *, dataset: str, metrics:
             raise XBenchError(f"models {names} hold the compared rows at different places of their tables (scored "
                               "with different classes or metrics): their statistics cannot be paired")
         rows = rows[0]
-        diff["p_value"] = np.stack([permutation_p_values(results[names[i]], results[names[j]], rows, n_perm=n_perm,
-                                                         seed=seed)[1] for i, j in zip(ia, ib)])
+        for name in names:
+            _check_permutable(results[names[0]], results[name])
+        if n_perm < 1:
+            raise ValueError(f"n_perm must be ≥ 1; got {n_perm}")
+        swaps, exact = _swaps(n_cases, n_perm, seed, 100)  # the same swaps for every pair (permutation_p_values)
+        tested = _permutation([results[name] for name in names], list(zip(ia, ib)), rows, swaps, exact)
+        diff["p_value"] = np.stack([p for _, p in tested])
     p_holm = holm(diff["p_value"], axis=0)  # family: the pairs of one (finding, metric)
     family = (~np.isnan(diff["p_value"])).sum(axis=0)
     pair = np.repeat(np.arange(len(ia)), k)
