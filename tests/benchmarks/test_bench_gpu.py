@@ -121,15 +121,18 @@ def test_the_environment_record_names_the_cpu_and_its_sha_extensions(bench, tmp_
 @pytest.mark.slow
 def test_tiny_benchmark_runs_the_models_beyond_the_paper(bench, tmp_path, monkeypatch):
     """The models beyond the paper are in the benchmark's list (added with --models) and load from their stand-in
-    weight folders."""
+    weight folders. One case of each of the seven stand-in datasets (``--scale 0.0001``; ``--tiny`` alone makes 29):
+    every image format still reaches the four models, whose builds and weight files are most of the time."""
     pytest.importorskip("pydicom", reason="pydicom (a core dependency) is not installed")
     monkeypatch.setenv("XBENCH_MANIFESTS", str(tmp_path / "data" / "manifests"))
     beyond = list(bench.BEYOND_MODELS)
     assert set(beyond) <= bench.RANDOM_INIT and not set(beyond) & set(bench.MODELS)  # added on request only
-    r = bench.main(["--tiny", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--workers", "0",
-                    "--gen-workers", "2", "--phases", "default", "--models", ",".join(beyond), "--bootstrap", "0"])
+    r = bench.main(["--tiny", "--scale", "0.0001", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "out"),
+                    "--workers", "0", "--gen-workers", "2", "--phases", "default", "--models", ",".join(beyond),
+                    "--bootstrap", "0"])
     assert "errors" not in r, r.get("errors")
     assert r["weights"]["models"] == sorted(beyond)
+    assert list(r["generate"]["per_dataset"].values()) == [1] * 7  # one case of each dataset
     cases = sum(r["generate"]["per_dataset"].values())
     assert r["default"]["image_model_passes"] == len(beyond) * cases
     log = json.loads((tmp_path / "out" / "default" / "run_log.json").read_text())

@@ -1,9 +1,11 @@
-"""The reproduction driver runs every notebook on the embedded default (phantom) through papermill.
+"""The reproduction driver runs every notebook through papermill, from an installed wheel, on a phantom slice.
 
-The output folder is the notebooks' default ``results/phantom``, so the
-``pytest --nbval-lax notebooks`` pass that follows in the README test command
-re-executes the notebooks cell by cell on a filled store (inference is a no-op).
-Tables are checked here on the produced CSVs, not by comparing notebook outputs.
+The slice is the shipped phantom default (``xbench/configs/runs/phantom.yaml``: its models, grid, thresholds,
+bootstrap) on a :data:`CASES`-case phantom test split instead of 300, written to a temporary folder: every notebook
+runs and writes its tables and figures the same way in about half the CPU time (CLIP's pass over the cases is the
+largest part; ``docs/perf/suite_durations_cpu.txt``). This is the suite's one run of the notebooks; ``make reproduce``
+runs them on the 300 cases and writes the committed ``figures/``. Tables are checked here on the produced CSVs, not
+by comparing notebook outputs.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import NamedTuple
 import nbformat
 import pandas as pd
 import pytest
+import yaml
 
 from xbench.spec.config import RunConfig
 from xbench.metrics import DATASET_LEVEL
@@ -22,7 +25,16 @@ from xbench.workflows.reproduce import notebook_paths
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "xbench" / "configs" / "runs" / "phantom.yaml"
-OUT = REPO / "results" / "phantom"
+CASES = 60  # phantom test cases of the reproduction's slice (the default has 300)
+
+
+def slice_config(folder: Path) -> Path:
+    """The shipped phantom run config with its phantom test split cut to :data:`CASES` cases, written in ``folder``."""
+    raw = yaml.safe_load(CONFIG.read_text())
+    raw["datasets"] = [{**entry, "cases": CASES} for entry in raw["datasets"]]
+    path = folder / "phantom_slice.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
 
 
 class WheelReproduce(NamedTuple):
@@ -40,11 +52,11 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.fixture(scope="module")
 def wheel_reproduce(tmp_path_factory) -> WheelReproduce:
-    """Issue 23 item 1, and the run every test of this module reads: the package's wheel is built and installed in a
-    fresh virtual environment, and its ``xbench reproduce --config phantom --output-dir results/phantom --device cpu``
-    runs from an empty working folder (inference, evaluation, every notebook). One reproduction serves both the
-    installed-wheel checks and the tables / figures checks (it was run twice, in this process and by the wheel, until
-    the suite's time called for one)."""
+    """The run every test of this module reads: the package's wheel is built and installed in a
+    fresh virtual environment; there, from an empty working folder, ``xbench check --config phantom`` finds the shipped
+    run config by name, and ``xbench reproduce`` runs the phantom slice (:func:`slice_config`; inference, evaluation,
+    every notebook) into a fresh output folder. One reproduction serves both the installed-wheel checks and the tables /
+    figures checks."""
     import os
     import subprocess
     import sys
@@ -68,17 +80,24 @@ def wheel_reproduce(tmp_path_factory) -> WheelReproduce:
     (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     work = tmp_path / "work"
     work.mkdir()
-    OUT.mkdir(parents=True, exist_ok=True)
-    before, seeded = _snapshot(site), _snapshot(OUT)  # a store left by an earlier run is resumed, not recomputed
+    out = tmp_path / "out"
+    config = slice_config(tmp_path)
+    before = _snapshot(site)
     env = {"PATH": f"{python.parent}{os.pathsep}/usr/bin{os.pathsep}/bin", "HOME": str(tmp_path / "home"),
            "HF_HUB_OFFLINE": "1",  # matplotlib's backend left to the kernels: their figures show inline
            "XBENCH_CACHE": os.environ.get("XBENCH_CACHE") or str(Path.home() / ".cache" / "xbench")}
-    result = subprocess.run([str(python.parent / "xbench"), "reproduce", "--config", "phantom", "--output-dir", str(OUT),
-                             "--device", "cpu", "--timeout", "900", "-q"], cwd=work, env=env, capture_output=True,
-                            text=True, timeout=1500)
+    by_name = subprocess.run([str(python.parent / "xbench"), "check", "--config", "phantom", "--output-dir", str(out),
+                              "--no-hash"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert by_name.returncode == 0, by_name.stderr[-4000:]
+    shipped = site / "xbench" / "configs" / "runs" / "phantom.yaml"
+    assert f"preflight of {shipped}: OK" in by_name.stdout + by_name.stderr, by_name.stdout[-2000:]
+    seeded = _snapshot(out) if out.is_dir() else {}  # the check writes nothing; if it did, it is not counted below
+    result = subprocess.run([str(python.parent / "xbench"), "reproduce", "--config", str(config), "--output-dir",
+                             str(out), "--device", "cpu", "--timeout", "900", "-q"], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stderr[-4000:]
-    after = _snapshot(OUT)
-    return WheelReproduce(OUT, {k for k, v in after.items() if seeded.get(k) != v}, _snapshot(site) == before,
+    made = {k for k, v in _snapshot(out).items() if seeded.get(k) != v}
+    return WheelReproduce(out, made, _snapshot(site) == before,
                           sorted(p.name for p in work.iterdir()), result.stderr)
 
 
@@ -97,6 +116,20 @@ def test_every_notebook_has_a_parameters_cell_and_no_logic():
             if cell.cell_type == "code":
                 assert not re.search(r"^\s*(def|class)\s", cell.source, re.M), f"{nb_path.name}: logic belongs in xbench/"
                 assert len(cell.source.splitlines()) <= 12, f"{nb_path.name}: a cell longer than 12 lines belongs in xbench/"
+
+
+def test_notebook_defaults_name_the_phantom_run_from_the_notebooks_folder():
+    """Opened in Jupyter from ``notebooks/``, each notebook's own defaults reach the shipped phantom config and its
+    ``results/phantom`` on the CPU (the reproduction injects these three; every other default it runs as written)."""
+    import ast
+
+    for nb_path in notebook_paths():
+        cell = next(c for c in nbformat.read(nb_path, as_version=4).cells if "parameters" in c.metadata.get("tags", []))
+        values = {t.id: ast.literal_eval(node.value) for node in ast.parse(cell.source).body
+                  if isinstance(node, ast.Assign) for t in node.targets}
+        assert (nb_path.parent / values["config"]).resolve() == CONFIG, nb_path.name
+        assert (nb_path.parent / values["output_dir"]).resolve() == REPO / "results" / "phantom", nb_path.name
+        assert values["device"] == "cpu", nb_path.name
 
 
 def test_reproduce_writes_every_table_and_figure(reproduced: Path):
@@ -142,7 +175,7 @@ def test_reference_models_beat_the_centre_prior_on_large_findings(reproduced: Pa
 
 
 def test_every_analysis_notebook_opens_the_run_with_one_call():
-    """Issue 10: the notebooks call ``xbench.open_run`` instead of repeating the setup lines."""
+    """The notebooks call ``xbench.open_run`` instead of repeating the setup lines."""
     for nb_path in notebook_paths():
         if nb_path.name.startswith("00_"):
             continue  # the notebook that makes the run
@@ -158,7 +191,7 @@ def test_figures_show_inline_and_tables_state_their_data(reproduced: Path):
         images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
         assert images, f"{name}: no inline figure"
     md = (reproduced / "tables" / "paper_table1.md").read_text()
-    assert "Cases skipped at inference" in md and "phantom: 0 of 300" in md and "ranked only where n ≥ 30" in md
+    assert "Cases skipped at inference" in md and f"phantom: 0 of {CASES}" in md and "ranked only where n ≥ 30" in md
     per_class = (reproduced / "tables" / "per_class_pointing_phantom.md").read_text()
     assert " n=" in per_class and "cells with n < 30 are not ranked" in per_class
 
@@ -198,12 +231,13 @@ def test_comparison_notebook_on_a_synthetic_7x7_result_set(tmp_path):
 
 @pytest.mark.slow
 def test_wheel_reproduce_by_name_writes_only_under_its_output_folder(wheel_reproduce: WheelReproduce):
-    """Issue 23 item 1: the installed wheel's ``xbench reproduce --config phantom``, started in an empty folder, leaves
-    site-packages unchanged and writes everything under ``--output-dir``."""
+    """The installed wheel's ``xbench reproduce`` (of the phantom slice; the shipped ``phantom`` found
+    by name in the fixture), started in an empty folder, leaves site-packages unchanged and writes everything under
+    ``--output-dir``."""
     assert wheel_reproduce.site_unchanged, "xbench reproduce wrote into site-packages"
     assert wheel_reproduce.work_left == [], "xbench reproduce wrote into its working folder"
     assert {"my_maps/tables/metrics.parquet", "tables/paper_table1.md", "notebooks/10_score_your_maps.ipynb",
             "figures/fig3_auc_vs_pointing.pdf", "report.html"} <= wheel_reproduce.made
-    assert {f"notebooks/{p.name}" for p in notebook_paths()} <= wheel_reproduce.made  # every notebook ran again
+    assert {f"notebooks/{p.name}" for p in notebook_paths()} <= wheel_reproduce.made  # every notebook ran
     stderr = wheel_reproduce.stderr
     assert "No pretrained weights" not in stderr and "without encryption" not in stderr  # -q, IPC kernels
