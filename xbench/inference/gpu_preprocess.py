@@ -17,10 +17,10 @@ integer or fixed-order float arithmetic, so they can run on the GPU and give the
   integer block sums, or float32 area weights accumulated term by term in OpenCV's order (one
   vectorised step per term, a multiply then an add, never fused), ``rint`` and clip.
 * **Everything after the resize** (crop, grey → 3 channels, ``/255``, mean/std) depends only on the
-  8-bit code of a pixel, so it is the gather through :class:`xbench.inference.cache.ModelInput`'s table, which
+  8-bit code of a pixel, so it is the gather through :class:`xbench.inference.calibration.ModelInput`'s table, which
   was computed by the adapter's own CPU code.
 
-The per-model kernels produce the ``uint8 (S, S)`` **codes** that :mod:`xbench.inference.cache` stores; an
+The per-model kernels produce the ``uint8 (S, S)`` **codes** that :mod:`xbench.inference.input_feed` stores; an
 adapter without a kernel here (priors, reference models: float resizes in torch's CPU order) keeps its
 CPU ``preprocess``. :func:`plan_for` builds the kernel an adapter's class declares (``gpu_preprocess``), :func:`check_plan` proves it on probe
 images against the adapter's own ``preprocess`` before a run uses it and gives the code → value table.
