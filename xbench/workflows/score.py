@@ -124,15 +124,40 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
     """
     path = Path(path)
     if path.is_file():
-        if path.suffix != ".npz":
-            raise XBenchError(f"{path}: a single maps file must be .npz (maps, case_ids, classes[, probs])")
-        z = read_npz(path)
-        missing = [k for k in ("maps", "case_ids", "classes") if k not in z]
-        if missing:
-            raise FormatError(path, f"missing array(s) {missing}; found {sorted(z)}")
-        return MapSet(z["maps"], z["case_ids"].tolist(), z["classes"].tolist(), z.get("probs"))
+        return _maps_file(path)
     if not path.is_dir():
         raise XBenchError(f"{path} is neither a maps folder nor an .npz file")
+    files = _map_files(path, classes)
+    maps, names = [], list(classes) if classes is not None else None
+    for p in files:
+        if p.suffix == ".npy":
+            arr = _numeric_file(read_npy(p), p, None)
+            if arr.ndim != 3 or arr.shape[0] != len(names):
+                raise FormatError(p, f"expected a ({len(names)}, h, w) array (one map per class); got {arr.shape}")
+        else:
+            names, arr = _named_maps(p, names)
+        if maps and arr.shape != maps[0].shape:
+            raise FormatError(p, f"map shape {arr.shape} differs from {files[0].name}'s {maps[0].shape}: "
+                                 "all cases need one native grid")
+        maps.append(arr.astype(np.float32))
+    ids = [p.stem for p in files]
+    probs = _read_probs(path / "probs.csv", ids, names) if (path / "probs.csv").exists() else None
+    return MapSet(np.stack(maps), ids, names, probs)
+
+
+def _maps_file(path: Path) -> MapSet:
+    """One ``.npz`` file holding ``maps``, ``case_ids``, ``classes`` and optionally ``probs``."""
+    if path.suffix != ".npz":
+        raise XBenchError(f"{path}: a single maps file must be .npz (maps, case_ids, classes[, probs])")
+    z = read_npz(path)
+    missing = [k for k in ("maps", "case_ids", "classes") if k not in z]
+    if missing:
+        raise FormatError(path, f"missing array(s) {missing}; found {sorted(z)}")
+    return MapSet(z["maps"], z["case_ids"].tolist(), z["classes"].tolist(), z.get("probs"))
+
+
+def _map_files(path: Path, classes: Sequence[str] | None) -> list[Path]:
+    """The per-case map files of a folder, sorted: one kind of file, ``.npy`` only with ``classes`` given."""
     files = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz", ".safetensors"))
     if not files:
         raise XBenchError(f"{path}: no .npy, .npz or .safetensors map files")
@@ -141,31 +166,23 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
         raise XBenchError(f"{path}: mixed map file types {sorted(kinds)}; use one")
     if ".npy" in kinds and classes is None:
         raise XBenchError(f"{path}: .npy files hold (C, h, w) arrays: pass classes=[...] to name their C classes")
-    maps, names = [], list(classes) if classes is not None else None
-    for p in files:
-        if p.suffix == ".npy":
-            arr = _numeric_file(read_npy(p), p, None)
-            if arr.ndim != 3 or arr.shape[0] != len(names):
-                raise FormatError(p, f"expected a ({len(names)}, h, w) array (one map per class); got {arr.shape}")
-        else:
-            table = _read_named_arrays(p)
-            names = names or list(table)
-            absent = [c for c in names if c not in table]
-            if absent:
-                raise FormatError(p, f"no map for class(es) {absent}; the file holds {sorted(table)}")
-            planes = [_numeric_file(table[c], p, c) for c in names]
-            for c, plane in zip(names, planes):
-                if plane.ndim != 2 or plane.shape != planes[0].shape:
-                    raise FormatError(p, f"each class map must be 2-D (h, w) and all of one shape; this one is "
-                                         f"{plane.shape}, {names[0]!r}'s is {planes[0].shape}", field=c)
-            arr = np.stack(planes)
-        if maps and arr.shape != maps[0].shape:
-            raise FormatError(p, f"map shape {arr.shape} differs from {files[0].name}'s {maps[0].shape}: "
-                                 "all cases need one native grid")
-        maps.append(arr.astype(np.float32))
-    ids = [p.stem for p in files]
-    probs = _read_probs(path / "probs.csv", ids, names) if (path / "probs.csv").exists() else None
-    return MapSet(np.stack(maps), ids, names, probs)
+    return files
+
+
+def _named_maps(path: Path, names: list[str] | None) -> tuple[list[str], np.ndarray]:
+    """The ``(C, h, w)`` maps of one ``.npz`` / ``.safetensors`` case file in ``names`` order (default: its keys in
+    stored order), with those names; each class map 2-D and all of one shape."""
+    table = _read_named_arrays(path)
+    names = names or list(table)
+    absent = [c for c in names if c not in table]
+    if absent:
+        raise FormatError(path, f"no map for class(es) {absent}; the file holds {sorted(table)}")
+    planes = [_numeric_file(table[c], path, c) for c in names]
+    for c, plane in zip(names, planes):
+        if plane.ndim != 2 or plane.shape != planes[0].shape:
+            raise FormatError(path, f"each class map must be 2-D (h, w) and all of one shape; this one is "
+                                    f"{plane.shape}, {names[0]!r}'s is {planes[0].shape}", field=c)
+    return names, np.stack(planes)
 
 
 def _numeric_file(arr: np.ndarray, path: Path, field: str | None) -> np.ndarray:
