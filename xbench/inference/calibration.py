@@ -23,7 +23,7 @@ import hashlib
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ModelInput", "model_input", "inherit_input", "calibrated", "proven_plans"]
+__all__ = ["ModelInput", "model_input", "inherit_input"]
 
 _PROBE_SHAPE = (301, 263)  # odd, non-square, larger than every input (CARZero only downscales)
 
@@ -76,26 +76,12 @@ _CALIBRATED: "weakref.WeakKeyDictionary[Any, ModelInput]" = weakref.WeakKeyDicti
 _PROBED: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()  # adapter -> digest of its probe outputs
 
 
-_PROVEN: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, str], bool]]" = weakref.WeakKeyDictionary()
-
-
 def _weakrefable(obj: Any) -> bool:
     try:
         weakref.ref(obj)
     except TypeError:
         return False
     return True
-
-
-def calibrated(adapter: Any) -> bool:
-    """``adapter`` was calibrated already (:func:`model_input` answers from its memory)."""
-    return _weakrefable(adapter) and adapter in _CALIBRATED
-
-
-def proven_plans(adapter: Any) -> dict[tuple[Any, str], bool]:
-    """Per ``(plan, device)``: whether ``adapter``'s device plan was proven equal to its CPU path; remembered per
-    adapter object (a fresh dict, not remembered, for an adapter that cannot be weakly referenced)."""
-    return _PROVEN.setdefault(adapter, {}) if _weakrefable(adapter) else {}
 
 
 _LEVELS: list[ThreadPoolExecutor] = []
@@ -136,15 +122,16 @@ def _probe_digest(outs: Sequence[np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def model_input(adapter: Any, candidate: np.ndarray | None = None) -> ModelInput:
+def model_input(adapter: Any, candidate: np.ndarray | Callable[[], np.ndarray | None] | None = None) -> ModelInput:
     """Calibrate ``adapter.preprocess`` once per adapter object: its transform key and 8-bit table (or None).
 
     The key hashes the outputs on two fixed probe images (float-valued portrait, 8-bit-valued
     landscape) and the table, not the class name: adapters with equal preprocessing share entries.
     The table is, per grey level ``v`` and channel, the centre value of ``preprocess`` of the constant image ``v/255``
     (:func:`_level_table`). It is read off one ``preprocess`` call on an image of the output's own size holding every
-    level (:func:`_one_call_table`), or taken from ``candidate`` (a ``(3, 256)`` table found another way: a GPU
-    plan's, :func:`~xbench.inference.gpu_preprocess.code_table`), and kept only when it equals the constant images'
+    level (:func:`_one_call_table`), or taken from ``candidate`` (a ``(3, 256)`` table found another way, or a
+    function giving one, called only when the adapter is not calibrated yet: a GPU plan's,
+    :func:`~xbench.inference.gpu_preprocess.candidate_table`), and kept only when it equals the constant images'
     values at the :data:`_CHECKED_LEVELS`; otherwise the 256 constant images are run (a pool of threads: the work is
     Pillow, numpy and torch, which release the GIL). For the six paper models the table and key are those of the 256
     constant images (``tests/inference/test_cache.py``), so decode caches stay valid. A table is never trusted blindly: an input
@@ -155,6 +142,8 @@ def model_input(adapter: Any, candidate: np.ndarray | None = None) -> ModelInput
         return _CALIBRATED[adapter]
     except (KeyError, TypeError):
         pass
+    if callable(candidate):  # found only for an adapter not calibrated yet (it may cost a preprocess call)
+        candidate = candidate()
     outs = _probe_outputs(adapter)
     out = outs[0]
     lut: np.ndarray | None = None

@@ -46,6 +46,7 @@ import functools
 import inspect
 import math
 import sys
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -544,3 +545,31 @@ def check_plan(adapter: Any, plan: CodePlan, device: torch.device | str = "cpu")
         if want.shape[1:] != codes.shape or not torch.equal(lut[:, codes], want):
             return None
     return table
+
+
+_PROVEN: "weakref.WeakKeyDictionary[Any, dict[tuple[CodePlan, str], bool]]" = weakref.WeakKeyDictionary()
+
+
+def candidate_table(adapter: Any) -> np.ndarray | None:
+    """The 8-bit table of the adapter's declared plan read on the CPU (one ``preprocess`` call): a candidate that
+    :func:`~xbench.inference.calibration.model_input` checks before it takes it; None without a plan."""
+    plan = plan_for(adapter)
+    return None if plan is None else code_table(adapter, plan, "cpu")
+
+
+def proven_plan(adapter: Any, lut: np.ndarray | None, device: torch.device) -> CodePlan | None:
+    """The adapter's declared plan when :func:`check_plan` proves it equal to its CPU path on ``device`` and its
+    table equals ``lut`` (the adapter's calibrated table), else None. Proven once per adapter object and device, not
+    once per dataset."""
+    plan = plan_for(adapter) if lut is not None else None
+    if plan is None:
+        return None
+    try:
+        proven = _PROVEN.setdefault(adapter, {})
+    except TypeError:  # not weak-referenceable: proven again when asked again
+        proven = {}
+    where = (plan, str(device))
+    if where not in proven:
+        table = check_plan(adapter, plan, device)
+        proven[where] = table is not None and np.array_equal(table, lut)
+    return plan if proven[where] else None

@@ -38,11 +38,12 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from .calibration import ModelInput, calibrated, model_input, proven_plans
+from .calibration import ModelInput, model_input
 from .decode import CaseItem, Decoded, RowDecoder, share_by_name
 from .decode_pool import DecodePool
 from .device_stage import STEPS, DeviceStage
 from .disk_cache import DiskCache
+from .gpu_preprocess import candidate_table, proven_plan
 from .pinned_slots import SLOT_BYTES, SlotArena, shared_arena
 from .recorder import Stopwatch
 
@@ -112,42 +113,19 @@ class InputFeed:
 
     def add(self, adapter: Any) -> ModelInput:
         """Register an adapter's input (computed for every row decoded from now on); an adapter that does not read
-        pixels (:attr:`~xbench.models.base.Adapter.reads_pixels` false) gets nothing decoded (see :meth:`batches`)."""
+        pixels (:attr:`~xbench.models.base.Adapter.reads_pixels` false) gets nothing decoded (see :meth:`batches`).
+        On the GPU path its declared plan's table is a candidate for its calibration, and its plan runs on
+        ``preprocess_device`` once proven equal to its CPU path (module docstring)."""
         if id(adapter) not in self.specs:
-            spec = model_input(adapter, self._plan_table(adapter))
+            device = self.preprocess_device
+            spec = model_input(adapter, partial(candidate_table, adapter) if device is not None else None)
             self.specs[id(adapter)] = spec
             if getattr(adapter, "reads_pixels", True) and spec.key not in self._by_key:
                 self._by_key[spec.key] = (adapter, spec)
-                plan = self._device_plan(adapter, spec)
+                plan = proven_plan(adapter, spec.lut, device) if device is not None else None
                 if plan is not None:
                     self.plans[spec.key] = plan
         return self.specs[id(adapter)]
-
-    def _plan_table(self, adapter: Any) -> np.ndarray | None:
-        """For an adapter not yet calibrated, on the GPU path: its plan's 8-bit table read on the CPU (one
-        ``preprocess`` call), a candidate that :func:`model_input` checks before it takes it; else None."""
-        if self.preprocess_device is None or calibrated(adapter):
-            return None
-        from .gpu_preprocess import code_table, plan_for
-
-        plan = plan_for(adapter)
-        return None if plan is None else code_table(adapter, plan, "cpu")
-
-    def _device_plan(self, adapter: Any, spec: ModelInput) -> Any:
-        """The adapter's kernel if it is proven equal to its CPU path (module docstring), else None."""
-        if self.preprocess_device is None or spec.lut is None:
-            return None
-        from .gpu_preprocess import check_plan, plan_for
-
-        plan = plan_for(adapter)
-        if plan is None:
-            return None
-        proven = proven_plans(adapter)
-        where = (plan, str(self.preprocess_device))
-        if where not in proven:  # checked once per adapter object and device, not once per dataset
-            table = check_plan(adapter, plan, self.preprocess_device)
-            proven[where] = table is not None and np.array_equal(table, spec.lut)
-        return plan if proven[where] else None
 
     def start(self, rows: Iterable[int]) -> None:
         """Decode (or read from the cache) every row not yet held, in row order, in a background thread; consumers
