@@ -34,6 +34,7 @@ import shutil
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -354,8 +355,7 @@ def evaluate_maps(
         95 % CIs), ``pairs``, ``curves``, ``models``; the files are under ``<output_dir>/tables``.
     """
     from ..datasets import load_dataset
-    from ..evaluation.evaluate import evaluate_run, load_tables
-
+    from ..evaluation.evaluate import load_tables
     from ..spec.names import check_name
 
     check_name(name, "model")  # becomes a folder name: xbench.spec.names.SAFE_NAME, no '..'
@@ -371,49 +371,54 @@ def evaluate_maps(
         raise XBenchError(f"{out} holds a results store or tables that evaluate_maps did not write (a model run?); "
                           "choose another output_dir — evaluate_maps replaces its output folder's store and tables")
     with output_lock(out, "score"):  # one XBench process per output folder (xbench.core.lock)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "score_inputs.json", json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
-        for sub in ("store", "tables"):  # replaced: real folders inside the output folder only (a link is refused)
-            if contained_folder(out, sub, create=False).exists():
-                try:
-                    shutil.rmtree(out / sub)
-                except OSError as exc:
-                    raise OutputError(out / sub, exc, what="cannot replace") from exc
-
+        _empty_output(out, name, data.name)
         others = _run_models(compare_with, data, name) if compare_with is not None else {}
-        if others:  # the copied stores were written in the run's chunks
-            chunk_size = next(iter(others.values()))["chunk_size"]
         cfg = RunConfig(output_dir=str(out), datasets=[DatasetSpec(name=dataset, root=None if root is None else str(root),
                                                                    split=data.split, options=dict(dataset_options or {}))],
                         models=[ModelSpec(name=name), *(ModelSpec(name=m) for m in others)],
                         grid=tuple(int(g) for g in grid), fixed_threshold=float(fixed_threshold),
-                        pointing_ties=pointing_ties, chunk_size=int(chunk_size), bootstrap_replicates=int(bootstrap),
-                        bootstrap_seed=int(seed))
+                        pointing_ties=pointing_ties, bootstrap_replicates=int(bootstrap), bootstrap_seed=int(seed),
+                        # the copied stores were written in the run's chunks
+                        chunk_size=int(next(iter(others.values()))["chunk_size"] if others else chunk_size))
         cfg.validate()
         _write_store(cfg, data, mapset, index, name)
         for model in others:
             _copy_store_folder(ResultStore(compare_with).root / data.name / model, ResultStore(out), data.name, model)
-        with warnings.catch_warnings():
-            if mapset.probs is None:  # constant placeholder probabilities: recognition rows are dropped below
-                warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
-            tidy = evaluate_run(cfg, progress=progress)
-        if mapset.probs is None or any(pointing_margins):
-            from ..evaluation.comparisons import drop_metrics
-            from ..outputs.exports import pointing_tolerance_table
-            from ..store.results import write_table
-
-            if mapset.probs is None:
-                tidy = tidy[~tidy["metric"].isin(RECOGNITION_METRICS)]
-                drop_metrics(out, RECOGNITION_METRICS)  # the placeholder probabilities are not compared either
-            if any(pointing_margins):
-                extra = pointing_tolerance_table(out, list(pointing_margins), grid=cfg.grid, ties=pointing_ties,
-                                                 n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
-                tidy = pd.concat([tidy, extra], ignore_index=True)
-            write_table(tidy.reset_index(drop=True), out / "tables" / "metrics")
-        from ..outputs.tables import write_paper_tables
-
-        write_paper_tables(out)
+        _evaluate(cfg, progress, probs_given=mapset.probs is not None, pointing_margins=pointing_margins)
         return load_tables(out)
+
+
+def _empty_output(out: Path, name: str, dataset: str) -> None:
+    """``out`` made, marked as being written by evaluate_maps, its ``store/`` and ``tables/`` removed (real folders
+    inside it only: a link is refused)."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "score_inputs.json", json.dumps({"name": name, "dataset": dataset, "state": "writing"}))
+    for sub in ("store", "tables"):
+        if contained_folder(out, sub, create=False).exists():
+            try:
+                shutil.rmtree(out / sub)
+            except OSError as exc:
+                raise OutputError(out / sub, exc, what="cannot replace") from exc
+
+
+def _evaluate(cfg: RunConfig, progress: bool, *, probs_given: bool, pointing_margins: Sequence[int]) -> None:
+    """The run's own evaluation and table writing (:func:`xbench.evaluation.evaluate.evaluate_run`, then the paper
+    tables), every table written once: without probabilities the placeholder recognition rows are left out of the
+    metrics, comparisons and ranks; the tolerance pointing rows join the metric table."""
+    from ..evaluation.evaluate import evaluate_run
+    from ..outputs.tables import write_paper_tables
+
+    extra = None
+    if any(pointing_margins):
+        from ..outputs.exports import pointing_tolerance_table
+
+        extra = partial(pointing_tolerance_table, Path(cfg.output_dir), list(pointing_margins), grid=cfg.grid,
+                        ties=cfg.pointing_ties, n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+    with warnings.catch_warnings():
+        if not probs_given:  # constant placeholder probabilities: their recognition rows are left out
+            warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
+        evaluate_run(cfg, progress=progress, leave_out=() if probs_given else RECOGNITION_METRICS, extra_rows=extra)
+    write_paper_tables(cfg.output_dir)
 
 
 def _run_models(run_dir: str | Path, data: Any, name: str) -> dict[str, dict]:
