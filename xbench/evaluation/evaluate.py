@@ -62,12 +62,12 @@ __all__ = ["GroundTruth", "PairEvaluation", "PairError", "ground_truth", "check_
 
 
 def evaluate_run(cfg: RunConfig, *, progress: bool = True, leave_out: Sequence[str] = (),
-                 extra_rows: Callable[[], pd.DataFrame] | None = None) -> pd.DataFrame:
+                 extra_rows: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> pd.DataFrame:
     """Compute and write every table of a run (see the module docstring); returns the tidy table.
 
     ``leave_out``: metrics whose rows are left out of the metric table, the comparisons and the ranks (scored maps
-    given without probabilities: their placeholder recognition rows). ``extra_rows()``: rows appended to the metric
-    table once the pairs are evaluated (scored maps' tolerance pointing game). Both are applied before any table is
+    given without probabilities: their placeholder recognition rows). ``extra_rows(pairs)``: rows appended to the
+    metric table, from the per-pair table once every pair is evaluated (scored maps' tolerance pointing game). Both are applied before any table is
     written, so every table is written once (:meth:`RunEvaluation.finish`).
 
     Ground truth of each dataset comes from the run's cache (:mod:`xbench.evaluation.ground_truth`:
@@ -360,8 +360,8 @@ class RunEvaluation:
             self._staged.remove(steps)
         shutil.rmtree(steps.folder, ignore_errors=True)
 
-    def finish(self, *, leave_out: Sequence[str] = (), extra_rows: Callable[[], pd.DataFrame] | None = None
-               ) -> pd.DataFrame:
+    def finish(self, *, leave_out: Sequence[str] = (),
+               extra_rows: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> pd.DataFrame:
         """Evaluate what is left, gather in run order, write every table; returns the tidy table (``leave_out``,
         ``extra_rows``: :func:`evaluate_run`)."""
         cfg = self.cfg
@@ -418,10 +418,11 @@ class RunEvaluation:
         from ..core.files import contained_folder
 
         out = contained_folder(cfg.output_dir, "tables")  # a real folder inside the output folder, no link
-        table = _final_metrics(pd.concat(tidy, ignore_index=True), leave_out, extra_rows)
-        write_table(table, out / "metrics")
         pair_table = (pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs)
                       else pd.DataFrame())
+        table = _final_metrics(pd.concat(tidy, ignore_index=True), leave_out,
+                               None if extra_rows is None else extra_rows(pair_table))
+        write_table(table, out / "metrics")
         write_frame(pair_table, out / "pairs.parquet")  # every table atomically: a full disk leaves no truncated file
         write_frame(pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True), out / "curves.csv")
         for name, why in self.left_out.items():  # optional models without weights: a row saying so
@@ -460,14 +461,13 @@ class RunEvaluation:
         self.bar.close()
 
 
-def _final_metrics(table: pd.DataFrame, leave_out: Sequence[str],
-                   extra_rows: Callable[[], pd.DataFrame] | None) -> pd.DataFrame:
-    """The metric table as written: rows of ``leave_out`` metrics dropped, ``extra_rows()`` appended."""
-    if not leave_out and extra_rows is None:
+def _final_metrics(table: pd.DataFrame, leave_out: Sequence[str], extra: pd.DataFrame | None) -> pd.DataFrame:
+    """The metric table as written: rows of ``leave_out`` metrics dropped, ``extra`` rows appended."""
+    if not leave_out and extra is None:
         return table
     table = table[~table["metric"].isin(list(leave_out))]
-    if extra_rows is not None:
-        table = pd.concat([table, extra_rows()], ignore_index=True)
+    if extra is not None:
+        table = pd.concat([table, extra], ignore_index=True)
     return table.reset_index(drop=True)
 
 

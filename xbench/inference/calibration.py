@@ -15,7 +15,6 @@ Exactness (the parity-proven numerics are kept bit for bit):
   (float area/bilinear resizes) are kept as float32.
 * On the device a batch of codes becomes the model input by a table gather, ``lut[c, u]`` —
   no arithmetic, so the GPU input equals the CPU ``preprocess`` output bit for bit.
-
 """
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ a per-pixel normalisation. Decoding a 1024² PNG or a 3000² DICOM once per *mod
 GPU run. :class:`InputFeed` decodes each case once (parallel workers), runs every
 model's ``preprocess`` on that one decoded image, and keeps the results for the whole run.
 
-
 The parts, each in a module of its own: the 8-bit calibration of each adapter's input
 (:mod:`~xbench.inference.calibration`), the disk cache (:mod:`~xbench.inference.disk_cache`), the decode stage that
 turns one row into every model's input (:mod:`~xbench.inference.decode`, run in
@@ -17,9 +16,9 @@ image at native size as ``uint8``/``uint16`` (:func:`~xbench.inference.gpu_prepr
 running the resizes; this process uploads it once and computes every ported model's codes on the device, for stacks
 of equal-size images at a time (:class:`~xbench.inference.device_stage.DeviceStage`).
 A model gets this path only when its kernel reproduces its own ``preprocess`` on probe images and its
-code table equals :class:`ModelInput`'s (checked once per adapter); its codes are then the same bytes
-as the CPU path's (``tests/inference/test_gpu_preprocess.py``), so caches and stores do not depend on the path.
-
+code table equals its :class:`~xbench.inference.calibration.ModelInput`'s (checked once per adapter:
+:func:`~xbench.inference.gpu_preprocess.proven_plan`); its codes are then the same bytes as the CPU path's
+(``tests/inference/test_gpu_preprocess.py``), so caches and stores do not depend on the path.
 
 Timings: the feed's :attr:`InputFeed.profile` is a :class:`~xbench.inference.recorder.Stopwatch` (the run log's
 ``decode_profile``); the pool and the device stage keep their own, added to it as each decoding ends.
@@ -28,9 +27,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import partial
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from queue import Queue
 from typing import Any, TypeVar

@@ -34,7 +34,6 @@ import shutil
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -412,8 +411,9 @@ def _evaluate(cfg: RunConfig, progress: bool, *, probs_given: bool, pointing_mar
     if any(pointing_margins):
         from ..outputs.exports import pointing_tolerance_table
 
-        extra = partial(pointing_tolerance_table, Path(cfg.output_dir), list(pointing_margins), grid=cfg.grid,
-                        ties=cfg.pointing_ties, n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
+        def extra(pairs: pd.DataFrame) -> pd.DataFrame:
+            return pointing_tolerance_table(cfg.output_dir, list(pointing_margins), grid=cfg.grid, ties=cfg.pointing_ties,
+                                            n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed, pairs=pairs)
     with warnings.catch_warnings():
         if not probs_given:  # constant placeholder probabilities: their recognition rows are left out
             warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
