@@ -33,6 +33,13 @@ class Stopwatch(dict):
     ``watch.start()`` then ``watch.lap("pin")``, ``watch.lap("upload")``, ... add the seconds since the previous mark
     to each step in turn (consecutive steps of one pass); :meth:`add` adds seconds measured elsewhere. Steps not
     named at construction start at 0 when first timed. One thread times one watch.
+
+    >>> watch = Stopwatch(("read", "prep"))
+    >>> with watch("read"):
+    ...     pass
+    >>> watch.start(); _ = watch.lap("prep"); _ = watch.lap("wait")
+    >>> list(watch), all(seconds >= 0 for seconds in watch.values())
+    (['read', 'prep', 'wait'], True)
     """
 
     def __init__(self, steps: Sequence[str] = ()) -> None:
