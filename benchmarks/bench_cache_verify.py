@@ -1,9 +1,9 @@
-"""What verifying the decode cache costs a warm run on this CPU: :class:`xbench.inference.cache.InputFeed` over the
+"""What verifying the decode cache costs a warm run on this CPU: :class:`xbench.inference.input_feed.InputFeed` over the
 stand-ins of ``bench_gpu.py`` (``--root``, made with ``bench_gpu.py --phases none``), the preprocess-only stand-ins of
 the ported adapters plus the centre prior (as ``bench_decode.py``), once cold into a fresh ``cache_dir`` and then
 ``--repeats`` times warm from it, in this process (``--workers 0``: the warm rows are read in the feed's own thread,
 as a run reads them). Prints per dataset and in all: warm seconds and milliseconds per image (the median of the
-repeats), and what hashing every image file (SHA-256, :func:`~xbench.inference.cache.content_hash`) would add per
+repeats), and what hashing every image file (SHA-256, :func:`~xbench.inference.disk_cache.content_hash`) would add per
 warm run — the cost of keying by content on every run, which the cache does not pay (it keys by the file's identity:
 size, mtime, ctime, inode, device).
 
@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ["XBENCH_MANIFESTS"] = str(args.root / "manifests")
     import xbench
     import xbench.spec.registry as registry
-    from xbench.inference.cache import InputFeed, content_hash
+    from xbench.inference.disk_cache import content_hash
+    from xbench.inference.input_feed import InputFeed
     from xbench.inference.gpu_preprocess import preprocess_standins
 
     registry.MANIFEST_DIRS[:] = [args.root / "manifests"]

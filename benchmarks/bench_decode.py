@@ -1,4 +1,4 @@
-"""The decode stage alone: :class:`xbench.inference.cache.InputFeed` over every stand-in dataset of ``bench_gpu.py``,
+"""The decode stage alone: :class:`xbench.inference.input_feed.InputFeed` over every stand-in dataset of ``bench_gpu.py``,
 with preprocess-only stand-ins of the ported adapters (no networks) plus the centre prior.
 
 It answers "how fast can the decode stage feed the models?" apart from the models: images/s and the stage's own
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ["XBENCH_MANIFESTS"] = str(args.root / "manifests")
     import xbench
     import xbench.spec.registry as registry
-    from xbench.inference.cache import InputFeed
+    from xbench.inference.input_feed import InputFeed
     from xbench.inference.gpu_preprocess import preprocess_standins
 
     registry.MANIFEST_DIRS[:] = [args.root / "manifests"]

@@ -1,4 +1,4 @@
-"""Decode once (xbench/inference/cache.py): every model input rebuilt from the cache equals the adapter's own
+"""Decode once (xbench/inference/input_feed.py and its parts: calibration.py, disk_cache.py, decode.py): every model input rebuilt from the cache equals the adapter's own
 ``preprocess`` bit for bit; the runner gives byte-identical stores with and without it; the disk cache
 is reused, never stale, and safe for concurrent writers; TF32 and map_dtype switches (xbench/inference/speed.py)."""
 from __future__ import annotations
@@ -18,7 +18,8 @@ from PIL import Image
 import xbench
 from conftest import Files, tiny_run
 from xbench.datasets.images import read_image
-from xbench.inference.cache import InputFeed, model_input
+from xbench.inference.calibration import model_input
+from xbench.inference.input_feed import InputFeed
 from xbench.inference.gpu_preprocess import probe_images
 from xbench.spec.config import RunConfig
 from xbench.core.errors import XBenchWarning
@@ -109,7 +110,7 @@ def test_the_8_bit_table_and_key_equal_those_of_the_256_constant_images(name, mo
     """model_input reads the table off one call (or a GPU plan's table, for CARZero whose area resize refuses an
     image it would not shrink) and checks it at 15 levels: the table and the key are those of the definition, so
     every decode cache written before stays valid, and the quantising models need 18 ``preprocess`` calls, not 258."""
-    from xbench.inference import cache
+    from xbench.inference import calibration as cache
     from xbench.inference.gpu_preprocess import code_table, plan_for
 
     adapter, calls = _fresh(name), []
@@ -131,7 +132,7 @@ def test_the_8_bit_table_and_key_equal_those_of_the_256_constant_images(name, mo
 
 
 def test_a_table_wrong_at_a_checked_level_is_replaced_by_the_definition():
-    from xbench.inference import cache
+    from xbench.inference import calibration as cache
 
     reference, adapter = _fresh("kad"), _fresh("kad")
     want = model_input(reference)
@@ -144,7 +145,7 @@ def test_a_table_wrong_at_a_checked_level_is_replaced_by_the_definition():
 def test_a_table_wrong_at_an_unchecked_level_never_gives_a_wrong_input():
     """The checks make a wrong table unlikely, not impossible; a wrong table costs only space: an input is stored as
     codes only where the table rebuilds it exactly, otherwise as the float32 ``preprocess`` output itself."""
-    from xbench.inference import cache
+    from xbench.inference import calibration as cache
 
     adapter = _fresh("kad")
     true_lut = model_input(_fresh("kad")).lut
@@ -267,7 +268,7 @@ def test_the_content_key_is_sha256_and_records_of_the_earlier_blake2b_key_are_st
     round 10) is read as it is: its rows come from the cache, equal to a fresh decode, and nothing is hashed."""
     import hashlib
 
-    from xbench.inference import cache as cache_mod
+    from xbench.inference import decode, disk_cache
 
     paths = write_pngs(tmp_path / "img", 3)
     kad = adapters["kad"]
@@ -280,11 +281,12 @@ def test_the_content_key_is_sha256_and_records_of_the_earlier_blake2b_key_are_st
         return hashlib.blake2b(Path(path).read_bytes(), digest_size=16).hexdigest()
 
     with monkeypatch.context() as mp:  # the earlier key
-        mp.setattr(cache_mod, "content_hash", blake2b)
+        mp.setattr(decode, "content_hash", blake2b)
         InputFeed(Files(paths), [kad], cache_dir=tmp_path / "old").ensure(range(3))
     assert all(len(_record(f)["content"]) == 32 for f in (tmp_path / "old" / "index").glob("*.json"))
     hashed = []
-    monkeypatch.setattr(cache_mod, "content_hash", lambda path: hashed.append(path) or cache_mod.sha256(path))
+    for module in (decode, disk_cache):  # a new record's hash, a racy record's check
+        monkeypatch.setattr(module, "content_hash", lambda path: hashed.append(path) or disk_cache.sha256(path))
     old = InputFeed(Files(paths), [kad], cache_dir=tmp_path / "old")
     old.ensure(range(3))
     assert old.stats == {"decoded": 0, "from_cache": 3, "skipped": 0} and hashed == []
@@ -309,7 +311,7 @@ def test_device_codes_are_cached_by_the_saving_thread_and_its_errors_raised(adap
     assert again.stats == {"decoded": 0, "from_cache": 4, "skipped": 0}
     assert all(np.array_equal(again.rows[r][1][key], feed.rows[r][1][key]) for r in range(4))
 
-    from xbench.inference.cache import _DiskCache
+    from xbench.inference.disk_cache import DiskCache as _DiskCache
 
     def full(self, *args):
         raise OSError(28, "No space left on device")
@@ -326,7 +328,7 @@ def test_a_warm_feed_reads_the_cache_itself_and_forks_no_workers(adapters, tmp_p
     """With workers, rows whose every entry is cached are read in the decoding thread (no process is forked when all
     are); a row with a missing entry (a new model's) or a changed file goes to the workers; after ``_COLD`` misses
     in a row the rest go to the workers unread. The rows are the same bytes every way."""
-    from xbench.inference import cache as cache_mod
+    from xbench.inference import input_feed as cache_mod
 
     paths = write_pngs(tmp_path / "img", 6)
     cache = tmp_path / "cache"
@@ -358,8 +360,8 @@ def test_a_warm_feed_reads_the_cache_itself_and_forks_no_workers(adapters, tmp_p
         assert all(np.array_equal(again.rows[r][1][k], mixed.rows[r][1][k]) for k in mixed.rows[r][1])
 
     looked = []
-    real_cached = cache_mod._Decode.cached
-    monkeypatch.setattr(cache_mod._Decode, "cached", lambda self, row: looked.append(row) or real_cached(self, row))
+    real_cached = cache_mod.RowDecoder.cached
+    monkeypatch.setattr(cache_mod.RowDecoder, "cached", lambda self, row: looked.append(row) or real_cached(self, row))
     monkeypatch.setattr(cache_mod, "_COLD", 2)
     cold = InputFeed(Files(paths), [kad], cache_dir=tmp_path / "cold", workers=2, preprocess_device="cpu")
     cold.ensure(range(6))

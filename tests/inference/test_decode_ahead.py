@@ -21,7 +21,8 @@ from conftest import tiny_run
 from xbench.core.errors import CheckpointError, FormatError, XBenchError, XBenchWarning
 from xbench.datasets import open_dataset
 from xbench.inference import feeds, runner
-from xbench.inference.cache import InputFeed, inherit_input, model_input
+from xbench.inference.calibration import inherit_input, model_input
+from xbench.inference.input_feed import InputFeed
 from xbench.models.base import input_twin
 from xbench.spec.config import RunConfig
 from xbench.store.results import ResultStore

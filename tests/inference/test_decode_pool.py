@@ -11,7 +11,7 @@ import torch
 
 from conftest import Files
 from xbench.core.errors import FormatError
-from xbench.inference.cache import _share_by_name
+from xbench.inference.decode import share_by_name as _share_by_name
 from xbench.inference.decode_pool import DecodePool
 
 
@@ -104,7 +104,7 @@ def test_the_feed_through_workers_equals_the_feed_in_process(tmp_path):
     from native-size uploads that crossed as shared memory (device preprocessing run on the CPU device)."""
     from PIL import Image
 
-    from xbench.inference.cache import InputFeed
+    from xbench.inference.input_feed import InputFeed
     from xbench.inference.gpu_preprocess import preprocess_standins
     from xbench.models import create_model
 

@@ -14,7 +14,7 @@ import torch
 from conftest import TEST_DEVICE, shared_path
 from PIL import Image
 
-from xbench.inference.cache import ModelInput
+from xbench.inference.calibration import ModelInput
 from xbench.datasets.images import read_image
 from xbench.inference.gpu_preprocess import (PILLOW_VERTICAL_FIRST, CodePlan, check_plan, plan_for, preprocess_standins,
                                    resize_area, resize_pillow, source_array)

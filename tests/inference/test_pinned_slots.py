@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import TEST_DEVICE, Files
-from xbench.inference import cache as cache_mod
+from xbench.inference import input_feed as cache_mod
 from xbench.inference.pinned_slots import SlotArena, shared_arena
 
 

@@ -9,7 +9,8 @@ import fuzz_worker
 from xbench.core.errors import XBenchError
 from xbench.evaluation.evaluate import read_evaluation_log
 from xbench.evaluation.ground_truth import CacheUnusable, _check_arrays, load_cache
-from xbench.inference.cache import ModelInput, _DiskCache
+from xbench.inference.calibration import ModelInput
+from xbench.inference.disk_cache import DiskCache as _DiskCache
 from xbench.store.results import ResultStore, read_chunk_file
 
 #: the decode-cache entry of the fuzzed seed: key, content hash and the model input it must be (float32 (3, 8, 8))

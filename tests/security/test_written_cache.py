@@ -20,7 +20,7 @@ from PIL import Image
 
 import xbench
 from conftest import Files
-from xbench.inference.cache import InputFeed
+from xbench.inference.input_feed import InputFeed
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_a_flipped_byte_in_an_entry_is_recomputed_logged_and_counted(prior, tmp_
     data = bytearray(entry.read_bytes())
     data[len(data) // 2] ^= 0x55  # inside the array's values
     entry.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="xbench.inference.cache"):
+    with caplog.at_level(logging.WARNING, logger="xbench.inference.disk_cache"):
         again = _cached(prior, paths, cache)
     assert _same(_rows(again, prior), _rows(_fresh(prior, paths), prior))
     assert getattr(again, "damaged", 0) == 1

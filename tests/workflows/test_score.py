@@ -216,3 +216,36 @@ def test_scoring_into_a_folder_another_process_holds_refuses(tmp_path):
         holder.kill()
         holder.wait()
     assert sorted(p.name for p in out.iterdir()) == [".xbench.lock"]  # nothing written
+
+
+def test_every_table_is_written_once_through_the_run_evaluation(done, tmp_path, monkeypatch):
+    """Maps without probabilities and with tolerance margins: the metric table, the comparisons and the ranks are
+    each written once, by the run's own evaluation (recognition rows left out, tolerance rows added before writing),
+    never rewritten after it; the rows are those a rewrite gave (no recognition metric anywhere, ``pointing@3px``)."""
+    from xbench.core import atomic
+    from xbench.evaluation import comparisons, evaluate
+    from xbench.store import results
+
+    written: list[str] = []
+
+    def counting(module, name):
+        real = getattr(module, name)
+
+        def wrapper(frame, path, *args, **kw):
+            written.append(Path(path).name)
+            return real(frame, path, *args, **kw)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    for module in (evaluate, results):
+        counting(module, "write_table")
+    for module in (comparisons, atomic):
+        counting(module, "write_frame")
+    st = stored(done, "anatomical_prior")
+    got = score(st["maps"], tmp_path / "m", case_ids=st["case_ids"].tolist(), compare_with=done, name="mine",
+                pointing_margins=(3,))
+    assert written.count("metrics") == 1 and written.count("comparisons.csv") == 1 and written.count("ranks.csv") == 1
+    assert not got["metrics"]["metric"].isin(RECOGNITION_METRICS).any() and got["metrics"]["metric"].eq("pointing@3px").any()
+    compared, ranks = comparisons.load_comparisons(tmp_path / "m", required=True)
+    assert len(compared) and not compared["metric"].isin(RECOGNITION_METRICS).any()
+    assert not ranks["metric"].isin(RECOGNITION_METRICS).any() and {"mine", "center_prior"} <= set(ranks["model"])

@@ -271,7 +271,7 @@ def inference_order(datasets: Sequence[Any]) -> list[int]:
 
     The lead is the dataset with the most cases per decoded pixel, weighted by its cases (largest
     ``cases² / pixels``, :func:`case_pixels`; ties in the given order). Decoding runs one dataset ahead of the models
-    (:meth:`xbench.inference.cache.InputFeed.then`). While the models work through the lead's many small images, the
+    (:meth:`xbench.inference.input_feed.InputFeed.then`). While the models work through the lead's many small images, the
     dataset with the most evaluation work, typically also the slowest to decode per case (VinDr-CXR's 3,000² DICOMs),
     is decoded behind them. Its evaluation then runs while the other datasets are inferred. Led by that dataset
     instead (largest first alone), the models waited for its decoding once the networks were

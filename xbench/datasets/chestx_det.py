@@ -129,16 +129,7 @@ class _DetJson(BaseDataset):
                           field=f"syms[{index}]", reason="unknown class")
                 return None
             try:
-                coords = [float(v) for v in box]
-                if len(coords) != 4:
-                    raise ValueError(f"expected 4 numbers [x1, y1, x2, y2], got {len(coords)}")
-                region: Region = Box(*coords)
-                validate_box(region, size)
-                if polygon is not None and len(polygon) >= 3:
-                    points = np.asarray(polygon, dtype=float)
-                    if points.ndim != 2 or points.shape[1] != 2 or not np.isfinite(points).all():
-                        raise ValueError(f"polygon must be finite [[x, y], ...] points, got shape {points.shape}")
-                    region = Polygon(points)
+                region = _region(box, polygon, size)
             except (TypeError, ValueError) as exc:
                 self.fail(path, f"record {number} ({file_name}): {exc}", field=f"boxes[{index}]", reason="malformed record")
                 return None
@@ -147,6 +138,22 @@ class _DetJson(BaseDataset):
 
     def _regions(self, row: pd.Series) -> dict[str, list[Region]]:
         return self._region_map[str(row["case_id"])]
+
+
+def _region(box: Any, polygon: Any, size: tuple[int, int]) -> Region:
+    """One annotation's region: its polygon where it has three points or more, else its ``[x1, y1, x2, y2]`` box
+    (checked against the image ``size`` either way); a malformed one raises ``ValueError`` / ``TypeError``."""
+    coords = [float(v) for v in box]
+    if len(coords) != 4:
+        raise ValueError(f"expected 4 numbers [x1, y1, x2, y2], got {len(coords)}")
+    region: Region = Box(*coords)
+    validate_box(region, size)
+    if polygon is not None and len(polygon) >= 3:
+        points = np.asarray(polygon, dtype=float)
+        if points.ndim != 2 or points.shape[1] != 2 or not np.isfinite(points).all():
+            raise ValueError(f"polygon must be finite [[x, y], ...] points, got shape {points.shape}")
+        region = Polygon(points)
+    return region
 
 
 class ChestXDet10(_DetJson):

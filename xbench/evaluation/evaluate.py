@@ -36,6 +36,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,14 @@ __all__ = ["GroundTruth", "PairEvaluation", "PairError", "ground_truth", "check_
            "evaluate_run", "RunEvaluation", "load_tables", "read_evaluation_log"]
 
 
-def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
+def evaluate_run(cfg: RunConfig, *, progress: bool = True, leave_out: Sequence[str] = (),
+                 extra_rows: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> pd.DataFrame:
     """Compute and write every table of a run (see the module docstring); returns the tidy table.
+
+    ``leave_out``: metrics whose rows are left out of the metric table, the comparisons and the ranks (scored maps
+    given without probabilities: their placeholder recognition rows). ``extra_rows(pairs)``: rows appended to the
+    metric table, from the per-pair table once every pair is evaluated (scored maps' tolerance pointing game). Both are applied before any table is
+    written, so every table is written once (:meth:`RunEvaluation.finish`).
 
     Ground truth of each dataset comes from the run's cache (:mod:`xbench.evaluation.ground_truth`:
     ``<output_dir>/cache/ground_truth/``, computed on a miss and shared by the dataset's models).
@@ -81,7 +88,7 @@ def evaluate_run(cfg: RunConfig, *, progress: bool = True) -> pd.DataFrame:
     with output_lock(cfg.output_dir, "evaluate"):  # one XBench process per output folder
         evaluation = RunEvaluation(cfg, progress=progress)
         try:
-            table = evaluation.finish()
+            table = evaluation.finish(leave_out=leave_out, extra_rows=extra_rows)
             evaluation.write_timing()
             return table
         finally:
@@ -353,8 +360,10 @@ class RunEvaluation:
             self._staged.remove(steps)
         shutil.rmtree(steps.folder, ignore_errors=True)
 
-    def finish(self) -> pd.DataFrame:
-        """Evaluate what is left, gather in run order, write every table; returns the tidy table."""
+    def finish(self, *, leave_out: Sequence[str] = (),
+               extra_rows: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> pd.DataFrame:
+        """Evaluate what is left, gather in run order, write every table; returns the tidy table (``leave_out``,
+        ``extra_rows``: :func:`evaluate_run`)."""
         cfg = self.cfg
         self.mark("finish_called")
         for i in range(len(cfg.datasets)):
@@ -409,17 +418,18 @@ class RunEvaluation:
         from ..core.files import contained_folder
 
         out = contained_folder(cfg.output_dir, "tables")  # a real folder inside the output folder, no link
-        table = pd.concat(tidy, ignore_index=True)
-        write_table(table, out / "metrics")
         pair_table = (pd.concat([p for p in pairs if len(p)], ignore_index=True) if any(len(p) for p in pairs)
                       else pd.DataFrame())
+        table = _final_metrics(pd.concat(tidy, ignore_index=True), leave_out,
+                               None if extra_rows is None else extra_rows(pair_table))
+        write_table(table, out / "metrics")
         write_frame(pair_table, out / "pairs.parquet")  # every table atomically: a full disk leaves no truncated file
         write_frame(pd.concat([c for c in curves if len(c)] or [pd.DataFrame()], ignore_index=True), out / "curves.csv")
         for name, why in self.left_out.items():  # optional models without weights: a row saying so
             models[name] = {"model": name, "weights": "absent", "note": why}
         write_frame(pd.DataFrame(list(models.values())), out / "models.csv")
         atomic_write_bytes(out / "evaluation_log.json", json.dumps(log, indent=1).encode())
-        write_comparisons(compared, out)
+        write_comparisons([_without(part, leave_out) for part in compared], out)
         self.mark("tables_written")
         return table
 
@@ -449,6 +459,24 @@ class RunEvaluation:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
         self.bar.close()
+
+
+def _final_metrics(table: pd.DataFrame, leave_out: Sequence[str], extra: pd.DataFrame | None) -> pd.DataFrame:
+    """The metric table as written: rows of ``leave_out`` metrics dropped, ``extra`` rows appended."""
+    if not leave_out and extra is None:
+        return table
+    table = table[~table["metric"].isin(list(leave_out))]
+    if extra is not None:
+        table = pd.concat([table, extra], ignore_index=True)
+    return table.reset_index(drop=True)
+
+
+def _without(part: tuple[pd.DataFrame, pd.DataFrame], leave_out: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A dataset's ``(comparisons, ranks)`` without the rows of ``leave_out`` metrics."""
+    if not leave_out:
+        return part
+    return tuple(frame[~frame["metric"].isin(list(leave_out))].reset_index(drop=True) if "metric" in frame else frame
+                 for frame in part)
 
 
 _LOG_COUNTS = ("evaluated", "missing_prediction", "positive_without_region")

@@ -22,7 +22,8 @@ from ..models import Adapter, create_model
 from ..models.base import input_twin
 from ..spec.config import DatasetSpec, ModelSpec
 from ..spec.registry import dataset_manifest, import_target, model_config
-from ..store.fingerprint import fit_key, fitted_is_current, refit, weight_files
+from ..models.base import weight_files
+from ..store.fingerprint import fit_key, fitted_is_current, refit
 from .recorder import BuildTimes
 
 Building = dict[int, tuple[Future, Adapter]]  # model index -> (its build in the background, its input twin)

@@ -31,13 +31,13 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ..core.errors import XBenchError
+from .recorder import Stopwatch
 
 __all__ = ["DecodePool"]
 
@@ -94,7 +94,7 @@ class DecodePool:
         self.prefetch = max(1, int(prefetch))
         # the caller's seconds in imap_unordered: waiting for any answer, and reading answers (unpickling, mapping
         # shared tensors)
-        self.seconds = {"idle": 0.0, "receive": 0.0}
+        self.seconds = Stopwatch(("idle", "receive"))
         self._owner = os.getpid()
         if "fork" not in multiprocessing.get_all_start_methods():
             raise XBenchError("decoding processes (num_workers > 0) are forked from this process, and this platform "
@@ -136,18 +136,16 @@ class DecodePool:
         by_conn = {id(c): i for i, c in enumerate(self._conns)}
         by_sentinel = {p.sentinel: i for i, p in enumerate(self._procs)}
         while any(busy.values()):
-            t = time.perf_counter()
-            ready = wait([self._conns[i] for i, n in busy.items() if n]
-                         + [self._procs[i].sentinel for i, n in busy.items() if n])
-            self.seconds["idle"] += time.perf_counter() - t
+            with self.seconds("idle"):
+                ready = wait([self._conns[i] for i, n in busy.items() if n]
+                             + [self._procs[i].sentinel for i, n in busy.items() if n])
             for handle in ready:
                 i = by_sentinel[handle] if isinstance(handle, int) else by_conn[id(handle)]
                 try:
                     if isinstance(handle, int):  # a worker with rows in flight ended
                         raise EOFError
-                    t = time.perf_counter()
-                    answer = handle.recv()
-                    self.seconds["receive"] += time.perf_counter() - t
+                    with self.seconds("receive"):
+                        answer = handle.recv()
                 except (EOFError, OSError):  # OSError: connection reset by a killed worker
                     raise dead(i) from None
                 except Exception as exc:  # an answer that pickled in the worker but cannot be rebuilt here

@@ -1,6 +1,6 @@
 """Device preprocessing of decoded rows in stacks, without waiting on the device per image.
 
-The decoding thread of :class:`xbench.inference.cache.InputFeed` hands every decoded row that still needs device
+The decoding thread of :class:`xbench.inference.input_feed.InputFeed` hands every decoded row that still needs device
 codes to a :class:`DeviceStage`. Rows whose native-size sources have one shape and dtype are stacked (up to
 ``max_images`` and ``max_pixels``), copied once into pinned memory, uploaded in one copy (sources already
 page-locked, in :mod:`~xbench.inference.pinned_slots` slots, are uploaded one by one from where they are), and run
@@ -23,10 +23,10 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import time
-
 import numpy as np
 import torch
+
+from .recorder import Stopwatch
 
 __all__ = ["DeviceStage", "STEPS"]
 
@@ -62,7 +62,7 @@ class DeviceStage:
                                  Any]] = deque()
         self.device_inputs = 0  # model inputs computed (equal plans counted once per image)
         self.stacks = 0
-        self.seconds = dict.fromkeys(STEPS, 0.0)  # this thread's seconds per step (module docstring)
+        self.seconds = Stopwatch(STEPS)  # this thread's seconds per step (module docstring)
 
     def put(self, item: Any) -> None:
         """Queue one row (``item.source``: its uploaded array; ``item.inputs``: keys already held)."""
@@ -88,22 +88,22 @@ class DeviceStage:
     def _launch(self, rows: list[tuple[Any, list[str]]]) -> None:
         self.held -= len(rows)
         sources = [item.source for item, _ in rows]
-        t0 = time.perf_counter()
+        self.seconds.start()
         if self.cuda and all(source.is_pinned() for source in sources):  # arena slots: uploaded from where they are
-            t1 = time.perf_counter()
+            self.seconds.lap("pin")
             stack = torch.empty((len(sources), *sources[0].shape), dtype=sources[0].dtype, device=self.device)
             for i, source in enumerate(sources):
                 stack[i].copy_(source, non_blocking=True)
         elif self.cuda:
             host = torch.empty((len(sources), *sources[0].shape), dtype=sources[0].dtype, pin_memory=True)
             torch.stack(sources, out=host)
-            t1 = time.perf_counter()
+            self.seconds.lap("pin")
             stack = host.to(self.device, non_blocking=True)
         else:
             host = torch.stack(sources)
-            t1 = time.perf_counter()
+            self.seconds.lap("pin")
             stack = host.to(self.device)
-        t2 = time.perf_counter()
+        self.seconds.lap("upload")
         for item, _ in rows:
             item.source = None  # its shared memory is released as soon as the stack holds it (a slot: once done)
         plans: dict[Any, None] = {}
@@ -118,7 +118,7 @@ class DeviceStage:
             layout[plan] = (slice(at, at + outs[-1].shape[1]), tuple(codes.shape[1:]))
             at += outs[-1].shape[1]
         flat = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
-        t3 = time.perf_counter()
+        self.seconds.lap("kernels")
         event = None
         if self.cuda:
             back = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
@@ -129,9 +129,7 @@ class DeviceStage:
             back = flat.cpu()
         self.flight.append((rows, layout, back, event))
         self.stacks += 1
-        t4 = time.perf_counter()
-        for step, seconds in zip(STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-            self.seconds[step] += seconds
+        self.seconds.lap("copy_back")
 
     def _retire(self, *, wait: bool) -> None:
         while self.flight:
@@ -139,20 +137,23 @@ class DeviceStage:
             if event is not None and not (wait or len(self.flight) > self.depth or event.query()):
                 return
             if event is not None:
-                t = time.perf_counter()
-                event.synchronize()
-                self.seconds["wait"] += time.perf_counter() - t
-            t = time.perf_counter()
-            self.flight.popleft()
-            codes = back.numpy().copy()  # out of the pinned block, which is reused once ``back`` is freed
-            for i, (item, wanted) in enumerate(rows):
-                per_plan: dict[Any, np.ndarray] = {}
-                for key in wanted:
-                    plan = self.plans[key]
-                    if plan not in per_plan:
-                        columns, shape = layout[plan]
-                        per_plan[plan] = codes[i, columns].reshape(shape)
-                        self.device_inputs += 1
-                    item.inputs[key] = per_plan[plan]
-                self.done(item, wanted)
-            self.seconds["publish"] += time.perf_counter() - t
+                with self.seconds("wait"):
+                    event.synchronize()
+            with self.seconds("publish"):
+                self.flight.popleft()
+                self._publish(rows, layout, back)
+
+    def _publish(self, rows: list[tuple[Any, list[str]]], layout: dict[Any, tuple[slice, tuple[int, ...]]],
+                 back: torch.Tensor) -> None:
+        """The codes of one finished stack into each row's ``inputs`` (equal plans shared), each row handed on."""
+        codes = back.numpy().copy()  # out of the pinned block, which is reused once ``back`` is freed
+        for i, (item, wanted) in enumerate(rows):
+            per_plan: dict[Any, np.ndarray] = {}
+            for key in wanted:
+                plan = self.plans[key]
+                if plan not in per_plan:
+                    columns, shape = layout[plan]
+                    per_plan[plan] = codes[i, columns].reshape(shape)
+                    self.device_inputs += 1
+                item.inputs[key] = per_plan[plan]
+            self.done(item, wanted)

@@ -1,4 +1,4 @@
-"""A run's decode-once feeds (:class:`xbench.inference.cache.InputFeed`): where their resizes run
+"""A run's decode-once feeds (:class:`xbench.inference.input_feed.InputFeed`): where their resizes run
 (``preprocess_device``) and what they decode ahead (``decode_ahead``), before a dataset's pairs are planned.
 
 Decoding ahead fills two places where the decode stage would otherwise wait (docs/performance.md):
@@ -7,7 +7,7 @@ Decoding ahead fills two places where the decode stage would otherwise wait (doc
   its network is built), its feed decodes with *input twins* (:func:`xbench.models.base.input_twin`), and
   :func:`fits_twin` checks each built adapter against its twin;
 * while a dataset's models run, the next fresh dataset's feed starts once this one's decoding ends
-  (:meth:`xbench.inference.cache.InputFeed.then`).
+  (:meth:`xbench.inference.input_feed.InputFeed.then`).
 
 ``auto`` (the default) is on for CUDA runs only: on the CPU decoding competes with the models for the same cores.
 """
@@ -24,7 +24,8 @@ import torch
 from ..datasets import BaseDataset
 from ..models import Adapter
 from ..store.results import ResultStore, chunk_rows
-from .cache import InputFeed, inherit_input
+from .calibration import inherit_input
+from .input_feed import InputFeed
 
 logger = logging.getLogger(__name__)
 
@@ -47,14 +48,14 @@ def decodes_ahead(decode_once: bool, decode_ahead: bool | str, device: torch.dev
 
 def preprocess_device(setting: str, device: torch.device) -> torch.device | None:
     """Where ported models' resizes run (``preprocess_device``: ``auto`` = the run device if CUDA, ``device`` = the
-    run device, ``cpu`` = the decode workers); None means the CPU path (:class:`xbench.inference.cache.InputFeed`)."""
+    run device, ``cpu`` = the decode workers); None means the CPU path (:class:`xbench.inference.input_feed.InputFeed`)."""
     if setting == "device" or (setting == "auto" and device.type == "cuda"):
         return device
     return None
 
 
 def new_feed(options: FeedOptions, dataset: BaseDataset, adapters: Sequence[Any]) -> InputFeed:
-    """The decode-once feed (:class:`xbench.inference.cache.InputFeed`) of ``dataset`` for ``adapters``."""
+    """The decode-once feed (:class:`xbench.inference.input_feed.InputFeed`) of ``dataset`` for ``adapters``."""
     return InputFeed(dataset, adapters, cache_dir=options.cache_dir, workers=options.workers,
                      skip_missing=options.skip_missing, preprocess_device=options.preprocess_device)
 
@@ -73,7 +74,7 @@ def fresh_rows(store: ResultStore, dataset: str, cases: int, labels: Sequence[st
 def fits_twin(label: str, adapter: Adapter, twin: Adapter) -> bool:
     """Whether what a feed decoded for ``twin`` may be given to the built ``adapter``: true when the adapter maps the
     two probe images to its twin's values bit for bit and reads pixels as its twin does (it then takes the twin's input
-    calibration, :func:`~xbench.inference.cache.inherit_input`). False (a twin whose preprocessing differs: a bug) is
+    calibration, :func:`~xbench.inference.calibration.inherit_input`). False (a twin whose preprocessing differs: a bug) is
     logged; the runner then infers that model from a feed of its own, decoded from the start."""
     if (getattr(adapter, "reads_pixels", True) == getattr(twin, "reads_pixels", True)
             and inherit_input(adapter, twin)):

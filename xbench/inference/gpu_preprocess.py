@@ -17,10 +17,10 @@ integer or fixed-order float arithmetic, so they can run on the GPU and give the
   integer block sums, or float32 area weights accumulated term by term in OpenCV's order (one
   vectorised step per term, a multiply then an add, never fused), ``rint`` and clip.
 * **Everything after the resize** (crop, grey → 3 channels, ``/255``, mean/std) depends only on the
-  8-bit code of a pixel, so it is the gather through :class:`xbench.inference.cache.ModelInput`'s table, which
+  8-bit code of a pixel, so it is the gather through :class:`xbench.inference.calibration.ModelInput`'s table, which
   was computed by the adapter's own CPU code.
 
-The per-model kernels produce the ``uint8 (S, S)`` **codes** that :mod:`xbench.inference.cache` stores; an
+The per-model kernels produce the ``uint8 (S, S)`` **codes** that :mod:`xbench.inference.input_feed` stores; an
 adapter without a kernel here (priors, reference models: float resizes in torch's CPU order) keeps its
 CPU ``preprocess``. :func:`plan_for` builds the kernel an adapter's class declares (``gpu_preprocess``), :func:`check_plan` proves it on probe
 images against the adapter's own ``preprocess`` before a run uses it and gives the code → value table.
@@ -46,6 +46,7 @@ import functools
 import inspect
 import math
 import sys
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -548,3 +549,31 @@ def check_plan(adapter: Any, plan: CodePlan, device: torch.device | str = "cpu")
         if want.shape[1:] != codes.shape or not torch.equal(lut[:, codes], want):
             return None
     return table
+
+
+_PROVEN: "weakref.WeakKeyDictionary[Any, dict[tuple[CodePlan, str], bool]]" = weakref.WeakKeyDictionary()
+
+
+def candidate_table(adapter: Any) -> np.ndarray | None:
+    """The 8-bit table of the adapter's declared plan read on the CPU (one ``preprocess`` call): a candidate that
+    :func:`~xbench.inference.calibration.model_input` checks before it takes it; None without a plan."""
+    plan = plan_for(adapter)
+    return None if plan is None else code_table(adapter, plan, "cpu")
+
+
+def proven_plan(adapter: Any, lut: np.ndarray | None, device: torch.device) -> CodePlan | None:
+    """The adapter's declared plan when :func:`check_plan` proves it equal to its CPU path on ``device`` and its
+    table equals ``lut`` (the adapter's calibrated table), else None. Proven once per adapter object and device, not
+    once per dataset."""
+    plan = plan_for(adapter) if lut is not None else None
+    if plan is None:
+        return None
+    try:
+        proven = _PROVEN.setdefault(adapter, {})
+    except TypeError:  # not weak-referenceable: proven again when asked again
+        proven = {}
+    where = (plan, str(device))
+    if where not in proven:
+        table = check_plan(adapter, plan, device)
+        proven[where] = table is not None and np.array_equal(table, lut)
+    return plan if proven[where] else None

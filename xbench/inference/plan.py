@@ -25,7 +25,8 @@ from ..datasets import BaseDataset, open_dataset
 from ..datasets.base import inference_order
 from ..preflight.checks import preflight, runnable_models, summary
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
-from ..store.fingerprint import hash_ahead, weight_files
+from ..models.base import weight_files
+from ..store.fingerprint import hash_ahead
 from .distributed import chunk_costs, rank_share
 from .feeds import FeedOptions, decodes_ahead, preprocess_device
 

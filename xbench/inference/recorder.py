@@ -3,7 +3,9 @@ CSV and the timings, kept here instead of in the code that does the work.
 
 Timing is attached, not written inline: a :class:`RunClock` starts when the run does (preflight included) and gives
 each dataset's end; :class:`BuildTimes` sums each model's build seconds and notes when it was first ready; a pair's
-:class:`PairTimes` splits its wall time into waiting for inputs and its own steps. The keys a run log entry gets
+:class:`PairTimes` splits its wall time into waiting for inputs and its own steps; the decode stage's parts (the
+feed, its worker pool, its device stage) each hold a :class:`Stopwatch` of named steps, read into the run log's
+``decode_profile``. The keys a run log entry gets
 here (after the pair's own counts, :meth:`xbench.inference.stepper.PairRun.finish`) are those of
 :meth:`RunRecorder.dataset_done`.
 """
@@ -22,6 +24,49 @@ from ..core.errors import FormatError
 from .skips import write_skips_csv
 
 T = TypeVar("T")
+
+
+class Stopwatch(dict):
+    """Seconds per named step, summed over calls (a ``dict`` of step -> seconds, so it is read and logged as one).
+
+    ``with watch("read"): ...`` adds the block's wall seconds to ``watch["read"]`` (also when it raises);
+    ``watch.start()`` then ``watch.lap("pin")``, ``watch.lap("upload")``, ... add the seconds since the previous mark
+    to each step in turn (consecutive steps of one pass); :meth:`add` adds seconds measured elsewhere. Steps not
+    named at construction start at 0 when first timed. One thread times one watch.
+
+    >>> watch = Stopwatch(("read", "prep"))
+    >>> with watch("read"):
+    ...     pass
+    >>> watch.start(); _ = watch.lap("prep"); _ = watch.lap("wait")
+    >>> list(watch), all(seconds >= 0 for seconds in watch.values())
+    (['read', 'prep', 'wait'], True)
+    """
+
+    def __init__(self, steps: Sequence[str] = ()) -> None:
+        super().__init__(dict.fromkeys(steps, 0.0))
+        self._mark = 0.0
+
+    @contextmanager
+    def __call__(self, step: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(step, time.perf_counter() - began)
+
+    def start(self) -> None:
+        """Set the mark the next :meth:`lap` counts from."""
+        self._mark = time.perf_counter()
+
+    def lap(self, step: str) -> float:
+        """Add the seconds since the last mark to ``step``, move the mark to now; returns those seconds."""
+        now = time.perf_counter()
+        seconds, self._mark = now - self._mark, now
+        self.add(step, seconds)
+        return seconds
+
+    def add(self, step: str, seconds: float) -> None:
+        self[step] = self.get(step, 0.0) + seconds
 
 
 class RunClock:

@@ -37,7 +37,7 @@ from ..store.fingerprint import run_fingerprint
 from ..store.results import ResultStore, chunk_rows
 from . import feeds
 from .builder import Building, fitted_folder
-from .cache import CaseItem
+from .decode import CaseItem
 from .feeds import FeedOptions
 from .plan import Knobs
 from .recorder import PairTimes
@@ -103,7 +103,7 @@ def _meta(knobs: Knobs, dspec: DatasetSpec, mspec: ModelSpec, dataset: BaseDatas
 class PairRun:
     """One (dataset, model) pair's inference: plan, steps, finish (module docstring).
 
-    ``chunks``: this rank's chunks of the dataset. ``feed`` (an :class:`xbench.inference.cache.InputFeed` over
+    ``chunks``: this rank's chunks of the dataset. ``feed`` (an :class:`xbench.inference.input_feed.InputFeed` over
     ``dataset``) supplies inputs decoded once for every model; without it each model decodes through its own
     DataLoader. ``writer`` (an executor) writes finished chunks with ``flush`` in the background; without it they are
     written in :meth:`steps`.

@@ -257,6 +257,35 @@ def weights_dir(name: str, weights: str | Path | None) -> Path | None:
     return None
 
 
+def weights_folder(name: str, weights: str | Path | None) -> Path | None:
+    """The folder a model's weights are read from: :func:`weights_dir`'s, else the package's
+    ``reference_weights/<name>`` when it exists, else None."""
+    folder = weights_dir(name, weights)
+    if folder is None and (PACKAGE_DIR / "reference_weights" / name).is_dir():
+        folder = PACKAGE_DIR / "reference_weights" / name
+    return folder
+
+
+def weight_files(name: str, weights: str | Path | None) -> list[Path]:
+    """The existing files a model's config ``weights:`` entries name inside its :func:`weights_folder` (a folder
+    entry contributes every file below it; no entries: every file of the folder), sorted per entry."""
+    folder = weights_folder(name, weights)
+    if folder is None:
+        return []
+    entries = (model_config(name).get("weights") or {}).values()
+    named = [folder / str(e["path"]) for e in entries if isinstance(e, dict) and e.get("path")]
+    return [f for p in named for f in files_under(p)] if named else files_under(folder)
+
+
+def files_under(path: Path) -> list[Path]:
+    """``[path]`` for a file, every file below a folder (sorted), ``[]`` when absent."""
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    return []
+
+
 def require_file(folder: Path, relative: str, what: str, source: str | None) -> Path:
     """``folder/relative`` if it exists, else :class:`MissingFileError` naming it and its publisher."""
     path = folder / relative

@@ -57,7 +57,7 @@ Preprocessing (``load_image`` + ``create_chest_xray_transform_for_inference(512,
     bilinear) -> ``CenterCrop(480)`` -> ``ToTensor`` -> grey copied to 3 channels. No mean/std normalisation.
 Decode-once feed
     The min-max remap depends on the whole image, so no per-grey-level table rebuilds the input
-    (:func:`xbench.inference.cache.model_input` finds none): BioViL's inputs are kept as float32 ``(3, 480, 480)``
+    (:func:`xbench.inference.calibration.model_input` finds none): BioViL's inputs are kept as float32 ``(3, 480, 480)``
     (2.8 MB per image) where the other models keep 8-bit codes.
 Deviations
     The official reader remaps the file's own values (16-bit PNGs at 16 bits, DICOM ``pixel_array`` raw); XBench

@@ -252,21 +252,22 @@ def _write_pair(got: _PairExport, folder: Path, findings: list[str], tasks: list
 
 
 def pointing_tolerance_table(run_dir: str | Path, margins: list[int] | tuple[int, ...], *, grid: tuple[int, int] | None = None,
-                             ties: str = "first", n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+                             ties: str = "first", n_boot: int = 1000, seed: int = 0,
+                             pairs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Tidy rows of the tolerance pointing game of an evaluated run: metric ``pointing@{m}px`` per margin ``m > 0``.
 
     Per (dataset, model): class values, the mean over classes and the pooled value, with 95 %
     bootstrap CIs from :func:`~xbench.metrics.score_table` (resampling the cases of the positive
     pairs; the run's own CIs also resample label-only cases, so these are not paired with them).
     ``ties`` must be the run's ``pointing_ties``: the margin-0 hits are recomputed and must equal
-    the run's ``pointing`` column, else an error says so.
+    the run's ``pointing`` column, else an error says so. ``pairs``: the run's per-pair table when it is not read
+    from ``run_dir``'s tables (an evaluation that has not written them yet).
     """
     from ..evaluation.evaluate import load_tables
     from ..metrics import POINTING, THRESHOLDS, pointing_game_tolerance, pointing_metric_name, score_table
     from ..store.results import ResultStore
 
-    t = load_tables(run_dir)
-    pairs = t["pairs"]
+    pairs = load_tables(run_dir)["pairs"] if pairs is None else pairs
     grid = tuple(grid) if grid is not None else run_grid(pairs)
     margins = [int(m) for m in margins if int(m) != 0]
     store, rows = ResultStore(run_dir), []

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -301,22 +301,13 @@ def visual_comparison(output_dir: str | Path, dataset: "BaseDataset", models: Se
     the pointing hit and the Dice computed as the metrics do (at ``grid``; at the class's best τ from ``taus``
     ``{(model, finding): τ}`` when given, else at ``threshold``).
     """
-    from ..metrics import THRESHOLDS, grounding_scores, normalize_maps, upsample_maps
     from ..store.results import ResultStore
-    from ..models.windows import is_whole_image, place_maps
 
     store = ResultStore(output_dir)
     preds = {m: store.read(dataset.name, m) for m in models}
     position = {m: {c: i for i, c in enumerate(p.case_ids.tolist())} for m, p in preds.items()}
     evaluated = set.intersection(*(set(p) for p in position.values())) if position else set()
-    if findings is None:
-        present = [f for f in FIG2_FINDINGS if f in dataset.findings]
-        findings = present or list(dataset.findings)[: (n_cases or 3)]
-    elif n_cases is not None:
-        findings = list(findings)[:n_cases]
-    unknown = [f for f in findings if f not in dataset.findings]
-    if unknown:
-        raise ValueError(f"findings {unknown} are not classes of {dataset.name}: {dataset.findings}")
+    findings = _fig2_findings(dataset, findings, n_cases)
     chosen = _choose_cases(dataset, evaluated, findings, case_ids, seed)
     images, maps, masks, row_labels, stats = [], [], [], [], []
     for r, finding in chosen:
@@ -326,20 +317,10 @@ def visual_comparison(output_dir: str | Path, dataset: "BaseDataset", models: Se
         gt = sample.mask(finding, grid)[None]
         row, text = [], []
         for m in models:
-            i = position[m][sample.case_id]
-            native, window, size = preds[m].maps[i, c].astype(np.float32)[None], preds[m].windows[i], preds[m].sizes[i]
-            cropped = np.isfinite(window).all() and not is_whole_image(window[None], np.array([image.shape]))[0]
-            shown = place_maps(native, window[None], np.array([image.shape]), image.shape) if cropped else \
-                upsample_maps(native, image.shape)
-            row.append(normalize_maps(shown)[0])
-            scored = place_maps(native, window[None], size[None], grid) if cropped else native
-            g = grounding_scores(scored, gt, grid=grid, threshold=threshold)
-            tau = (taus or {}).get((m, finding))
-            if tau is not None and np.isfinite(tau):
-                dice, at = g.dice_curves[0][int(np.argmin(np.abs(np.asarray(THRESHOLDS) - tau)))], f"τ*={tau:.2f}"
-            else:
-                dice, at = g.dice[0], f"τ={threshold:g}"
-            text.append(f"hit {'✓' if g.pointing[0] == 1 else '✗'}  Dice {dice:.2f} ({at})")
+            shown, said = _panel(preds[m], position[m][sample.case_id], c, image, gt, grid, threshold,
+                                 (taus or {}).get((m, finding)))
+            row.append(shown)
+            text.append(said)
         images.append(image)
         maps.append(row)
         masks.append(sample.mask(finding))
@@ -349,6 +330,41 @@ def visual_comparison(output_dir: str | Path, dataset: "BaseDataset", models: Se
                                    else "") for m in models]
     return overlay_grid(images, maps, masks, row_labels=row_labels, col_labels=col_labels, stats=stats,
                         title=f"Saliency maps vs radiologist regions — {data_label([dataset.name])}")
+
+
+def _fig2_findings(dataset: "BaseDataset", findings: Sequence[str] | None, n_cases: int | None) -> list[str]:
+    """Fig. 2's rows: ``findings`` (at most ``n_cases``), default the paper's that ``dataset`` has, else its first
+    ``n_cases`` (3); a finding that is not a class of the dataset is a ``ValueError``."""
+    if findings is None:
+        present = [f for f in FIG2_FINDINGS if f in dataset.findings]
+        findings = present or list(dataset.findings)[: (n_cases or 3)]
+    elif n_cases is not None:
+        findings = list(findings)[:n_cases]
+    unknown = [f for f in findings if f not in dataset.findings]
+    if unknown:
+        raise ValueError(f"findings {unknown} are not classes of {dataset.name}: {dataset.findings}")
+    return list(findings)
+
+
+def _panel(pred: Any, i: int, c: int, image: np.ndarray, gt: np.ndarray, grid: tuple[int, int], threshold: float,
+           tau: float | None) -> tuple[np.ndarray, str]:
+    """One panel of Fig. 2: stored map ``pred.maps[i, c]`` placed in its input window on the image, upsampled and
+    min–max normalised for display, and its caption (pointing hit, Dice at ``tau`` when given, else at
+    ``threshold``, scored at ``grid`` as the metrics do)."""
+    from ..metrics import THRESHOLDS, grounding_scores, normalize_maps, upsample_maps
+    from ..models.windows import is_whole_image, place_maps
+
+    native, window, size = pred.maps[i, c].astype(np.float32)[None], pred.windows[i], pred.sizes[i]
+    cropped = np.isfinite(window).all() and not is_whole_image(window[None], np.array([image.shape]))[0]
+    shown = place_maps(native, window[None], np.array([image.shape]), image.shape) if cropped else \
+        upsample_maps(native, image.shape)
+    scored = place_maps(native, window[None], size[None], grid) if cropped else native
+    g = grounding_scores(scored, gt, grid=grid, threshold=threshold)
+    if tau is not None and np.isfinite(tau):
+        dice, at = g.dice_curves[0][int(np.argmin(np.abs(np.asarray(THRESHOLDS) - tau)))], f"τ*={tau:.2f}"
+    else:
+        dice, at = g.dice[0], f"τ={threshold:g}"
+    return normalize_maps(shown)[0], f"hit {'✓' if g.pointing[0] == 1 else '✗'}  Dice {dice:.2f} ({at})"
 
 
 def difference_heatmap(comparison: pd.DataFrame, *, title: str) -> plt.Figure:

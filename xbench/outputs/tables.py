@@ -124,7 +124,24 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
     if models_on not in ("rows", "columns"):
         raise ValueError(f"models_on must be 'rows' or 'columns', got {models_on!r}")
     value_cols = [c for c in table.columns if c[-1] == "value"]
+    ranks = _cell_ranks(table, value_cols, baselines, models_on, counts)
+    cells = pd.DataFrame(index=table.index)
+    for col in value_cols:
+        base = col[:-1]
+        cells[" / ".join([_mark(base[0], baselines, unverified, notes) if models_on == "columns" else str(base[0]),
+                          *map(str, base[1:])])] = [_cell_text(table, idx, col, ranks.at[idx, col], fmt, digits, counts)
+                                                    for idx in table.index]
+    if models_on == "rows":
+        cells.index = [_mark(i, baselines, unverified, notes) for i in cells.index]
+    if fmt == "md":
+        return _markdown(table, cells, counts, unverified)
+    return _latex(table, cells)
 
+
+def _cell_ranks(table: pd.DataFrame, value_cols: list[tuple], baselines: Sequence[str], models_on: str,
+                counts: pd.DataFrame | None) -> pd.DataFrame:
+    """Rank (1 = best) of each ranked cell among the models (0: not ranked): per column with models on the rows, per
+    row with models on the columns; baselines and cells with fewer than :data:`MIN_PAIRS_TO_RANK` pairs are left out."""
     def enough(idx, col) -> bool:
         return counts is None or not np.isfinite(counts.at[idx, col]) or counts.at[idx, col] >= MIN_PAIRS_TO_RANK
 
@@ -134,48 +151,51 @@ def render(table: pd.DataFrame, *, fmt: str, baselines: Sequence[str] = (), unve
         for col in value_cols:
             if metric_table.is_ranked(col[-2]):
                 ranks[col] = _ranks(table[col], eligible & pd.Series([enough(i, col) for i in table.index], index=table.index))
-    else:
-        ranked = [c for c in value_cols if metric_table.is_ranked(c[-2])]
-        eligible = pd.Series([c[0] not in baselines for c in ranked], index=pd.MultiIndex.from_tuples(ranked))
-        for idx in table.index:
-            row = pd.Series([table.at[idx, c] for c in ranked], index=eligible.index, dtype=float)
-            ok = eligible & pd.Series([enough(idx, c) for c in ranked], index=eligible.index)
-            for c, r in _ranks(row, ok).items():
-                ranks.at[idx, c] = r
-    cells = pd.DataFrame(index=table.index)
-    for col in value_cols:
-        base = col[:-1]
-        texts = []
-        for idx in table.index:
-            v = table.at[idx, col]
-            lo, hi = table.at[idx, (*base, "ci_low")], table.at[idx, (*base, "ci_high")]
-            if not np.isfinite(v):
-                texts.append("–")
-                continue
-            s = f"{v:.{digits}f}"
-            if ranks.at[idx, col] == 1:
-                s = f"**{s}**" if fmt == "md" else rf"\textbf{{{s}}}"
-            elif ranks.at[idx, col] == 2:
-                s = f"<u>{s}</u>" if fmt == "md" else rf"\underline{{{s}}}"
-            if np.isfinite(lo) and np.isfinite(hi):
-                s += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
-            if counts is not None and np.isfinite(counts.at[idx, col]):
-                s += f" n={int(counts.at[idx, col])}"
-            texts.append(s)
-        head = [_mark(base[0], baselines, unverified, notes) if models_on == "columns" else str(base[0]), *map(str, base[1:])]
-        cells[" / ".join(head)] = texts
-    if models_on == "rows":
-        cells.index = [_mark(i, baselines, unverified, notes) for i in cells.index]
-    if fmt == "md":
-        head = "| " + " | ".join(md_text(c) for c in [table.index.name or "", *cells.columns]) + " |"
-        sep = "|" + "---|" * (len(cells.columns) + 1)
-        body = ["| " + " | ".join([md_text(idx), *row]) + " |" for idx, row in zip(cells.index, cells.to_numpy())]
-        note = "\n\nBold: best; underlined: second best (baselines not ranked). [95 % bootstrap CI]."
-        if counts is not None:
-            note += f" n = n_pairs, the positive pairs behind the value; cells with n < {MIN_PAIRS_TO_RANK} are not ranked."
-        if unverified:
-            note += " †: unverified re-implementation (no public code or weights)."
-        return "\n".join([head, sep, *body]) + note + "\n"
+        return ranks
+    ranked = [c for c in value_cols if metric_table.is_ranked(c[-2])]
+    eligible = pd.Series([c[0] not in baselines for c in ranked], index=pd.MultiIndex.from_tuples(ranked))
+    for idx in table.index:
+        row = pd.Series([table.at[idx, c] for c in ranked], index=eligible.index, dtype=float)
+        ok = eligible & pd.Series([enough(idx, c) for c in ranked], index=eligible.index)
+        for c, r in _ranks(row, ok).items():
+            ranks.at[idx, c] = r
+    return ranks
+
+
+def _cell_text(table: pd.DataFrame, idx: Any, col: tuple, rank: int, fmt: str, digits: int,
+               counts: pd.DataFrame | None) -> str:
+    """One cell: ``value [low, high] n=…``, the best in bold and the second underlined; ``–`` for no value."""
+    base = col[:-1]
+    v = table.at[idx, col]
+    lo, hi = table.at[idx, (*base, "ci_low")], table.at[idx, (*base, "ci_high")]
+    if not np.isfinite(v):
+        return "–"
+    s = f"{v:.{digits}f}"
+    if rank == 1:
+        s = f"**{s}**" if fmt == "md" else rf"\textbf{{{s}}}"
+    elif rank == 2:
+        s = f"<u>{s}</u>" if fmt == "md" else rf"\underline{{{s}}}"
+    if np.isfinite(lo) and np.isfinite(hi):
+        s += f" [{lo:.{digits}f}, {hi:.{digits}f}]"
+    if counts is not None and np.isfinite(counts.at[idx, col]):
+        s += f" n={int(counts.at[idx, col])}"
+    return s
+
+
+def _markdown(table: pd.DataFrame, cells: pd.DataFrame, counts: pd.DataFrame | None,
+              unverified: Sequence[str]) -> str:
+    head = "| " + " | ".join(md_text(c) for c in [table.index.name or "", *cells.columns]) + " |"
+    sep = "|" + "---|" * (len(cells.columns) + 1)
+    body = ["| " + " | ".join([md_text(idx), *row]) + " |" for idx, row in zip(cells.index, cells.to_numpy())]
+    note = "\n\nBold: best; underlined: second best (baselines not ranked). [95 % bootstrap CI]."
+    if counts is not None:
+        note += f" n = n_pairs, the positive pairs behind the value; cells with n < {MIN_PAIRS_TO_RANK} are not ranked."
+    if unverified:
+        note += " †: unverified re-implementation (no public code or weights)."
+    return "\n".join([head, sep, *body]) + note + "\n"
+
+
+def _latex(table: pd.DataFrame, cells: pd.DataFrame) -> str:
     esc = lambda t: str(t).replace("_", r"\_").replace("%", r"\%").replace("†", r"$^\dagger$")  # noqa: E731
     lines = [r"\begin{tabular}{l" + "c" * len(cells.columns) + "}", r"\toprule",
              " & ".join([esc(table.index.name or "")] + [esc(c) for c in cells.columns]) + r" \\", r"\midrule"]

@@ -31,7 +31,7 @@ from ..datasets.checks import first_missing
 from ..spec.config import DatasetSpec, ModelSpec, RunConfig
 from ..core.errors import XBenchError
 from ..spec.listing import where_to_get
-from ..spec.registry import PACKAGE_DIR, dataset_manifest, model_config
+from ..spec.registry import dataset_manifest, model_config
 
 __all__ = ["preflight", "PreflightReport", "DatasetCheck", "ModelCheck", "PreflightError", "runnable_models"]
 
@@ -264,12 +264,10 @@ _ALTERNATIVES = ("checkpoint", "openai_archive")
 
 def model_weights(spec: ModelSpec) -> tuple[Path | None, list[str], list[str]]:
     """``(folder, present, missing)`` of a model's declared weight files (alternatives collapsed to one)."""
-    from ..models.base import weights_dir
+    from ..models.base import weights_folder
 
     entries = model_config(spec.name).get("weights") or {}
-    folder = weights_dir(spec.name, spec.weights)
-    if folder is None and (PACKAGE_DIR / "reference_weights" / spec.name).is_dir():
-        folder = PACKAGE_DIR / "reference_weights" / spec.name
+    folder = weights_folder(spec.name, spec.weights)
     present, missing, alternatives = [], [], []
     for key, entry in entries.items():
         path = str(entry.get("path", key))

@@ -19,7 +19,7 @@ Example (``xbench/configs/runs/phantom.yaml``)::
     device: cpu                     # cpu | cuda | cuda:1 | auto
     chunk_size: 256                 # cases per store chunk (resume granularity)
     on_missing_image: raise         # raise | skip (counted in run_log.json)
-    decode_once: true               # decode each image once for all models (xbench/inference/cache.py); false: per model
+    decode_once: true               # decode each image once for all models (xbench/inference/input_feed.py); false: per model
     cache_dir: null                 # persistent decode cache folder (null: in memory for the run)
     preprocess_device: auto         # auto: the run device if CUDA, else cpu | cpu | device: where models' resizes run
     decode_ahead: auto              # auto: on if the run device is CUDA | true | false: decode while networks build / the previous dataset infers

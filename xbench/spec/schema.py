@@ -106,43 +106,17 @@ def _convert(where: str | Path, field: str, value: Any, tp: Any, meta: Mapping[s
     """``value`` checked (and converted where the annotation says so) against the annotation ``tp``."""
     if "parse" in meta:
         return meta["parse"](where, field, value)
-    origin, args = get_origin(tp), get_args(tp)
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return _convert_union(where, field, value, get_args(tp), meta)
     if tp is Any:
         out = value
-    elif origin in (Union, types.UnionType):
-        options = [a for a in args if a is not type(None)]
-        if value is None:
-            if type(None) in args:
-                return None
-            raise FormatError(where, "must not be null", field=field)
-        errors = []
-        for option in options:
-            try:
-                return _convert(where, field, value, option, meta)
-            except FormatError as exc:
-                errors.append(exc)
-        raise errors[0]
     elif origin is Literal:
-        out = check_choice(where, field, value, args)
+        out = check_choice(where, field, value, get_args(tp))
     elif dataclasses.is_dataclass(tp):
         out = load(tp, value, where, field)
-    elif origin is list:
-        if not isinstance(value, list):
-            raise FormatError(where, f"must be a list, got {value!r}", field=field)
-        out = [_convert(where, f"{field}[{i}]", v, args[0] if args else Any, {}) for i, v in enumerate(value)]
-    elif origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise FormatError(where, f"must be a list, got {value!r}", field=field)
-        if len(args) == 2 and args[1] is Ellipsis:
-            out = tuple(_convert(where, field, v, args[0], {}) for v in value)
-        else:
-            if len(value) != len(args):
-                raise FormatError(where, f"must be a list of {len(args)} values, got {value!r}", field=field)
-            out = tuple(_convert(where, field, v, a, {}) for v, a in zip(value, args))
-    elif origin is dict:
-        if not isinstance(value, Mapping):
-            raise FormatError(where, f"must be a mapping, got {value!r}", field=field)
-        out = {k: _convert(where, _join(field, str(k)), v, args[1] if args else Any, {}) for k, v in value.items()}
+    elif origin in (list, tuple, dict):
+        out = _convert_container(where, field, value, origin, get_args(tp))
     elif tp in _SIMPLE:
         out = check_type(where, field, value, meta.get("kind", _SIMPLE[tp]))
         if tp is str and isinstance(out, Path):
@@ -152,6 +126,42 @@ def _convert(where: str | Path, field: str, value: Any, tp: Any, meta: Mapping[s
     if "choices" in meta:
         check_choice(where, field, out, meta["choices"], meta.get("what", "value"))
     return out
+
+
+def _convert_union(where: str | Path, field: str, value: Any, args: tuple, meta: Mapping[str, Any]) -> Any:
+    """``value`` as the first option of a union that takes it (null only where the union has ``None``); else the
+    first option's error."""
+    if value is None:
+        if type(None) in args:
+            return None
+        raise FormatError(where, "must not be null", field=field)
+    errors = []
+    for option in (a for a in args if a is not type(None)):
+        try:
+            return _convert(where, field, value, option, meta)
+        except FormatError as exc:
+            errors.append(exc)
+    raise errors[0]
+
+
+def _convert_container(where: str | Path, field: str, value: Any, origin: type, args: tuple) -> Any:
+    """A ``list[...]``, ``tuple[...]`` (fixed length, or ``tuple[T, ...]``) or ``dict[str, ...]`` value, each item
+    converted against its annotation."""
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise FormatError(where, f"must be a mapping, got {value!r}", field=field)
+        return {k: _convert(where, _join(field, str(k)), v, args[1] if args else Any, {}) for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, list):
+            raise FormatError(where, f"must be a list, got {value!r}", field=field)
+        return [_convert(where, f"{field}[{i}]", v, args[0] if args else Any, {}) for i, v in enumerate(value)]
+    if not isinstance(value, (list, tuple)):
+        raise FormatError(where, f"must be a list, got {value!r}", field=field)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_convert(where, field, v, args[0], {}) for v in value)
+    if len(value) != len(args):
+        raise FormatError(where, f"must be a list of {len(args)} values, got {value!r}", field=field)
+    return tuple(_convert(where, field, v, a, {}) for v, a in zip(value, args))
 
 
 def check_value(where: str | Path, field: str, value: Any, annotation: Any) -> Any:
@@ -181,26 +191,9 @@ def load(cls: type[T], raw: Any, where: str | Path = "<config>", prefix: str = "
     """
     if not isinstance(raw, Mapping):
         raise FormatError(where, f"must be a mapping, got {raw!r}", field=prefix or None)
-    hints = get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")]
-    known = {yaml_key(f).split(".")[0] for f in fields}
-    unknown = sorted(str(k) for k in raw if k not in known)
-    if unknown:
-        raise unknown_keys(where, getattr(cls, "__schema_what__", "key(s)"), unknown, known,
-                           prefix or unknown[0])
-    groups: dict[str, set[str]] = {}
-    for f in fields:
-        top, _, sub = yaml_key(f).partition(".")
-        if sub:
-            groups.setdefault(top, set()).add(sub)
-    for top, subs in groups.items():  # nested mappings read into flat fields (bootstrap.replicates)
-        value = raw.get(top)
-        if value is not None and not isinstance(value, Mapping):
-            raise FormatError(where, f"must be a mapping with keys {', '.join(sorted(subs))}, got {value!r}",
-                              field=_join(prefix, top))
-        extra = sorted(str(k) for k in (value or {}) if k not in subs)
-        if extra:
-            raise unknown_keys(where, "key(s)", extra, subs, _join(prefix, top))
+    _check_keys(cls, raw, fields, where, prefix)
+    hints = get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in fields:
         key = yaml_key(f)
@@ -217,6 +210,30 @@ def load(cls: type[T], raw: Any, where: str | Path = "<config>", prefix: str = "
     if check is not None:
         check(where, prefix)
     return obj
+
+
+def _check_keys(cls: type, raw: Mapping[str, Any], fields: list[dataclasses.Field], where: str | Path,
+                prefix: str) -> None:
+    """The first unknown key of ``raw`` (with "did you mean"), at the top or inside a nested mapping read into flat
+    fields (``bootstrap.replicates``), or a nested mapping that is not one, raises :class:`FormatError`."""
+    known = {yaml_key(f).split(".")[0] for f in fields}
+    unknown = sorted(str(k) for k in raw if k not in known)
+    if unknown:
+        raise unknown_keys(where, getattr(cls, "__schema_what__", "key(s)"), unknown, known,
+                           prefix or unknown[0])
+    groups: dict[str, set[str]] = {}
+    for f in fields:
+        top, _, sub = yaml_key(f).partition(".")
+        if sub:
+            groups.setdefault(top, set()).add(sub)
+    for top, subs in groups.items():
+        value = raw.get(top)
+        if value is not None and not isinstance(value, Mapping):
+            raise FormatError(where, f"must be a mapping with keys {', '.join(sorted(subs))}, got {value!r}",
+                              field=_join(prefix, top))
+        extra = sorted(str(k) for k in (value or {}) if k not in subs)
+        if extra:
+            raise unknown_keys(where, "key(s)", extra, subs, _join(prefix, top))
 
 
 def fields_of(cls: type) -> list[str]:

@@ -28,16 +28,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from ..models.base import files_under, weight_files, weights_folder
 from ..spec.manifests import file_entries, sha256
-from ..spec.registry import model_config
 
-__all__ = ["file_sha256", "hash_ahead", "weight_files", "model_fingerprint", "dataset_fingerprint", "run_fingerprint", "digest",
+__all__ = ["file_sha256", "hash_ahead", "model_fingerprint", "dataset_fingerprint", "run_fingerprint", "digest",
            "diff_keys", "fit_key", "fitted_is_current", "refit", "DAMAGED_FITS"]
 
 _CACHE: dict[tuple[str, int, int, int, int], str] = {}
 _AHEAD: dict[tuple[str, int, int, int, int], Future[str]] = {}  # hashing started by hash_ahead, not yet asked for
 _POOL: list[ThreadPoolExecutor] = []  # hash_ahead's threads, made on first use (a forked child makes its own)
-_REFERENCE_WEIGHTS = Path(__file__).resolve().parents[1] / "reference_weights"
 
 
 def _key(path: str | Path) -> tuple[Path, tuple[str, int, int, int, int]]:
@@ -84,38 +83,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def _files_under(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file())
-    return []
-
-
-def weight_files(name: str, weights: str | Path | None) -> list[Path]:
-    """The existing files a model's config names inside its weights folder (see the module docstring)."""
-    from ..models.base import weights_dir
-
-    folder = weights_dir(name, weights)
-    if folder is None and (_REFERENCE_WEIGHTS / name).is_dir():
-        folder = _REFERENCE_WEIGHTS / name
-    if folder is None:
-        return []
-    entries = (model_config(name).get("weights") or {}).values()
-    named = [folder / str(e["path"]) for e in entries if isinstance(e, dict) and e.get("path")]
-    return [f for p in named for f in _files_under(p)] if named else _files_under(folder)
-
-
 def model_fingerprint(name: str, weights: str | Path | None, *, fitted: str | Path | None = None) -> dict[str, str]:
     """``{file relative to its weights folder: sha256}``; ``fitted`` (a fitted baseline's folder) replaces the
     config's weights folder and every file in it is listed."""
     if fitted is not None:
-        base, files = Path(fitted), _files_under(Path(fitted))
+        base, files = Path(fitted), files_under(Path(fitted))
     else:
-        files = weight_files(name, weights)
-        from ..models.base import weights_dir
-
-        base = weights_dir(name, weights) or _REFERENCE_WEIGHTS / name
+        base, files = weights_folder(name, weights), weight_files(name, weights)
     return {_relative(f, base): file_sha256(f) for f in files}
 
 
@@ -203,7 +177,7 @@ DAMAGED_FITS: list[str] = []
 
 
 def _fit_files(folder: Path) -> dict[str, str]:
-    return {_relative(f, folder): file_sha256(f) for f in _files_under(folder) if f.name != FIT_FILE}
+    return {_relative(f, folder): file_sha256(f) for f in files_under(folder) if f.name != FIT_FILE}
 
 
 def _fit_files_problem(folder: Path, files: dict[str, Any]) -> str | None:
@@ -211,7 +185,7 @@ def _fit_files_problem(folder: Path, files: dict[str, Any]) -> str | None:
     from ..core.errors import FormatError
     from ..core.files import regular_size
 
-    found = sorted(_relative(f, folder) for f in _files_under(folder) if f.name != FIT_FILE)
+    found = sorted(_relative(f, folder) for f in files_under(folder) if f.name != FIT_FILE)
     if found != sorted(files):
         return f"its files {found[:5]} are not the ones fit.json records {sorted(files)[:5]}"
     for name, sha in files.items():

@@ -240,27 +240,39 @@ def read_chunk_file(path: str | Path, meta: dict[str, Any] | None = None) -> dic
     path = Path(path)
     if meta is None and (path.parent / "meta.json").exists():
         meta = ResultStore._read_meta(path.parent / "meta.json")
+    arrays, limits = _read_chunk_arrays(path, meta)
+    planes = {prefix: sum(1 for name in arrays if name.startswith(prefix)) for prefix in ("maps_b", "maps_z")}
+    if not planes["maps_b"] + planes["maps_z"] and "maps_shape" not in arrays:
+        return arrays  # the np.savez layout (member maps), or no maps at all (ResultStore.load_chunk names it)
+    arrays["maps"] = _joined_maps(path, arrays, planes, limits)
+    return arrays
+
+
+def _read_chunk_arrays(path: Path, meta: dict[str, Any] | None) -> tuple[dict[str, np.ndarray], dict[str, int] | None]:
+    """The chunk file's members as stored, and the byte bounds they were read under (None without ``meta``)."""
     try:
         size = regular_size(path, within=path.parent)
     except FormatError as exc:
         raise StoreError(f"{exc.message}; {_REDO}") from None
     limits = _file_bounded(chunk_limits(meta), size) if meta is not None else None
     try:  # a zstd frame carries its own checksum (checked when it is decoded): its CRC-32 is not computed twice
-        arrays = read_npz(path, limits=limits, self_checked=_FRAMES)
+        return read_npz(path, limits=limits, self_checked=_FRAMES), limits
     except FormatError as exc:
         raise StoreError(f"{exc.message}; {_REDO}") from None
     except OSError as exc:
         raise StoreError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
-    planes = {prefix: sum(1 for name in arrays if name.startswith(prefix)) for prefix in ("maps_b", "maps_z")}
-    if not planes["maps_b"] + planes["maps_z"] and "maps_shape" not in arrays:
-        return arrays  # the np.savez layout (member maps), or no maps at all (ResultStore.load_chunk names it)
+
+
+def _joined_maps(path: Path, arrays: dict[str, np.ndarray], planes: dict[str, int],
+                 limits: dict[str, int] | None) -> np.ndarray:
+    """The maps from their byte planes (``maps_b<i>`` raw or ``maps_z<i>`` zstd frames, popped from ``arrays``) and
+    ``maps_shape``; planes, shape and dtype that do not fit together raise :class:`StoreError` naming the file."""
     prefix = "maps_z" if planes["maps_z"] else "maps_b"
     k = planes[prefix]
     found = [arrays.pop(f"{prefix}{i}", None) for i in range(k)]
     shape = arrays.pop("maps_shape", None)
-    shape_ok = shape is not None and shape.dtype.kind in "iu" and shape.shape == (4,) and bool((shape >= 0).all())
-    n = math.prod(int(d) for d in shape) if shape_ok else -1
-    fits = shape_ok and "maps" not in arrays and not (planes["maps_b"] and planes["maps_z"]) and k in _MAP_DTYPES
+    n = _declared_values(shape)
+    fits = n >= 0 and "maps" not in arrays and not (planes["maps_b"] and planes["maps_z"]) and k in _MAP_DTYPES
     if prefix == "maps_z" and fits and all(p is not None for p in found):
         most = limits["maps_b0"] if limits is not None else max_expanded_bytes(path.stat().st_size) // k
         if n > most:  # before any frame is decoded: maps_shape is as untrusted as the frames
@@ -271,8 +283,14 @@ def read_chunk_file(path: str | Path, meta: dict[str, Any] | None = None) -> dic
         members = sorted({*(a for a in arrays if a.startswith("maps")), *(f"{prefix}{i}" for i in range(k))})
         raise StoreError(f"{path}: map members {members} / maps_shape {None if shape is None else shape.tolist()} / "
                          f"{k} byte planes do not fit together; {_REDO}")
-    arrays["maps"] = unshuffle_bytes(found, _MAP_DTYPES[k], tuple(int(d) for d in shape))
-    return arrays
+    return unshuffle_bytes(found, _MAP_DTYPES[k], tuple(int(d) for d in shape))
+
+
+def _declared_values(shape: np.ndarray | None) -> int:
+    """How many values ``maps_shape`` declares: four non-negative integers multiplied, -1 when it is not that."""
+    if shape is None or shape.dtype.kind not in "iu" or shape.shape != (4,) or not bool((shape >= 0).all()):
+        return -1
+    return math.prod(int(d) for d in shape)
 
 
 def _decode_frame(path: Path, member: str, frame: np.ndarray, n: int) -> np.ndarray:

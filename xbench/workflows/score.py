@@ -124,15 +124,40 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
     """
     path = Path(path)
     if path.is_file():
-        if path.suffix != ".npz":
-            raise XBenchError(f"{path}: a single maps file must be .npz (maps, case_ids, classes[, probs])")
-        z = read_npz(path)
-        missing = [k for k in ("maps", "case_ids", "classes") if k not in z]
-        if missing:
-            raise FormatError(path, f"missing array(s) {missing}; found {sorted(z)}")
-        return MapSet(z["maps"], z["case_ids"].tolist(), z["classes"].tolist(), z.get("probs"))
+        return _maps_file(path)
     if not path.is_dir():
         raise XBenchError(f"{path} is neither a maps folder nor an .npz file")
+    files = _map_files(path, classes)
+    maps, names = [], list(classes) if classes is not None else None
+    for p in files:
+        if p.suffix == ".npy":
+            arr = _numeric_file(read_npy(p), p, None)
+            if arr.ndim != 3 or arr.shape[0] != len(names):
+                raise FormatError(p, f"expected a ({len(names)}, h, w) array (one map per class); got {arr.shape}")
+        else:
+            names, arr = _named_maps(p, names)
+        if maps and arr.shape != maps[0].shape:
+            raise FormatError(p, f"map shape {arr.shape} differs from {files[0].name}'s {maps[0].shape}: "
+                                 "all cases need one native grid")
+        maps.append(arr.astype(np.float32))
+    ids = [p.stem for p in files]
+    probs = _read_probs(path / "probs.csv", ids, names) if (path / "probs.csv").exists() else None
+    return MapSet(np.stack(maps), ids, names, probs)
+
+
+def _maps_file(path: Path) -> MapSet:
+    """One ``.npz`` file holding ``maps``, ``case_ids``, ``classes`` and optionally ``probs``."""
+    if path.suffix != ".npz":
+        raise XBenchError(f"{path}: a single maps file must be .npz (maps, case_ids, classes[, probs])")
+    z = read_npz(path)
+    missing = [k for k in ("maps", "case_ids", "classes") if k not in z]
+    if missing:
+        raise FormatError(path, f"missing array(s) {missing}; found {sorted(z)}")
+    return MapSet(z["maps"], z["case_ids"].tolist(), z["classes"].tolist(), z.get("probs"))
+
+
+def _map_files(path: Path, classes: Sequence[str] | None) -> list[Path]:
+    """The per-case map files of a folder, sorted: one kind of file, ``.npy`` only with ``classes`` given."""
     files = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz", ".safetensors"))
     if not files:
         raise XBenchError(f"{path}: no .npy, .npz or .safetensors map files")
@@ -141,31 +166,23 @@ def load_maps(path: str | Path, classes: Sequence[str] | None = None) -> MapSet:
         raise XBenchError(f"{path}: mixed map file types {sorted(kinds)}; use one")
     if ".npy" in kinds and classes is None:
         raise XBenchError(f"{path}: .npy files hold (C, h, w) arrays: pass classes=[...] to name their C classes")
-    maps, names = [], list(classes) if classes is not None else None
-    for p in files:
-        if p.suffix == ".npy":
-            arr = _numeric_file(read_npy(p), p, None)
-            if arr.ndim != 3 or arr.shape[0] != len(names):
-                raise FormatError(p, f"expected a ({len(names)}, h, w) array (one map per class); got {arr.shape}")
-        else:
-            table = _read_named_arrays(p)
-            names = names or list(table)
-            absent = [c for c in names if c not in table]
-            if absent:
-                raise FormatError(p, f"no map for class(es) {absent}; the file holds {sorted(table)}")
-            planes = [_numeric_file(table[c], p, c) for c in names]
-            for c, plane in zip(names, planes):
-                if plane.ndim != 2 or plane.shape != planes[0].shape:
-                    raise FormatError(p, f"each class map must be 2-D (h, w) and all of one shape; this one is "
-                                         f"{plane.shape}, {names[0]!r}'s is {planes[0].shape}", field=c)
-            arr = np.stack(planes)
-        if maps and arr.shape != maps[0].shape:
-            raise FormatError(p, f"map shape {arr.shape} differs from {files[0].name}'s {maps[0].shape}: "
-                                 "all cases need one native grid")
-        maps.append(arr.astype(np.float32))
-    ids = [p.stem for p in files]
-    probs = _read_probs(path / "probs.csv", ids, names) if (path / "probs.csv").exists() else None
-    return MapSet(np.stack(maps), ids, names, probs)
+    return files
+
+
+def _named_maps(path: Path, names: list[str] | None) -> tuple[list[str], np.ndarray]:
+    """The ``(C, h, w)`` maps of one ``.npz`` / ``.safetensors`` case file in ``names`` order (default: its keys in
+    stored order), with those names; each class map 2-D and all of one shape."""
+    table = _read_named_arrays(path)
+    names = names or list(table)
+    absent = [c for c in names if c not in table]
+    if absent:
+        raise FormatError(path, f"no map for class(es) {absent}; the file holds {sorted(table)}")
+    planes = [_numeric_file(table[c], path, c) for c in names]
+    for c, plane in zip(names, planes):
+        if plane.ndim != 2 or plane.shape != planes[0].shape:
+            raise FormatError(path, f"each class map must be 2-D (h, w) and all of one shape; this one is "
+                                    f"{plane.shape}, {names[0]!r}'s is {planes[0].shape}", field=c)
+    return names, np.stack(planes)
 
 
 def _numeric_file(arr: np.ndarray, path: Path, field: str | None) -> np.ndarray:
@@ -337,8 +354,7 @@ def evaluate_maps(
         95 % CIs), ``pairs``, ``curves``, ``models``; the files are under ``<output_dir>/tables``.
     """
     from ..datasets import load_dataset
-    from ..evaluation.evaluate import evaluate_run, load_tables
-
+    from ..evaluation.evaluate import load_tables
     from ..spec.names import check_name
 
     check_name(name, "model")  # becomes a folder name: xbench.spec.names.SAFE_NAME, no '..'
@@ -354,49 +370,55 @@ def evaluate_maps(
         raise XBenchError(f"{out} holds a results store or tables that evaluate_maps did not write (a model run?); "
                           "choose another output_dir — evaluate_maps replaces its output folder's store and tables")
     with output_lock(out, "score"):  # one XBench process per output folder (xbench.core.lock)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "score_inputs.json", json.dumps({"name": name, "dataset": data.name, "state": "writing"}))
-        for sub in ("store", "tables"):  # replaced: real folders inside the output folder only (a link is refused)
-            if contained_folder(out, sub, create=False).exists():
-                try:
-                    shutil.rmtree(out / sub)
-                except OSError as exc:
-                    raise OutputError(out / sub, exc, what="cannot replace") from exc
-
+        _empty_output(out, name, data.name)
         others = _run_models(compare_with, data, name) if compare_with is not None else {}
-        if others:  # the copied stores were written in the run's chunks
-            chunk_size = next(iter(others.values()))["chunk_size"]
         cfg = RunConfig(output_dir=str(out), datasets=[DatasetSpec(name=dataset, root=None if root is None else str(root),
                                                                    split=data.split, options=dict(dataset_options or {}))],
                         models=[ModelSpec(name=name), *(ModelSpec(name=m) for m in others)],
                         grid=tuple(int(g) for g in grid), fixed_threshold=float(fixed_threshold),
-                        pointing_ties=pointing_ties, chunk_size=int(chunk_size), bootstrap_replicates=int(bootstrap),
-                        bootstrap_seed=int(seed))
+                        pointing_ties=pointing_ties, bootstrap_replicates=int(bootstrap), bootstrap_seed=int(seed),
+                        # the copied stores were written in the run's chunks
+                        chunk_size=int(next(iter(others.values()))["chunk_size"] if others else chunk_size))
         cfg.validate()
         _write_store(cfg, data, mapset, index, name)
         for model in others:
             _copy_store_folder(ResultStore(compare_with).root / data.name / model, ResultStore(out), data.name, model)
-        with warnings.catch_warnings():
-            if mapset.probs is None:  # constant placeholder probabilities: recognition rows are dropped below
-                warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
-            tidy = evaluate_run(cfg, progress=progress)
-        if mapset.probs is None or any(pointing_margins):
-            from ..evaluation.comparisons import drop_metrics
-            from ..outputs.exports import pointing_tolerance_table
-            from ..store.results import write_table
-
-            if mapset.probs is None:
-                tidy = tidy[~tidy["metric"].isin(RECOGNITION_METRICS)]
-                drop_metrics(out, RECOGNITION_METRICS)  # the placeholder probabilities are not compared either
-            if any(pointing_margins):
-                extra = pointing_tolerance_table(out, list(pointing_margins), grid=cfg.grid, ties=pointing_ties,
-                                                 n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed)
-                tidy = pd.concat([tidy, extra], ignore_index=True)
-            write_table(tidy.reset_index(drop=True), out / "tables" / "metrics")
-        from ..outputs.tables import write_paper_tables
-
-        write_paper_tables(out)
+        _evaluate(cfg, progress, probs_given=mapset.probs is not None, pointing_margins=pointing_margins)
         return load_tables(out)
+
+
+def _empty_output(out: Path, name: str, dataset: str) -> None:
+    """``out`` made, marked as being written by evaluate_maps, its ``store/`` and ``tables/`` removed (real folders
+    inside it only: a link is refused)."""
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "score_inputs.json", json.dumps({"name": name, "dataset": dataset, "state": "writing"}))
+    for sub in ("store", "tables"):
+        if contained_folder(out, sub, create=False).exists():
+            try:
+                shutil.rmtree(out / sub)
+            except OSError as exc:
+                raise OutputError(out / sub, exc, what="cannot replace") from exc
+
+
+def _evaluate(cfg: RunConfig, progress: bool, *, probs_given: bool, pointing_margins: Sequence[int]) -> None:
+    """The run's own evaluation and table writing (:func:`xbench.evaluation.evaluate.evaluate_run`, then the paper
+    tables), every table written once: without probabilities the placeholder recognition rows are left out of the
+    metrics, comparisons and ranks; the tolerance pointing rows join the metric table."""
+    from ..evaluation.evaluate import evaluate_run
+    from ..outputs.tables import write_paper_tables
+
+    extra = None
+    if any(pointing_margins):
+        from ..outputs.exports import pointing_tolerance_table
+
+        def extra(pairs: pd.DataFrame) -> pd.DataFrame:
+            return pointing_tolerance_table(cfg.output_dir, list(pointing_margins), grid=cfg.grid, ties=cfg.pointing_ties,
+                                            n_boot=cfg.bootstrap_replicates, seed=cfg.bootstrap_seed, pairs=pairs)
+    with warnings.catch_warnings():
+        if not probs_given:  # constant placeholder probabilities: their recognition rows are left out
+            warnings.filterwarnings("ignore", category=XBenchWarning, message=".*(AUC|AUPRC|label).*")
+        evaluate_run(cfg, progress=progress, leave_out=() if probs_given else RECOGNITION_METRICS, extra_rows=extra)
+    write_paper_tables(cfg.output_dir)
 
 
 def _run_models(run_dir: str | Path, data: Any, name: str) -> dict[str, dict]:
