@@ -407,7 +407,7 @@ def test_explainer_maps_survive_the_float16_store_within_its_bound(ref_xattn):
 def test_explained_adapter_keeps_the_models_gpu_preprocessing_plan():
     """An explainer over a model preprocesses as the model: the same GPU preprocessing plan (proven equal to its
     ``preprocess``) and the same decode-once input key, so explainer runs ride the native runs' feed and kernels."""
-    from xbench.inference.cache import model_input
+    from xbench.inference.calibration import model_input
     from xbench.inference.gpu_preprocess import check_plan, plan_for
     from xbench.models.base import Adapter
     from xbench.models.kad import KADAdapter

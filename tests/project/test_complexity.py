@@ -14,10 +14,6 @@ PACKAGE = Path(xbench.__file__).resolve().parent
 MOST_COMPLEX = 25
 MOST_LINES = 60  # in xbench/inference/
 
-# Functions of a module that another change is rewriting at the same time: listed here with their reason until
-# it lands, then removed (the test below fails for an entry that no longer needs to be here).
-PENDING = {"explain/base.py:__torch_function__": "the log-odds tensor wrapper, being rewritten with explain/"}
-
 
 def _functions(tree: ast.AST):
     for node in ast.walk(tree):
@@ -42,14 +38,8 @@ def complex_functions(limit: int = MOST_COMPLEX) -> dict[str, int]:
 
 
 def test_no_function_above_the_complexity_limit():
-    over = {name: n for name, n in complex_functions().items() if name not in PENDING}
+    over = complex_functions()
     assert not over, f"functions above cyclomatic complexity {MOST_COMPLEX}: {over} — split them into named helpers"
-
-
-def test_every_pending_entry_is_still_above_the_limit():
-    """An entry of PENDING that is no longer too complex is removed from it, so the list only shrinks."""
-    stale = sorted(set(PENDING) - set(complex_functions()))
-    assert not stale, f"{stale} are within the limit now: remove them from PENDING"
 
 
 def test_no_inference_function_above_the_line_limit():

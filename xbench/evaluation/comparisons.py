@@ -26,7 +26,7 @@ from ..metrics import DATASET_LEVEL, ScoredTable
 from ..metrics.compare import ALPHA, COMPARISON_COLUMNS, RANK_COLUMNS, compare_models, compared_metrics
 
 __all__ = ["COMPARISONS_FILE", "RANKS_FILE", "compare_dataset", "for_comparison", "write_comparisons", "load_comparisons",
-           "drop_metrics", "pairwise_matrix", "plot_pairwise", "comparisons_blocks"]
+           "pairwise_matrix", "plot_pairwise", "comparisons_blocks"]
 
 COMPARISONS_FILE = "comparisons.csv"
 RANKS_FILE = "ranks.csv"
@@ -109,16 +109,6 @@ def write_comparisons(parts: Sequence[tuple[pd.DataFrame, pd.DataFrame]], folder
     write_frame(comparisons, folder / COMPARISONS_FILE)
     write_frame(ranks, folder / RANKS_FILE)
     return [folder / COMPARISONS_FILE, folder / RANKS_FILE]
-
-
-def drop_metrics(output_dir: str | Path, metrics: Sequence[str]) -> None:
-    """Remove the rows of ``metrics`` from a run's comparisons and ranks (e.g. recognition rows of scored maps
-    given without probabilities)."""
-    loaded = load_comparisons(output_dir)
-    if loaded is not None:
-        folder = Path(output_dir) / "tables"
-        for frame, name in zip(loaded, (COMPARISONS_FILE, RANKS_FILE)):
-            write_frame(frame[~frame["metric"].isin(list(metrics))].reset_index(drop=True), folder / name)
 
 
 def load_comparisons(output_dir: str | Path, *, required: bool = False) -> tuple[pd.DataFrame, pd.DataFrame] | None:

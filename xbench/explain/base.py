@@ -107,6 +107,48 @@ def _softmax_dim(args: tuple, kwargs: dict) -> int:
     return int(dim)
 
 
+def _tagged(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and hasattr(t, _LO)
+
+
+def _source_node(func: Any, args: tuple, kwargs: dict) -> _LogOddsNode | None:
+    """A sigmoid / softmax output: its log-odds from its input logits."""
+    if func in _SIGMOIDS:
+        return _LogOddsNode("sigmoid", args[0])
+    if func in _SOFTMAXES and kwargs.get("dtype") is None:
+        return _LogOddsNode("softmax", args[0], _softmax_dim(args, kwargs))
+    return None
+
+
+def _mean_node(first: torch.Tensor, args: tuple, kwargs: dict) -> _LogOddsNode:
+    dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
+    dims = tuple(range(first.ndim)) if dims is None else (dims if isinstance(dims, (tuple, list)) else (dims,))
+    count = int(np.prod([first.shape[d] for d in dims]))
+    keepdim = bool(kwargs.get("keepdim", args[2] if len(args) > 2 else False))
+    return _LogOddsNode("mean", getattr(first, _LO), tuple(dims), keepdim, count)
+
+
+def _derived_node(func: Any, first: torch.Tensor, args: tuple, kwargs: dict) -> _LogOddsNode | None:
+    """An operation on a tagged probability tensor: a selection or a mean keeps the tag; an in-place change drops it."""
+    if func in _SELECTIONS:
+        return _LogOddsNode("apply", func, args, kwargs, getattr(first, _LO))
+    if func in (torch.mean, torch.Tensor.mean) and not first.is_complex():
+        return _mean_node(first, args, kwargs)
+    if getattr(func, "__name__", "").endswith("_"):  # changed in place: no longer the probability
+        delattr(first, _LO)
+    return None
+
+
+def _combined_node(func: Any, args: tuple, kwargs: dict) -> _LogOddsNode | None:
+    """``stack`` / ``cat`` of tagged tensors, or ``where`` choosing between two."""
+    first = args[0]
+    if func in (torch.stack, torch.cat) and isinstance(first, (list, tuple)) and first and all(map(_tagged, first)):
+        return _LogOddsNode("join", func, [getattr(t, _LO) for t in first], args[1:], kwargs)
+    if func is torch.where and len(args) == 3 and all(map(_tagged, args[1:])):
+        return _LogOddsNode("where", args[0], getattr(args[1], _LO), getattr(args[2], _LO))
+    return None
+
+
 class _LogOdds(TorchFunctionMode):
     """Tags every probability tensor made during the block with its lazy log-odds (module docstring)."""
 
@@ -115,31 +157,13 @@ class _LogOdds(TorchFunctionMode):
         out = func(*args, **kwargs)
         if not isinstance(out, torch.Tensor) or not args:
             return out
-        first = args[0]
-        node = None
-        if func in _SIGMOIDS:
-            node = _LogOddsNode("sigmoid", first)
-        elif func in _SOFTMAXES and kwargs.get("dtype") is None:
-            node = _LogOddsNode("softmax", first, _softmax_dim(args, kwargs))
-        elif isinstance(first, torch.Tensor) and hasattr(first, _LO):
-            if out is first:
+        node = _source_node(func, args, kwargs)
+        if node is None and _tagged(args[0]):
+            if out is args[0]:
                 return out
-            if func in _SELECTIONS:
-                node = _LogOddsNode("apply", func, args, kwargs, getattr(first, _LO))
-            elif func in (torch.mean, torch.Tensor.mean) and not first.is_complex():
-                dims = kwargs.get("dim", args[1] if len(args) > 1 else None)
-                dims = tuple(range(first.ndim)) if dims is None else (dims if isinstance(dims, (tuple, list)) else (dims,))
-                count = int(np.prod([first.shape[d] for d in dims]))
-                node = _LogOddsNode("mean", getattr(first, _LO), tuple(dims),
-                                    bool(kwargs.get("keepdim", args[2] if len(args) > 2 else False)), count)
-            elif getattr(func, "__name__", "").endswith("_"):  # changed in place: no longer the probability
-                delattr(first, _LO)
-        elif func in (torch.stack, torch.cat) and isinstance(first, (list, tuple)) and first \
-                and all(isinstance(t, torch.Tensor) and hasattr(t, _LO) for t in first):
-            node = _LogOddsNode("join", func, [getattr(t, _LO) for t in first], args[1:], kwargs)
-        elif func is torch.where and len(args) == 3 and all(isinstance(t, torch.Tensor) and hasattr(t, _LO)
-                                                            for t in args[1:]):
-            node = _LogOddsNode("where", args[0], getattr(args[1], _LO), getattr(args[2], _LO))
+            node = _derived_node(func, args[0], args, kwargs)
+        elif node is None:
+            node = _combined_node(func, args, kwargs)
         if node is not None:
             setattr(out, _LO, node)
         return out
