@@ -74,6 +74,12 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _sig(value: float, digits: int = 6) -> float:
+    """``value`` to ``digits`` significant figures: CPU pass times of a few milliseconds keep their precision
+    (fixed decimals would not), so the cost model can be re-added from the printed pass times."""
+    return float(f"{value:.{digits}g}")
+
+
 def time_calls(fn: Any, device: str, warmup: int, iters: int) -> float:
     """Seconds per call of ``fn`` after ``warmup`` calls (CUDA synchronised)."""
     for _ in range(warmup):
@@ -154,7 +160,7 @@ def measure_model(name: str, device: str, tmp: Path, prompts: list[str], args: a
         except Exception as exc:
             errors.append({"model": name, "explainer": method, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        row = {"model": name, "explainer": method, "seconds_per_batch": round(seconds, 5),
+        row = {"model": name, "explainer": method, "seconds_per_batch": _sig(seconds),
                "images_per_s": round(args.batch_size / seconds, 3),
                "image_classes_per_s": round(args.batch_size * len(prompts) / seconds, 3)}
         if method != "native":  # whether the classes went through one batched backward (base.FALLBACK_NOTE)
@@ -165,10 +171,10 @@ def measure_model(name: str, device: str, tmp: Path, prompts: list[str], args: a
             row["native_fraction"] = round(args.batch_size / seconds / native_rate, 4)
         limit = None if passes is None else cost_model_seconds(method, passes, len(prompts), args.ig_steps)
         if limit is not None:
-            row.update({**{k: round(v, 5) for k, v in (passes or {}).items() if v is not None},
-                        "cost_model_seconds": round(limit, 5),
+            row.update({**{k: _sig(v) for k, v in (passes or {}).items() if v is not None},
+                        "cost_model_seconds": _sig(limit),
                         "cost_model_images_per_s": round(args.batch_size / limit, 3),
-                        "cost_model_fraction": round(limit / seconds, 4)})
+                        "cost_model_fraction": _sig(limit / seconds, 4)})
         if device.startswith("cuda"):
             row["peak_gpu_bytes"] = int(torch.cuda.max_memory_allocated())
         rows.append(row)
