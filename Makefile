@@ -1,11 +1,13 @@
 # XBench — two entry points that work on a fresh machine with Python 3.11 + pip:
 #   make reproduce   set up .venv, run the whole benchmark on the embedded phantom default (CPU), write tables + figures
-#   make test        set up .venv, lint (ruff), run the test suite (incl. doctests and every notebook through papermill,
-#                    on a phantom slice: tests/notebooks/test_notebooks.py)
+#   make test        set up .venv, lint (ruff), run the test suite on two workers (incl. doctests and every notebook
+#                    through papermill, on a phantom slice: tests/notebooks/test_notebooks.py)
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 CONFIG ?= xbench/configs/runs/phantom.yaml
+# pytest-xdist workers of `make test`: whole files per worker, the longest first (tests/conftest.py FIRST)
+TEST_WORKERS ?= 2
 
 .PHONY: setup reproduce test bench clean
 
@@ -23,7 +25,8 @@ reproduce: setup
 
 test: setup
 	$(VENV)/bin/ruff check xbench tests
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q --doctest-modules xbench tests
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  --doctest-modules xbench tests
 
 bench: setup
 	$(PY) benchmarks/bench_threshold_sweep.py

@@ -11,6 +11,21 @@ SHARED = Path(os.environ.get("XBENCH_SHARED", REPO.parent / "shared"))
 TEST_DEVICE = os.environ.get("XBENCH_TEST_DEVICE", "cpu")
 
 
+# The files that take longest (wall seconds alone on 2 cores, docs/perf/suite_durations_cpu.txt), started first: `make test`
+# runs the suite on two pytest-xdist workers, one file per worker at a time (``--dist loadfile``, each file's
+# module fixtures built once), and a long file taken last would leave one worker running alone at the end.
+FIRST = ("tests/notebooks/test_notebooks.py", "tests/security/test_written_files.py", "tests/benchmarks/test_bench_gpu.py",
+         "tests/evaluation/test_eval_parallel.py", "tests/inference/test_cache.py", "tests/workflows/test_score.py",
+         "tests/models/test_contract.py", "tests/explain/test_explainers.py", "tests/models/test_beyond_biovil_medclip.py",
+         "tests/models/test_parity_mavl.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Move the tests of :data:`FIRST` to the front, in that order; the rest keep pytest's order."""
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def shared_path(*parts: str) -> Path:
     """Path under ``../shared``; skips the calling test with a reason if it is absent."""
     path = SHARED.joinpath(*parts)

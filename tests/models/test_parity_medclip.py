@@ -113,6 +113,21 @@ def test_single_image_forward_equals_batched(run):
     torch.testing.assert_close(alone.maps, run.prediction.maps[1:], atol=1e-6, rtol=0)
 
 
+def test_class_embeddings_are_kept_per_class(run, monkeypatch):
+    """Each class is its own tokenised batch, so its embeddings are kept per class: another class list that shares
+    classes (reordered, one new) encodes only the new class, and its columns equal the first prediction's."""
+    encoded: list[str] = []
+    original = run.adapter.encode_class
+    monkeypatch.setattr(run.adapter, "encode_class", lambda name: encoded.append(name) or original(name))
+    other = [CLASSES[2], "edema", CLASSES[0]]
+    pred = run.adapter.predict(run.pixels, other)
+    assert encoded == ["edema"]
+    for column, name in ((0, CLASSES[2]), (2, CLASSES[0])):
+        index = CLASSES.index(name)
+        assert torch.equal(pred.scores[:, column], run.prediction.scores[:, index])
+        assert torch.equal(pred.maps[:, column], run.prediction.maps[:, index])
+
+
 def test_truncated_or_foreign_checkpoint_is_rejected(run):
     state = _state(run.schema)
     del state["vision_model.projection_head.weight"]

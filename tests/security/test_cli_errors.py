@@ -136,8 +136,8 @@ CASES = [
     Case("yaml-huge-grid", _config(RUN + "grid: [40000, 40000]\n"), ("run.yaml", "'grid'", "40000")),
     Case("yaml-dict-param-type", _config(RUN.replace("[center_prior]", "[{name: clip, params: {templates: [1, 2]}}]")),
          ("run.yaml", "templates")),
-    Case("yaml-nul-output-dir", _config(RUN.replace("{tmp}/out", '"{tmp}/o\\0ut"')), ("run.yaml", "'output_dir'",
-                                                                                       "\\x00")),
+    Case("yaml-nul-output-dir", _config(RUN.replace("{tmp}/out", '"{tmp}/o\\0ut"')),  # the value shown escaped
+         ("run.yaml", "'output_dir'", "NUL character"), forbid=("\x00",)),
     Case("yaml-cache-dir-is-file", _config(RUN + "cache_dir: {tmp}/run.yaml\n"), ("run.yaml", "'cache_dir'",
                                                                                   "not a folder")),
 ]

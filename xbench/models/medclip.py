@@ -70,7 +70,7 @@ from torch import nn
 from transformers import BertConfig, BertModel, SwinConfig, SwinModel
 
 from ..core.errors import CheckpointError
-from ._common import HashWordTokenizer, PromptCache, build_uninitialised, check_inputs, seeded_build
+from ._common import HashWordTokenizer, build_uninitialised, check_inputs, seeded_build
 from .base import Adapter, Prediction, load_checkpoint, load_state_strict, with_yaml_facts
 from .checkpoint import require_tensor_state
 from .inputs import to_uint8
@@ -182,7 +182,7 @@ class MedCLIPAdapter(Adapter):
         params = self.config.get("params") or {}
         self.prompt_sets: dict[str, list[list[str]]] = {str(k).lower(): [list(p) for p in v]
                                                         for k, v in (params.get("prompt_sets") or {}).items()}
-        self._text: PromptCache[list[torch.Tensor]] = PromptCache()
+        self._classes: dict[str, torch.Tensor] = {}  # class name -> its prompt embeddings (see encode_prompts)
         side = self.input_size // 32  # Swin: patch 4, three 2x patch mergings
         self.check_fact("grid", (side, side), f"input_size {self.input_size} through Swin's stride 32")
 
@@ -251,7 +251,12 @@ class MedCLIPAdapter(Adapter):
         return F.normalize(self.network.text_model(ids.to(self.device), mask.to(self.device)), dim=-1)
 
     def encode_prompts(self, prompts: Sequence[str]) -> list[torch.Tensor]:
-        return self._text.get(tuple(prompts), lambda: [self.encode_class(p) for p in prompts])
+        """:meth:`encode_class` of each class, kept per class: each class's prompts are one tokenised batch of their
+        own, so a class shared by several datasets (Pneumonia: 312 official prompts) is encoded once per adapter."""
+        for name in prompts:
+            if name not in self._classes:
+                self._classes[name] = self.encode_class(name)
+        return [self._classes[name] for name in prompts]
 
     @torch.no_grad()
     def predict(self, pixels: torch.Tensor, prompts: Sequence[str]) -> Prediction:
