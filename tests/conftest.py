@@ -11,13 +11,26 @@ SHARED = Path(os.environ.get("XBENCH_SHARED", REPO.parent / "shared"))
 TEST_DEVICE = os.environ.get("XBENCH_TEST_DEVICE", "cpu")
 
 
-# The files that take longest (wall seconds alone on 2 cores, docs/perf/suite_durations_cpu.txt), started first: `make test`
+# The files that take longest (wall seconds alone on 2 cores, docs/perf/suite_durations_2core.txt), started first: `make test`
 # runs the suite on two pytest-xdist workers, one file per worker at a time (``--dist loadfile``, each file's
 # module fixtures built once), and a long file taken last would leave one worker running alone at the end.
 FIRST = ("tests/notebooks/test_notebooks.py", "tests/security/test_written_files.py", "tests/benchmarks/test_bench_gpu.py",
          "tests/evaluation/test_eval_parallel.py", "tests/inference/test_cache.py", "tests/workflows/test_score.py",
          "tests/models/test_contract.py", "tests/explain/test_explainers.py", "tests/models/test_beyond_biovil_medclip.py",
          "tests/models/test_parity_mavl.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker takes its share of the cores for torch's intra-op threads, and the processes it
+    starts inherit it (``OMP_NUM_THREADS``): two workers of two threads each on two cores wait on each other. Tests that
+    set a thread count themselves keep it; results do not depend on it (tests/metrics/test_blas_portability.py)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        share = max(1, (os.cpu_count() or 1) // int(workers))
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        torch.set_num_threads(share)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

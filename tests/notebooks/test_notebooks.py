@@ -3,7 +3,7 @@
 The slice is the shipped phantom default (``xbench/configs/runs/phantom.yaml``: its models, grid, thresholds,
 bootstrap) on a :data:`CASES`-case phantom test split instead of 300, written to a temporary folder: every notebook
 runs and writes its tables and figures the same way in about half the CPU time (CLIP's pass over the cases is the
-largest part; ``docs/perf/suite_durations_cpu.txt``). This is the suite's one run of the notebooks; ``make reproduce``
+largest part; ``docs/perf/suite_durations_2core.txt``). This is the suite's one run of the notebooks; ``make reproduce``
 runs them on the 300 cases and writes the committed ``figures/``. Tables are checked here on the produced CSVs, not
 by comparing notebook outputs.
 """
