@@ -630,11 +630,6 @@ class ResultStore:
         return pairs
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Kept for callers of the old name: :func:`xbench.core.atomic.atomic_write_bytes`."""
-    atomic_write_bytes(path, data)
-
-
 def write_table(df: Any, path_stem: str | Path) -> list[Path]:
     """Write a DataFrame as ``<stem>.csv`` and ``<stem>.parquet`` (atomically); returns the paths."""
     from ..core.atomic import write_frame
